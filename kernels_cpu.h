@@ -1,0 +1,432 @@
+// kernels_cpu.h: the CPU backend. Every op the TP recipe in gpt.cu uses, as plain C++ loops.
+//
+// These are the reference the CUDA kernels are tested against, the backend CI runs, and what ./tp
+// uses on a machine without a GPU. Each op is parallelised with OpenMP inside one rank (a rank is a
+// std::thread; it sets its own OpenMP thread count), and every output element is computed by exactly
+// one thread in a fixed order, so results are bit-identical for any number of threads per rank.
+// (`omp simd reduction` lets the compiler vectorise a sum; its order is fixed at compile time.)
+//
+// Shapes use llm.c's letters: B batch, T time, C channels, N = B*T rows, OC/IC a linear layer's
+// output/input features. Weights are (OC, IC): out = inp . W^T + b. Under TP the shapes passed in are
+// the rank's local ones (local heads, local vocab rows); these ops know nothing about ranks.
+#pragma once
+#include <cmath>
+#include <cstring>
+#include <cfloat>
+#include <vector>
+#include <omp.h>
+
+// ----------------------------------------------------------------------------
+// GEMM: C (M x N) = or += A (M x K) . B (K x N), the engine behind every matmul.
+// Both operands are addressed through two strides, so a matrix and its transpose are passed alike:
+// a(m,k) = A[m*a_rs + k*a_cs], b(k,n) = B[k*b_rs + n*b_cs]. Both are packed into contiguous panels first (MR rows of
+// A, NR columns of B, zero-padded at the edges) so the register-tiled micro-kernel streams memory
+// and every C element is owned by one tile: deterministic and thread-count independent.
+
+#ifdef __AVX512F__
+#define GEMM_MR 8
+#else
+#define GEMM_MR 4
+#endif
+#define GEMM_NR 32
+typedef float vec16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX ones
+
+static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
+                     long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+    const int MB = (M + GEMM_MR - 1) / GEMM_MR, NB = (N + GEMM_NR - 1) / GEMM_NR;
+    // packing buffers belong to the calling (rank) thread and only grow, so a step allocates nothing
+    static thread_local std::vector<float> packA, packB;
+    if (packA.size() < (size_t)MB * GEMM_MR * K) packA.resize((size_t)MB * GEMM_MR * K);
+    if (packB.size() < (size_t)NB * GEMM_NR * K) packB.resize((size_t)NB * GEMM_NR * K);
+    float* Ap = packA.data();
+    float* Bp = packB.data();
+    #pragma omp parallel
+    {
+        // Ap[mb][k][r] = a(mb*MR + r, k)
+        #pragma omp for schedule(static)
+        for (int mb = 0; mb < MB; mb++) {
+            float* dst = Ap + (size_t)mb * GEMM_MR * K;
+            for (int k = 0; k < K; k++)
+                for (int r = 0; r < GEMM_MR; r++) {
+                    int m = mb * GEMM_MR + r;
+                    dst[(size_t)k * GEMM_MR + r] = m < M ? A[m * a_rs + k * a_cs] : 0.0f;
+                }
+        }
+        // Bp[nb][k][c] = B(k, nb*NR + c)
+        #pragma omp for schedule(static)
+        for (int nb = 0; nb < NB; nb++) {
+            float* dst = Bp + (size_t)nb * GEMM_NR * K;
+            int n0 = nb * GEMM_NR, nc = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
+            for (int k = 0; k < K; k++) {
+                float* d = dst + (size_t)k * GEMM_NR;
+                for (int c = 0; c < nc; c++) d[c] = B[k * b_rs + (n0 + c) * b_cs];
+                for (int c = nc; c < GEMM_NR; c++) d[c] = 0.0f;
+            }
+        }
+        // one MR x NR tile per iteration; nb outer so a B panel stays in cache while A panels stream
+        #pragma omp for schedule(static)
+        for (long tile = 0; tile < (long)MB * NB; tile++) {
+            int nb = (int)(tile / MB), mb = (int)(tile % MB);
+            const float* a = Ap + (size_t)mb * GEMM_MR * K;
+            const float* b = Bp + (size_t)nb * GEMM_NR * K;
+            vec16 acc[GEMM_MR][2];
+            for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vec16{}; acc[r][1] = vec16{}; }
+            for (int k = 0; k < K; k++) {
+                vec16 b0, b1;
+                memcpy(&b0, b + (size_t)k * GEMM_NR, sizeof(vec16));
+                memcpy(&b1, b + (size_t)k * GEMM_NR + 16, sizeof(vec16));
+                const float* ak = a + (size_t)k * GEMM_MR;
+                for (int r = 0; r < GEMM_MR; r++) { acc[r][0] += ak[r] * b0; acc[r][1] += ak[r] * b1; }
+            }
+            int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
+            for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
+                float row[GEMM_NR];
+                memcpy(row, &acc[r][0], sizeof(vec16));
+                memcpy(row + 16, &acc[r][1], sizeof(vec16));
+                float* c = Cm + (size_t)(m0 + r) * ldc + n0;
+                for (int j = 0; j < GEMM_NR && n0 + j < N; j++) {
+                    float v = row[j];
+                    if (bias) v += bias[n0 + j];
+                    c[j] = accumulate ? c[j] + v : v;
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Linear layers
+
+// out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL
+static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias,
+                               int N, int IC, int OC) {
+    // b(k=i, n=o) = weight[o*IC + i]: weight^T, read through its strides
+    gemm_cpu(N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false, bias);
+}
+
+// dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
+// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips)
+static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
+                                const float* inp, const float* weight, int N, int IC, int OC) {
+    if (dinp) gemm_cpu(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false, nullptr);
+    gemm_cpu(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
+    if (dbias) {
+        #pragma omp parallel for schedule(static)
+        for (int o = 0; o < OC; o++) {
+            float s = 0.0f;
+            for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
+            dbias[o] += s;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Embedding (vocab-parallel: this rank holds wte rows [v0, v0+Vl))
+
+// out (N, C) = wte[tok - v0] for tokens this rank owns, zeros for the others. The all-reduce that
+// follows in the recipe fills in every row from the rank that owns it.
+static void encoder_forward_cpu(float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        int row = tokens[n] - v0;
+        float* o = out + (size_t)n * C;
+        if (row >= 0 && row < Vl) memcpy(o, wte + (size_t)row * C, C * sizeof(float));
+        else memset(o, 0, C * sizeof(float));
+    }
+}
+
+// x (B, T, C) += wpe (T, C) broadcast over the batch
+static void position_forward_cpu(float* x, const float* wpe, int B, int T, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* p = wpe + (size_t)(bt % T) * C;
+        float* o = x + (size_t)bt * C;
+        for (int c = 0; c < C; c++) o[c] += p[c];
+    }
+}
+
+// dwte (Vl, C) += dout rows of the tokens this rank owns; dwpe (T, C) += dout summed over the batch.
+// Parallel over channels: repeated tokens then never race, and each sum keeps the n order.
+static void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int* tokens,
+                                 int v0, int Vl, int B, int T, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        for (int n = 0; n < B * T; n++) {
+            float d = dout[(size_t)n * C + c];
+            int row = tokens[n] - v0;
+            if (row >= 0 && row < Vl) dwte[(size_t)row * C + c] += d;
+            dwpe[(size_t)(n % T) * C + c] += d;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// LayerNorm (eps 1e-5, biased variance, as llm.c)
+
+// out (N, C) = (inp - mean) * rstd * w + b; saves mean (N) and rstd (N) for the backward
+static void layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp,
+                                  const float* w, const float* b, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        float m = 0.0f;
+        #pragma omp simd reduction(+ : m)
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        float v = 0.0f;
+        #pragma omp simd reduction(+ : v)
+        for (int c = 0; c < C; c++) { float d = x[c] - m; v += d * d; }
+        v /= C;
+        float s = 1.0f / sqrtf(v + 1e-5f);
+        float* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = (s * (x[c] - m)) * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+// dinp (N, C) += d(layernorm)/d(inp) . dout;  dw (C) += sum_n dout * xhat;  db (C) += sum_n dout
+static void layernorm_backward_cpu(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                   const float* w, const float* mean, const float* rstd, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        const float* d = dout + (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+        for (int c = 0; c < C; c++) {
+            float xhat = (x[c] - m) * s;
+            float dnorm = w[c] * d[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * xhat;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        float* di = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            float xhat = (x[c] - m) * s;
+            float dnorm = w[c] * d[c];
+            di[c] += ((dnorm - dnorm_mean) - xhat * dnorm_norm_mean) * s;
+        }
+    }
+    // parameter gradients: parallel over channels so each sum runs over n in order
+    #pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float d = dout[(size_t)n * C + c];
+            sw += d * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+            sb += d;
+        }
+        dw[c] += sw;
+        db[c] += sb;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Residual + bias, GELU
+
+// out (N, C) = res + (x + bias): the row-parallel layer's bias, added once after its all-reduce
+static void residual_forward_cpu(float* out, const float* res, const float* x, const float* bias, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            size_t i = (size_t)n * C + c;
+            out[i] = res[i] + (x[i] + bias[c]);
+        }
+}
+
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+
+// out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the tanh approximation GPT-2 uses
+static void gelu_forward_cpu(float* out, const float* inp, long N) {
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < N; i++) {
+        float x = inp[i];
+        float cube = 0.044715f * x * x * x;
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + cube)));
+    }
+}
+
+// dinp (N) = gelu'(inp) * dout   (written, not accumulated)
+static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, long N) {
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < N; i++) {
+        float x = inp[i];
+        float cube = 0.044715f * x * x * x;
+        float tanh_arg = GELU_SCALE * (x + cube);
+        float tanh_out = tanhf(tanh_arg);
+        float cosh_out = coshf(tanh_arg);
+        float sech2 = 1.0f / (cosh_out * cosh_out);
+        float grad = 0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = grad * dout[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Causal self-attention on this rank's NH heads (NH is the local head count under TP)
+
+// qkv (B, T, 3*NH*hs): q, k, v blocks of NH*hs channels each, head h at [h*hs, (h+1)*hs) in each.
+// out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  att (B, NH, T, T) saves the probabilities.
+static void attention_forward_cpu(float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                float maxv = -FLT_MAX;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
+                    float dot = 0.0f;
+                    #pragma omp simd reduction(+ : dot)
+                    for (int i = 0; i < hs; i++) dot += q[i] * k[i];
+                    dot *= scale;
+                    a[t2] = dot;
+                    if (dot > maxv) maxv = dot;
+                }
+                float sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) { float e = expf(a[t2] - maxv); a[t2] = e; sum += e; }
+                float inv = 1.0f / sum;
+                for (int t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] * inv : 0.0f;
+                float* o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) o[i] = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
+                    float p = a[t2];
+                    for (int i = 0; i < hs; i++) o[i] += p * v[i];
+                }
+            }
+}
+
+// dqkv (B, T, 3*NH*hs) = gradient of attention_forward given dout (B, T, NH*hs)   (written)
+// Parallel over (b, h): a pair owns its head's q, k and v channels, so nothing races.
+static void attention_backward_cpu(float* dqkv, const float* dout, const float* qkv, const float* att,
+                                   int B, int T, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < 3; j++) memset(dqkv + ((size_t)b * T + t) * C3 + j * C + h * hs, 0, hs * sizeof(float));
+            std::vector<float> datt(T);
+            for (int t = 0; t < T; t++) {
+                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                const float* d = dout + ((size_t)b * T + t) * C + h * hs;
+                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                // through out = att . v
+                float dot_ad = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
+                    float* dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
+                    float s = 0.0f;
+                    #pragma omp simd reduction(+ : s)
+                    for (int i = 0; i < hs; i++) { s += d[i] * v[i]; dv[i] += a[t2] * d[i]; }
+                    datt[t2] = s;
+                    dot_ad += a[t2] * s;
+                }
+                // through the softmax, then the scaled dot products
+                for (int t2 = 0; t2 <= t; t2++) {
+                    float dpre = a[t2] * (datt[t2] - dot_ad) * scale;
+                    const float* k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
+                    float* dk = dqkv + ((size_t)b * T + t2) * C3 + C + h * hs;
+                    for (int i = 0; i < hs; i++) { dq[i] += dpre * k[i]; dk[i] += dpre * q[i]; }
+                }
+            }
+        }
+}
+
+// ----------------------------------------------------------------------------
+// Vocab-parallel softmax cross-entropy, in three local steps around two all-reduces.
+// logits (N, Vl) are this rank's columns [v0, v0+Vl) of the padded vocab; only columns < V are real.
+
+// maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none)
+static void crossentropy_max_cpu(float* maxes, const float* logits, int N, int Vl, int v0, int V) {
+    int nv = V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl;  // this rank's real columns
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* l = logits + (size_t)n * Vl;
+        float m = -FLT_MAX;
+        for (int i = 0; i < nv; i++) m = l[i] > m ? l[i] : m;
+        maxes[n] = m;
+    }
+}
+
+// sums (N, 2): [0] = sum of exp(logit - max) over this rank's real columns,
+//              [1] = the target's logit if this rank owns the target, else 0
+static void crossentropy_sums_cpu(float* sums, const float* logits, const float* maxes, const int* targets,
+                                  int N, int Vl, int v0, int V) {
+    int nv = V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* l = logits + (size_t)n * Vl;
+        float m = maxes[n], s = 0.0f;
+        for (int i = 0; i < nv; i++) s += expf(l[i] - m);
+        int col = targets[n] - v0;
+        sums[2 * n] = s;
+        sums[2 * n + 1] = (col >= 0 && col < Vl) ? l[col] : 0.0f;
+    }
+}
+
+// losses (N) = log(sum) - (target logit - max), the same on every rank once maxes and sums are global.
+// If dscale != 0, logits are overwritten in place by dlogits = (softmax - onehot(target)) * dscale,
+// zero in the padded columns: the forward and the backward of the loss fused, as llm.c does.
+static void crossentropy_finish_cpu(float* losses, float* logits, const float* maxes, const float* sums,
+                                    const int* targets, int N, int Vl, int v0, int V, float dscale) {
+    int nv = V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float m = maxes[n], s = sums[2 * n];
+        losses[n] = logf(s) - (sums[2 * n + 1] - m);
+        if (dscale == 0.0f) continue;
+        float* l = logits + (size_t)n * Vl;
+        float inv = 1.0f / s;
+        int col = targets[n] - v0;
+        for (int i = 0; i < Vl; i++) {
+            float p = i < nv ? expf(l[i] - m) * inv : 0.0f;
+            l[i] = (p - (i == col ? 1.0f : 0.0f)) * dscale;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Optimizer
+
+// AdamW as llm.c: bias-corrected moments, decoupled weight decay; grads are multiplied by grad_scale
+// first (global-norm clipping). t counts from 1.
+static void adamw_cpu(float* params, const float* grads, float* m, float* v, long n, float lr, float beta1,
+                      float beta2, float eps, float wd, int t, float grad_scale) {
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) {
+        float g = grads[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
+    }
+}
+
+// sum of squares of x (n), in double, over fixed 4096-element blocks summed in order: the result
+// does not depend on the thread count
+static double sumsq_cpu(const float* x, long n) {
+    const long BS = 4096;
+    long nb = (n + BS - 1) / BS;
+    std::vector<double> part(nb);
+    #pragma omp parallel for schedule(static)
+    for (long b = 0; b < nb; b++) {
+        double s = 0.0;
+        for (long i = b * BS; i < n && i < (b + 1) * BS; i++) s += (double)x[i] * x[i];
+        part[b] = s;
+    }
+    double s = 0.0;
+    for (long b = 0; b < nb; b++) s += part[b];
+    return s;
+}

@@ -1,0 +1,497 @@
+// tp.cu: main. Flags, one thread per rank, the data loader, the training loop, evaluation and logging.
+// The model and its tensor-parallel recipe are in gpt.cu; the collectives in comm.cuh.
+//
+//   make && ./tp                       train the default model on the embedded corpus
+//   ./tp -e d12 -i 'train*.bin' -j val.bin --tp 4     GPT-2 124M over 4 ranks
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <glob.h>
+#include <random>
+#include <sys/stat.h>
+#include <thread>
+#include "gpt.cu"
+
+// ----------------------------------------------------------------------------
+// data: llm.c token files (256 int32 header: magic 20240520, version 1, token count; then uint16 tokens)
+
+struct TokenShard {
+    std::string path;
+    long ntok;
+};
+
+// Yields batches of B x T inputs and targets (the inputs shifted by one), as llm.c's loader does:
+// sample s of a shard is the B*T+1 tokens starting at token s*B*T. In order, or shuffled: each epoch
+// permutes the shards and each shard its samples (Fisher-Yates with MT19937 seeded 42, as llm.c).
+struct DataLoader {
+    const char* what;  // "train" or "val", for messages
+    int B, T, V;
+    bool shuffle;
+    std::vector<TokenShard> shards;
+    std::vector<uint16_t> mem;  // an in-memory shard (the embedded corpus) instead of files
+    std::vector<int> shard_order;
+    std::vector<long> sample_order;
+    int shard_pos;   // index into shard_order
+    long sample_pos; // index into the current shard's samples
+    long nsamples;   // samples in the current shard
+    std::mt19937 rng;
+    FILE* f;
+    std::vector<uint16_t> buf;
+    std::vector<int> inputs, targets;  // (B, T)
+};
+
+// Checks a token file's header and size; returns its token count.
+static long token_file_check(const char* path, const char* what, long need) {
+    struct stat st;
+    if (stat(path, &st) != 0) fatal("cannot open %s data %s: %s", what, path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) fatal("%s data %s is a directory; give a token file or a glob like 'dir/*_train.bin'", what, path);
+    FILE* f = fopen(path, "rb");
+    if (!f) fatal("cannot open %s data %s: %s", what, path, strerror(errno));
+    int h[256];
+    if (fread(h, sizeof(int), 256, f) != 256)
+        fatal("%s data %s is shorter than the 1024-byte header of an llm.c token file (make one with data/prepare.py)", what, path);
+    fclose(f);
+    if (h[0] != 20240520) fatal("%s data %s has magic %d, not 20240520: not an llm.c token file (make one with data/prepare.py)", what, path, h[0]);
+    if (h[1] != 1) fatal("%s data %s has version %d; tp reads version 1 token files (uint16 tokens)", what, path, h[1]);
+    long ntok = h[2];
+    if (ntok < 0 || (long)st.st_size != 1024 + 2 * ntok)
+        fatal("%s data %s is %ld bytes but its header promises %ld tokens (%ld bytes): the file is truncated or corrupt",
+              what, path, (long)st.st_size, ntok, 1024 + 2 * ntok);
+    if (ntok < need)
+        fatal("%s data %s has %ld tokens, fewer than one batch needs (B*T+1 = %ld): use a smaller -b or -t", what, path, ntok, need);
+    return ntok;
+}
+
+static void loader_load_shard(DataLoader* d) {
+    long ntok = d->mem.empty() ? d->shards[d->shard_order[d->shard_pos]].ntok : (long)d->mem.size();
+    d->nsamples = (ntok - 1) / ((long)d->B * d->T);
+    d->sample_pos = 0;
+    if (d->f) { fclose(d->f); d->f = nullptr; }
+    if (d->mem.empty()) {
+        const char* path = d->shards[d->shard_order[d->shard_pos]].path.c_str();
+        d->f = fopen(path, "rb");
+        if (!d->f) fatal("cannot open %s data %s: %s", d->what, path, strerror(errno));
+    }
+    if (d->shuffle) {
+        d->sample_order.resize(d->nsamples);
+        for (long i = 0; i < d->nsamples; i++) d->sample_order[i] = i;
+        for (long i = d->nsamples - 1; i > 0; i--) std::swap(d->sample_order[i], d->sample_order[d->rng() % (i + 1)]);
+    }
+}
+
+// back to the first batch; when shuffling, a new epoch: a new shard order
+static void loader_reset(DataLoader* d) {
+    d->shard_pos = 0;
+    int ns = (int)d->shard_order.size();
+    if (d->shuffle)
+        for (int i = ns - 1; i > 0; i--) std::swap(d->shard_order[i], d->shard_order[d->rng() % (i + 1)]);
+    loader_load_shard(d);
+}
+
+// pattern: a token file or a glob of shards. mem: tokens to serve from memory instead (pattern unused).
+static void loader_init(DataLoader* d, const char* what, const char* pattern, const std::vector<uint16_t>* mem,
+                        int B, int T, int V, bool shuffle) {
+    d->what = what;
+    d->B = B;
+    d->T = T;
+    d->V = V;
+    d->shuffle = shuffle;
+    d->f = nullptr;
+    d->rng.seed(42);
+    long need = (long)B * T + 1;
+    if (mem) {
+        if ((long)mem->size() < need)
+            fatal("the %s split has %zu tokens, fewer than one batch needs (B*T+1 = %ld): use a smaller -b or -t", what, mem->size(), need);
+        d->mem = *mem;
+        d->shard_order = {0};
+    } else {
+        glob_t g;
+        int rc = glob(pattern, 0, nullptr, &g);
+        if (rc != 0 || g.gl_pathc == 0) {
+            if (rc == 0) globfree(&g);
+            fatal("no %s data matches '%s': give an llm.c token file or a glob of shards (make them with data/prepare.py)", what, pattern);
+        }
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            long n = token_file_check(g.gl_pathv[i], what, need);
+            d->shards.push_back({g.gl_pathv[i], n});
+            d->shard_order.push_back((int)i);
+        }
+        globfree(&g);
+    }
+    d->buf.resize(need);
+    d->inputs.resize((long)B * T);
+    d->targets.resize((long)B * T);
+    loader_reset(d);
+}
+
+static void loader_free(DataLoader* d) {
+    if (d->f) fclose(d->f);
+    d->f = nullptr;
+}
+
+// the next batch into d->inputs and d->targets
+static void loader_next(DataLoader* d) {
+    if (d->sample_pos >= d->nsamples) {
+        if (d->shard_pos + 1 >= (int)d->shard_order.size()) loader_reset(d);  // end of the epoch
+        else { d->shard_pos++; loader_load_shard(d); }
+    }
+    long s = d->shuffle ? d->sample_order[d->sample_pos] : d->sample_pos;
+    d->sample_pos++;
+    long n = (long)d->B * d->T + 1, start = s * (long)d->B * d->T;
+    if (!d->mem.empty()) memcpy(d->buf.data(), d->mem.data() + start, n * sizeof(uint16_t));
+    else {
+        if (fseek(d->f, 1024 + start * 2, SEEK_SET) != 0 || (long)fread(d->buf.data(), 2, n, d->f) != n)
+            fatal("reading %s data %s failed at token %ld", d->what, d->shards[d->shard_order[d->shard_pos]].path.c_str(), start);
+    }
+    for (long i = 0; i < n; i++)
+        if (d->buf[i] >= d->V)
+            fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: use a model whose vocab covers the data (--vocab)",
+                  d->what, d->mem.empty() ? d->shards[d->shard_order[d->shard_pos]].path.c_str() : "(embedded)", d->buf[i], start + i, d->V);
+    for (long i = 0; i < n - 1; i++) {
+        d->inputs[i] = d->buf[i];
+        d->targets[i] = d->buf[i + 1];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// flags
+
+struct Args {
+    const char* train;   // -i
+    const char* val;     // -j
+    const char* model;   // -e
+    const char* outdir;  // -o
+    int B, T;            // -b, -t
+    float lr;            // -l
+    int warmup;          // -u
+    float final_frac;    // -q
+    float wd;            // -c
+    int max_steps;       // -x
+    int val_every;       // -v
+    int val_batches;     // -m
+    int sample_every;    // -s
+    int gen_tokens;      // -g
+    int ckpt_every;      // -n
+    int resume;          // -y
+    int tp;              // --tp (0: as many ranks as the device allows)
+    int device;          // --device
+    float beta1, beta2, clip;
+    int shuffle;
+    int vocab, maxT;     // for descriptors
+    long seed;
+    int threads;         // per rank (0: cores / ranks)
+    double timeout;
+};
+
+static void usage(FILE* out) {
+    fprintf(out,
+        "usage: ./tp [flags]        train GPT-2 with tensor parallelism over --tp ranks (one thread each)\n"
+        "  -i PATTERN  train tokens: an llm.c token file or a glob of shards   (default: the embedded corpus)\n"
+        "  -j PATTERN  val tokens                                               (default: the embedded corpus)\n"
+        "  -e MODEL    llm.c fp32 checkpoint file, or a descriptor d1..d12, d24, d36, d48   (default d4)\n"
+        "  -o DIR      output directory for checkpoints                         (default: none)\n"
+        "  -b B        batch size (sequences)                                   (default 8)\n"
+        "  -t T        sequence length                                          (default 128)\n"
+        "  -l LR       peak learning rate                                       (default 1e-3)\n"
+        "  -u N        warmup steps                                             (default 20)\n"
+        "  -q F        final learning rate as a fraction of -l, cosine decay    (default 0.1)\n"
+        "  -c WD       weight decay of the matrices (AdamW, decoupled)          (default 0)\n"
+        "  -x N        training steps                                           (default 400)\n"
+        "  -v N        val loss every N steps, and at the last step (0: never)  (default 50)\n"
+        "  -m N        val batches                                              (default 10)\n"
+        "  -s N        sample every N steps (0: only at the end)                (default 0)\n"
+        "  -g N        tokens to generate per sample                            (default 128)\n"
+        "  -n N        checkpoint every N steps with -o (0: only at the end)    (default 0)\n"
+        "  -y 1        resume from the latest checkpoint in -o                  (default 0)\n"
+        "  --tp P      tensor-parallel ranks (0: one per core or GPU)          (default 0)\n"
+        "  --device D  auto, cpu or cuda                                        (default auto)\n"
+        "  --beta1 B1  --beta2 B2     AdamW betas                               (default 0.9, 0.95)\n"
+        "  --clip X    clip the global gradient norm at X (0: off)              (default 1)\n"
+        "  --shuffle S 1: shuffled batches, 0: in order as llm.c's -x runs      (default 1)\n"
+        "  --vocab V   vocab size for a descriptor model                        (default 256 with the\n"
+        "              embedded corpus, else 50257)\n"
+        "  --maxT N    maximum sequence length for a descriptor model           (default 1024)\n"
+        "  --seed N    initialization seed                                      (default 1337)\n"
+        "  --threads N CPU threads per rank (0: cores / ranks)                  (default 0)\n"
+        "  --timeout S abort if a collective waits longer than S seconds       (default 600)\n"
+        "  --help      this text\n");
+}
+
+static void bad_flag(const char* fmt, const char* a, const char* b) {
+    fprintf(stderr, "error: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n");
+    usage(stderr);
+    exit(1);
+}
+
+static long parse_int(const char* flag, const char* v, long lo, long hi) {
+    char* end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || errno) bad_flag("flag %s takes an integer, not '%s'", flag, v);
+    if (x < lo || x > hi) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "flag %%s is %%s, out of range [%ld, %ld]", lo, hi);
+        bad_flag(msg, flag, v);
+    }
+    return x;
+}
+
+static float parse_float(const char* flag, const char* v, double lo, double hi) {
+    char* end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (*v == '\0' || *end != '\0' || errno || !std::isfinite(x)) bad_flag("flag %s takes a number, not '%s'", flag, v);
+    if (x < lo || x > hi) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "flag %%s is %%s, out of range [%g, %g]", lo, hi);
+        bad_flag(msg, flag, v);
+    }
+    return (float)x;
+}
+
+static void parse_args(int argc, char** argv, Args* a) {
+    *a = Args{};
+    a->model = "d4";
+    a->B = 8; a->T = 128; a->lr = 1e-3f; a->warmup = 20; a->final_frac = 0.1f; a->wd = 0.0f;
+    a->max_steps = 400; a->val_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 128;
+    a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
+    a->device = -1; a->timeout = 600;
+    for (int i = 1; i < argc; i++) {
+        const char* f = argv[i];
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
+        if (f[0] != '-') bad_flag("unexpected argument '%s'%s", f, "");
+        if (i + 1 >= argc) bad_flag("flag %s needs a value%s", f, "");
+        const char* v = argv[++i];
+        if (!strcmp(f, "-i")) a->train = v;
+        else if (!strcmp(f, "-j")) a->val = v;
+        else if (!strcmp(f, "-e")) a->model = v;
+        else if (!strcmp(f, "-o")) a->outdir = v;
+        else if (!strcmp(f, "-b")) a->B = (int)parse_int(f, v, 1, 1 << 16);
+        else if (!strcmp(f, "-t")) a->T = (int)parse_int(f, v, 1, 1 << 16);
+        else if (!strcmp(f, "-l")) a->lr = parse_float(f, v, 0, 10);
+        else if (!strcmp(f, "-u")) a->warmup = (int)parse_int(f, v, 0, 1L << 30);
+        else if (!strcmp(f, "-q")) a->final_frac = parse_float(f, v, 0, 1);
+        else if (!strcmp(f, "-c")) a->wd = parse_float(f, v, 0, 10);
+        else if (!strcmp(f, "-x")) a->max_steps = (int)parse_int(f, v, 1, 1L << 30);
+        else if (!strcmp(f, "-v")) a->val_every = (int)parse_int(f, v, 0, 1L << 30);
+        else if (!strcmp(f, "-m")) a->val_batches = (int)parse_int(f, v, 1, 1L << 20);
+        else if (!strcmp(f, "-s")) a->sample_every = (int)parse_int(f, v, 0, 1L << 30);
+        else if (!strcmp(f, "-g")) a->gen_tokens = (int)parse_int(f, v, 0, 1 << 20);
+        else if (!strcmp(f, "-n")) a->ckpt_every = (int)parse_int(f, v, 0, 1L << 30);
+        else if (!strcmp(f, "-y")) a->resume = (int)parse_int(f, v, 0, 1);
+        else if (!strcmp(f, "--tp")) a->tp = (int)parse_int(f, v, 0, COMM_MAXP);
+        else if (!strcmp(f, "--device")) {
+            if (!strcmp(v, "auto")) a->device = -1;
+            else if (!strcmp(v, "cpu")) a->device = DEV_CPU;
+            else if (!strcmp(v, "cuda")) a->device = DEV_CUDA;
+            else bad_flag("flag %s takes auto, cpu or cuda, not '%s'", f, v);
+        }
+        else if (!strcmp(f, "--beta1")) a->beta1 = parse_float(f, v, 0, 0.999999);
+        else if (!strcmp(f, "--beta2")) a->beta2 = parse_float(f, v, 0, 0.999999);
+        else if (!strcmp(f, "--clip")) a->clip = parse_float(f, v, 0, 1e9);
+        else if (!strcmp(f, "--shuffle")) a->shuffle = (int)parse_int(f, v, 0, 1);
+        else if (!strcmp(f, "--vocab")) a->vocab = (int)parse_int(f, v, 2, 1 << 20);
+        else if (!strcmp(f, "--maxT")) a->maxT = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--seed")) a->seed = parse_int(f, v, 0, 1L << 62);
+        else if (!strcmp(f, "--threads")) a->threads = (int)parse_int(f, v, 0, 1024);
+        else if (!strcmp(f, "--timeout")) a->timeout = parse_float(f, v, 0.001, 1e7);
+        else bad_flag("unknown flag %s%s", f, "");
+    }
+    if ((a->train == nullptr) != (a->val == nullptr))
+        bad_flag("give both -i and -j (train and val data), or neither for the embedded corpus%s%s", "", "");
+}
+
+// ----------------------------------------------------------------------------
+// the run: what the rank threads share
+
+struct Run {
+    Args args;
+    GPTConfig cfg;
+    int P;
+    int device;
+    int threads;                  // per rank
+    CommGroup group;
+    std::vector<float> init;      // the full initial parameters, each rank slices its shard
+    std::vector<float> full;      // gather buffer for checkpoints
+    std::vector<uint16_t> corpus_train, corpus_val;  // the embedded corpus, when no -i/-j
+    double floor_nats;            // its entropy per byte, the loss floor (0 if unknown)
+    // what rank 0 reports back (tests read these)
+    std::vector<float> train_losses, val_losses;
+};
+
+// the learning rate at step (0-based): linear warmup, then cosine decay to lr * final_frac
+static float lr_at(const Args* a, int step) {
+    if (step < a->warmup) return a->lr * (step + 1) / a->warmup;
+    if (a->max_steps <= a->warmup) return a->lr;
+    float decay = (float)(step - a->warmup) / (a->max_steps - a->warmup);
+    float coeff = 0.5f * (1.0f + cosf(3.14159265358979f * decay));
+    float lr_min = a->lr * a->final_frac;
+    return lr_min + coeff * (a->lr - lr_min);
+}
+
+static double now_s() { return comm_now(); }
+
+// mean loss over the first n val batches, the same on every rank
+static float evaluate(GPT* m, Rank* rk, DataLoader* val, int n) {
+    loader_reset(val);
+    double s = 0.0;
+    for (int i = 0; i < n; i++) {
+        loader_next(val);
+        gpt_forward(m, rk, val->inputs.data(), val->targets.data(), val->B, val->T, false);
+        s += gpt_read_loss(m, rk);
+    }
+    return (float)(s / n);
+}
+
+static void rank_main(Run* run, int r) {
+    const Args* a = &run->args;
+    Rank rk;
+    rk.rank = r;
+    rk.P = run->P;
+    rk.device = run->device;
+    rk.gpu = 0;
+    rk.threads = run->threads;
+    omp_set_num_threads(rk.threads);
+    comm_init(&rk.comm, &run->group, r);
+
+    GPT m;
+    gpt_build(&m, &rk, &run->cfg, run->init.data());
+    DataLoader train, val;
+    if (a->train) {
+        loader_init(&train, "train", a->train, nullptr, a->B, a->T, run->cfg.V, a->shuffle);
+        loader_init(&val, "val", a->val, nullptr, a->B, a->T, run->cfg.V, false);
+    } else {
+        loader_init(&train, "train", nullptr, &run->corpus_train, a->B, a->T, run->cfg.V, a->shuffle);
+        loader_init(&val, "val", nullptr, &run->corpus_val, a->B, a->T, run->cfg.V, false);
+    }
+    comm_barrier(&rk.comm, "start");
+    bool lead = r == 0;
+    int BT = a->B * a->T;
+    double total_time = 0.0;
+    for (int step = 0; step < a->max_steps; step++) {
+        bool last = step == a->max_steps - 1;
+        if (a->val_every > 0 && (step % a->val_every == 0 || last)) {
+            float vl = evaluate(&m, &rk, &val, a->val_batches);
+            if (lead) {
+                run->val_losses.push_back(vl);
+                if (run->floor_nats > 0) printf("val loss %.6f  (floor %.4f, %.1f%% above)\n", vl, run->floor_nats, 100.0 * (vl / run->floor_nats - 1.0));
+                else printf("val loss %.6f\n", vl);
+                fflush(stdout);
+            }
+        }
+        double t0 = now_s();
+        double comm0 = rk.comm.seconds, vals0 = rk.comm.values;
+        loader_next(&train);
+        gpt_forward(&m, &rk, train.inputs.data(), train.targets.data(), a->B, a->T, true);
+        gpt_zero_grad(&m, &rk);
+        gpt_backward(&m, &rk);
+        float lr = lr_at(a, step);
+        gpt_update(&m, &rk, lr, a->beta1, a->beta2, 1e-8f, a->wd, a->clip);
+        float loss = gpt_read_loss(&m, &rk);
+        float norm = gpt_read_norm(&m, &rk);
+        double dt = now_s() - t0;
+        if (step > 0) total_time += dt;  // the first step warms up caches and allocations
+        if (!std::isfinite(loss) || !std::isfinite(norm))
+            fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)", step + 1, loss, norm);
+        if (lead) {
+            run->train_losses.push_back(loss);
+            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | comm %.1f ms, %.2f MB\n",
+                   step + 1, a->max_steps, loss, lr, norm, dt * 1e3, BT / dt, (rk.comm.seconds - comm0) * 1e3,
+                   (rk.comm.values - vals0) * 4 / 1e6);
+            fflush(stdout);
+        }
+    }
+    if (lead && a->max_steps > 1)
+        printf("average %.1f ms per step, %.0f tok/s (steps 2..%d)\n", total_time / (a->max_steps - 1) * 1e3,
+               (double)BT * (a->max_steps - 1) / total_time, a->max_steps);
+    loader_free(&train);
+    loader_free(&val);
+    gpt_free(&m, &rk);
+}
+
+// ----------------------------------------------------------------------------
+// setup
+
+static void run_setup(Run* run) {
+    const Args* a = &run->args;
+    bool embedded = a->train == nullptr;
+    // the model: a checkpoint file, or a descriptor with a seeded initialization
+    GPTConfig* c = &run->cfg;
+    int V = a->vocab ? a->vocab : (embedded ? 256 : 50257);
+    if (gpt_descriptor(a->model, c, V, a->maxT)) {
+        run->init.resize(gpt_num_params(c));
+        gpt_init_full(c, (uint64_t)a->seed, run->init.data());
+    } else {
+        struct stat st;
+        if (stat(a->model, &st) != 0)
+            fatal("-e %s is neither a descriptor (d1..d12, d24, d36, d48) nor a readable checkpoint file", a->model);
+        if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", a->model);
+        gpt_load_checkpoint(a->model, c, &run->init);
+        if (a->vocab && a->vocab != c->V)
+            fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, a->model, c->V);
+    }
+    if (a->T > c->maxT) fatal("sequence length -t %d exceeds the model's maximum %d: use -t %d or less", a->T, c->maxT, c->maxT);
+    // ranks: one per core on the CPU, the largest valid degree that fits
+    run->device = DEV_CPU;
+    if (a->device == DEV_CUDA) fatal("--device cuda: this build of tp runs on the CPU only");
+    int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    run->P = a->tp;
+    if (run->P == 0) {
+        run->P = 1;
+        for (int p = 1; p <= cores; p++)
+            if (tp_valid(c, p)) run->P = p;
+    }
+    if (!tp_valid(c, run->P))
+        fatal("--tp %d does not divide the model (%d heads, padded vocab %d): valid --tp values are %s", run->P, c->NH, c->Vp,
+              tp_valid_list(c).c_str());
+    run->threads = a->threads ? a->threads : std::max(1, cores / run->P);
+    comm_group_init(&run->group, run->P, a->timeout);
+}
+
+static void print_setup(const Run* run) {
+    const GPTConfig* c = &run->cfg;
+    const Args* a = &run->args;
+    printf("tp: GPT-2 with %d layers, %d heads, %d channels, vocab %d (padded %d), max T %d: %.2fM parameters\n",
+           c->L, c->NH, c->C, c->V, c->Vp, c->maxT, gpt_num_params(c) / 1e6);
+    printf("tp: %d rank%s on the %s, %d thread%s each; batch %d x %d = %d tokens\n", run->P, run->P > 1 ? "s" : "",
+           run->device == DEV_CUDA ? "GPU" : "CPU", run->threads, run->threads > 1 ? "s" : "", a->B, a->T, a->B * a->T);
+    ShardPlan s;
+    shard_plan_init(&s, c, run->P, 0);
+    printf("shard plan (rank r of %d):\n", run->P);
+    printf("  %-9s %-22s %-22s %s\n", "tensor", "full shape", "per-rank shape", "split");
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const TensorShard* t = &s.t[i];
+        char full[48], local[48];
+        if (t->nl > 1) {
+            snprintf(full, sizeof(full), "(%d, %ld, %ld)", t->nl, t->rows, t->cols);
+            snprintf(local, sizeof(local), "(%d, %ld, %ld)", t->nl, t->lrows, t->lcols);
+        } else {
+            snprintf(full, sizeof(full), "(%ld, %ld)", t->rows, t->cols);
+            snprintf(local, sizeof(local), "(%ld, %ld)", t->lrows, t->lcols);
+        }
+        printf("  %-9s %-22s %-22s %s\n", t->name, full, local, t->how);
+    }
+    double per_step = (4.0 * c->L + 2) * a->B * a->T * c->C + 3.0 * a->B * a->T + 1;
+    printf("communication per step: (4L+2)*B*T*C + 3*B*T + 1 = %.0f floats (%.2f MB) all-reduced by each rank\n",
+           per_step, per_step * 4 / 1e6);
+    fflush(stdout);
+}
+
+static int tp_main(int argc, char** argv) {
+    Run* run = new Run();
+    parse_args(argc, argv, &run->args);
+    run_setup(run);
+    if (!run->args.train) fatal("no data: give -i and -j (the embedded corpus is not built into this version)");
+    print_setup(run);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < run->P; r++) threads.emplace_back(rank_main, run, r);
+    for (auto& t : threads) t.join();
+    delete run;
+    return 0;
+}
+
+#ifndef TESTING
+int main(int argc, char** argv) { return tp_main(argc, argv); }
+#endif
