@@ -1,1 +1,555 @@
-int main(){}
+// test_tp.cu: the tests. `make test` builds and runs them; the last line is "N passed, N failed".
+//
+// CPU tests always run: collectives, TP=P against TP=1, replicated parameters bit-identical on every
+// rank, the backward against finite differences, the forward against an independent double-precision
+// reference, the data loader, checkpoints, and the command line. Each test asserts a number against a bound.
+#define TESTING
+#include "tp.cu"
+#include <sys/wait.h>
+
+static int g_passed = 0, g_failed = 0;
+
+static void check(bool ok, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(bool ok, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "  ok  " : "  FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    (ok ? g_passed : g_failed)++;
+}
+
+// ||a - b|| / ||b||, the norm-wise relative error
+static double rel_err(const float* a, const float* b, long n) {
+    double num = 0, den = 0;
+    for (long i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static std::string tmpdir() {
+    static std::string dir;
+    if (dir.empty()) {
+        char t[] = "/tmp/tp_test_XXXXXX";
+        if (!mkdtemp(t)) { perror("mkdtemp"); exit(1); }
+        dir = t;
+    }
+    return dir;
+}
+
+static void write_tokens(const std::string& path, const std::vector<int>& toks, int magic = 20240520, int version = 1, long claim = -1) {
+    FILE* f = fopen(path.c_str(), "wb");
+    int h[256] = {0};
+    h[0] = magic; h[1] = version; h[2] = (int)(claim >= 0 ? claim : (long)toks.size());
+    fwrite(h, sizeof(int), 256, f);
+    std::vector<uint16_t> u(toks.begin(), toks.end());
+    fwrite(u.data(), 2, u.size(), f);
+    fclose(f);
+}
+
+// ----------------------------------------------------------------------------
+// running P ranks in this process
+
+struct RankOut {
+    std::vector<float> grads0;  // local gradients after the first backward
+    std::vector<float> params;  // local parameters after the last update
+};
+
+struct TpResult {
+    std::vector<float> losses;      // per step, from rank 0
+    std::vector<float> grads_full;  // gathered gradients of step 0
+    std::vector<float> params_full; // gathered parameters after the last step
+    std::vector<RankOut> ranks;
+    double values_per_step;         // floats all-reduced per training step (rank 0)
+};
+
+// trains `steps` AdamW steps at TP=P from full initial parameters; batch k is tokens [k*B*T, k*B*T + B*T]
+static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, int steps, const std::vector<int>& data,
+                   int B, int T, float lr, float clip, TpResult* out) {
+    CommGroup* group = new CommGroup();
+    comm_group_init(group, P, 60);
+    long nfull = gpt_num_params(cfg);
+    out->grads_full.assign(nfull, 0.0f);
+    out->params_full.assign(nfull, 0.0f);
+    out->ranks.assign(P, RankOut());
+    out->losses.clear();
+    auto body = [&](int r) {
+        Rank rk;
+        rk.rank = r; rk.P = P; rk.device = DEV_CPU; rk.gpu = 0; rk.threads = 1;
+        omp_set_num_threads(1);
+        comm_init(&rk.comm, group, r);
+        GPT m;
+        gpt_build(&m, &rk, cfg, init.data());
+        for (int s = 0; s < steps; s++) {
+            const int* x = data.data() + (long)s * B * T;
+            double v0 = rk.comm.values;
+            gpt_forward(&m, &rk, x, x + 1, B, T, true);
+            gpt_zero_grad(&m, &rk);
+            gpt_backward(&m, &rk);
+            if (s == 0) {
+                out->ranks[r].grads0.assign(m.grads_mem, m.grads_mem + m.nparams);
+                gpt_gather(&m, &rk, m.grads_mem, out->grads_full.data());
+            }
+            gpt_update(&m, &rk, lr, 0.9f, 0.95f, 1e-8f, 0.1f, clip);
+            if (s == 0 && r == 0) out->values_per_step = rk.comm.values - v0;
+            float loss = gpt_read_loss(&m, &rk);
+            if (r == 0) out->losses.push_back(loss);
+        }
+        out->ranks[r].params.assign(m.params_mem, m.params_mem + m.nparams);
+        gpt_gather(&m, &rk, m.params_mem, out->params_full.data());
+        gpt_free(&m, &rk);
+    };
+    std::vector<std::thread> th;
+    for (int r = 0; r < P; r++) th.emplace_back(body, r);
+    for (auto& t : th) t.join();
+    delete group;
+}
+
+static GPTConfig make_config(int L, int NH, int C, int V, int maxT) {
+    GPTConfig c;
+    c.L = L; c.NH = NH; c.C = C; c.V = V; c.Vp = round_up(V, 128); c.maxT = maxT;
+    return c;
+}
+
+static std::vector<int> random_tokens(long n, int V, uint64_t seed) {
+    Rng r = {seed};
+    std::vector<int> t(n);
+    for (auto& x : t) x = (int)(rng_u64(&r) % V);
+    return t;
+}
+
+// ----------------------------------------------------------------------------
+// collectives
+
+static void test_collectives() {
+    printf("collectives: all-reduce sum/max, all-gather, broadcast against serial loops\n");
+    long sizes[] = {1, 7, 1001, 1 << 18};
+    for (int P = 1; P <= 8; P++) {
+        for (long n : sizes) {
+            CommGroup* g = new CommGroup();
+            comm_group_init(g, P, 30);
+            std::vector<std::vector<float>> in(P), sum(P), mx(P), gat(P), bc(P);
+            for (int r = 0; r < P; r++) {
+                Rng rng = {(uint64_t)(r * 1000 + n)};
+                in[r].resize(n);
+                for (auto& x : in[r]) x = (float)rng_normal(&rng);
+                sum[r] = in[r]; mx[r] = in[r]; bc[r] = in[r];
+                gat[r].assign(n * P, 0.0f);
+            }
+            std::vector<std::thread> th;
+            for (int r = 0; r < P; r++)
+                th.emplace_back([&, r]() {
+                    Comm c;
+                    comm_init(&c, g, r);
+                    comm_allreduce(&c, sum[r].data(), n, COMM_SUM, "test", -1);
+                    comm_allreduce(&c, mx[r].data(), n, COMM_MAX, "test", -1);
+                    comm_allgather(&c, gat[r].data(), in[r].data(), n, "test");
+                    comm_broadcast(&c, bc[r].data(), n, P - 1, "test");
+                });
+            for (auto& t : th) t.join();
+            long bad = 0;
+            for (long i = 0; i < n; i++) {
+                float s = in[0][i], m = in[0][i];
+                for (int r = 1; r < P; r++) { s += in[r][i]; m = std::max(m, in[r][i]); }
+                for (int r = 0; r < P; r++) {
+                    bad += sum[r][i] != s;  // bit-exact: rank-order sum
+                    bad += mx[r][i] != m;
+                    bad += bc[r][i] != in[P - 1][i];
+                    for (int q = 0; q < P; q++) bad += gat[r][q * n + i] != in[q][i];
+                }
+            }
+            if (n == 1 || n == (1 << 18) || P == 8 || P == 3)
+                check(bad == 0, "P=%d n=%ld: %ld mismatches (sum, max, all-gather, broadcast; bit-exact)", P, n, bad);
+            else if (bad) check(false, "P=%d n=%ld: %ld mismatches", P, n, bad);
+            delete g;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// TP equivalence
+
+static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps) {
+    int B = 2, T = 16, steps = 10;
+    printf("TP equivalence: L%d NH%d C%d V%d (Vp %d), B%d T%d, %d AdamW steps (lr 1e-3, wd 0.1, clip 1)\n",
+           cfg->L, cfg->NH, cfg->C, cfg->V, cfg->Vp, B, T, steps);
+    std::vector<float> init(gpt_num_params(cfg));
+    gpt_init_full(cfg, 7, init.data());
+    std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg->V, 99);
+    TpResult ref;
+    run_tp(cfg, init, 1, steps, data, B, T, 1e-3f, 1.0f, &ref);
+    for (int P : Ps) {
+        TpResult res;
+        run_tp(cfg, init, P, steps, data, B, T, 1e-3f, 1.0f, &res);
+        double l0 = fabs(res.losses[0] - ref.losses[0]) / fabs(ref.losses[0]);
+        check(l0 < 1e-6, "P=%d step-0 loss %.7f vs %.7f: rel err %.2e < 1e-6", P, res.losses[0], ref.losses[0], l0);
+        // every gathered gradient tensor
+        ShardPlan s;
+        shard_plan_init(&s, cfg, P, 0);
+        double worst = 0;
+        const char* worst_name = "";
+        long off = 0;
+        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+            long n = shard_full_size(&s.t[i]);
+            double e = rel_err(res.grads_full.data() + off, ref.grads_full.data() + off, n);
+            if (e > worst) { worst = e; worst_name = s.t[i].name; }
+            off += n;
+        }
+        check(worst < 1e-5, "P=%d gathered gradients: worst tensor %s rel err %.2e < 1e-5", P, worst_name, worst);
+        double lw = 0;
+        for (int k = 0; k < steps; k++) lw = std::max(lw, (double)fabs(res.losses[k] - ref.losses[k]) / fabs(ref.losses[k]));
+        check(lw < 1e-5, "P=%d losses over %d steps: worst rel err %.2e < 1e-5", P, steps, lw);
+        double pw = rel_err(res.params_full.data(), ref.params_full.data(), (long)ref.params_full.size());
+        check(pw < 1e-5, "P=%d weights after %d steps: rel err %.2e < 1e-5", P, steps, pw);
+        // replicated tensors: bit-identical gradients and weights on every rank
+        long mism_g = 0, mism_p = 0;
+        for (int r = 1; r < P; r++) {
+            long loff = 0;
+            for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+                long n = shard_local_size(&s.t[i]);
+                if (s.t[i].split == SPLIT_NONE) {
+                    mism_g += memcmp(res.ranks[r].grads0.data() + loff, res.ranks[0].grads0.data() + loff, n * 4) != 0;
+                    mism_p += memcmp(res.ranks[r].params.data() + loff, res.ranks[0].params.data() + loff, n * 4) != 0;
+                }
+                loff += n;
+            }
+        }
+        check(mism_g == 0 && mism_p == 0, "P=%d replicated tensors (layernorms, wpe, row-parallel biases) bit-identical on all ranks: %ld grad and %ld weight tensors differ",
+              P, mism_g, mism_p);
+        // communication: the analytic count
+        double expect = (4.0 * cfg->L + 2) * B * T * cfg->C + 3.0 * B * T + 1;
+        check(res.values_per_step == expect, "P=%d floats all-reduced per step %.0f == (4L+2)BTC + 3BT + 1 = %.0f", P, res.values_per_step, expect);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// an independent reference: GPT-2's forward in double precision, written as plainly as possible
+
+static double reference_loss(const GPTConfig* c, const float* full, const int* tok, const int* tgt, int B, int T) {
+    int C = c->C, L = c->L, NH = c->NH, hs = C / NH, V = c->V, Vp = c->Vp;
+    const float* wte = full;
+    const float* wpe = wte + (long)Vp * C;
+    const float* ln1w = wpe + (long)c->maxT * C;
+    const float* ln1b = ln1w + L * C;
+    const float* qkvw = ln1b + L * C;
+    const float* qkvb = qkvw + (long)L * 3 * C * C;
+    const float* apw = qkvb + L * 3 * C;
+    const float* apb = apw + (long)L * C * C;
+    const float* ln2w = apb + L * C;
+    const float* ln2b = ln2w + L * C;
+    const float* fcw = ln2b + L * C;
+    const float* fcb = fcw + (long)L * 4 * C * C;
+    const float* fpw = fcb + L * 4 * C;
+    const float* fpb = fpw + (long)L * C * 4 * C;
+    const float* lnfw = fpb + L * C;
+    const float* lnfb = lnfw + C;
+    auto ln = [&](const std::vector<double>& x, const float* w, const float* b) {
+        std::vector<double> y(C);
+        double m = 0, v = 0;
+        for (int i = 0; i < C; i++) m += x[i];
+        m /= C;
+        for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+        v /= C;
+        for (int i = 0; i < C; i++) y[i] = (x[i] - m) / sqrt(v + 1e-5) * w[i] + b[i];
+        return y;
+    };
+    double total = 0;
+    for (int b = 0; b < B; b++) {
+        std::vector<std::vector<double>> x(T, std::vector<double>(C));
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < C; i++) x[t][i] = (double)wte[(long)tok[b * T + t] * C + i] + wpe[(long)t * C + i];
+        for (int l = 0; l < L; l++) {
+            std::vector<std::vector<double>> q(T, std::vector<double>(3 * C));
+            for (int t = 0; t < T; t++) {
+                std::vector<double> h = ln(x[t], ln1w + l * C, ln1b + l * C);
+                for (int o = 0; o < 3 * C; o++) {
+                    double s = qkvb[l * 3 * C + o];
+                    for (int i = 0; i < C; i++) s += h[i] * qkvw[((long)l * 3 * C + o) * C + i];
+                    q[t][o] = s;
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                std::vector<double> y(C, 0.0);
+                for (int hh = 0; hh < NH; hh++) {
+                    std::vector<double> sc(t + 1);
+                    double mx = -1e300, z = 0;
+                    for (int u = 0; u <= t; u++) {
+                        double d = 0;
+                        for (int i = 0; i < hs; i++) d += q[t][hh * hs + i] * q[u][C + hh * hs + i];
+                        sc[u] = d / sqrt((double)hs);
+                        mx = std::max(mx, sc[u]);
+                    }
+                    for (int u = 0; u <= t; u++) { sc[u] = exp(sc[u] - mx); z += sc[u]; }
+                    for (int u = 0; u <= t; u++)
+                        for (int i = 0; i < hs; i++) y[hh * hs + i] += sc[u] / z * q[u][2 * C + hh * hs + i];
+                }
+                for (int o = 0; o < C; o++) {
+                    double s = apb[l * C + o];
+                    for (int i = 0; i < C; i++) s += y[i] * apw[((long)l * C + o) * C + i];
+                    x[t][o] += s;
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                std::vector<double> h = ln(x[t], ln2w + l * C, ln2b + l * C), g(4 * C);
+                for (int o = 0; o < 4 * C; o++) {
+                    double s = fcb[l * 4 * C + o];
+                    for (int i = 0; i < C; i++) s += h[i] * fcw[((long)l * 4 * C + o) * C + i];
+                    g[o] = 0.5 * s * (1.0 + tanh(sqrt(2.0 / M_PI) * (s + 0.044715 * s * s * s)));
+                }
+                for (int o = 0; o < C; o++) {
+                    double s = fpb[l * C + o];
+                    for (int i = 0; i < 4 * C; i++) s += g[i] * fpw[((long)l * C + o) * 4 * C + i];
+                    x[t][o] += s;
+                }
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            std::vector<double> h = ln(x[t], lnfw, lnfb), lg(V);
+            double mx = -1e300, z = 0;
+            for (int v = 0; v < V; v++) {
+                double s = 0;
+                for (int i = 0; i < C; i++) s += h[i] * wte[(long)v * C + i];
+                lg[v] = s;
+                mx = std::max(mx, s);
+            }
+            for (int v = 0; v < V; v++) z += exp(lg[v] - mx);
+            total += log(z) - (lg[tgt[b * T + t]] - mx);
+        }
+    }
+    return total / (B * T);
+}
+
+static void test_reference_forward() {
+    printf("forward against an independent double-precision GPT-2\n");
+    GPTConfig cfg = make_config(2, 4, 32, 200, 16);
+    int B = 2, T = 12;
+    std::vector<float> init(gpt_num_params(&cfg));
+    gpt_init_full(&cfg, 11, init.data());
+    for (long i = 0; i < (long)init.size(); i++) init[i] *= 5.0f;  // larger weights: a non-trivial forward
+    std::vector<int> tok = random_tokens(B * T + 1, cfg.V, 5);
+    double ref = reference_loss(&cfg, init.data(), tok.data(), tok.data() + 1, B, T);
+    for (int P : {1, 2, 4}) {
+        TpResult res;
+        run_tp(&cfg, init, P, 1, tok, B, T, 0.0f, 0.0f, &res);
+        double e = fabs(res.losses[0] - ref) / ref;
+        check(e < 1e-5, "P=%d loss %.7f vs reference %.7f: rel err %.2e < 1e-5", P, res.losses[0], ref, e);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// gradient check: backward against central finite differences
+
+static void test_gradcheck() {
+    printf("gradient check: backward vs central finite differences (tiny model)\n");
+    GPTConfig cfg = make_config(1, 2, 16, 20, 8);
+    int B = 2, T = 6;
+    std::vector<float> init(gpt_num_params(&cfg));
+    gpt_init_full(&cfg, 3, init.data());
+    for (auto& x : init) x *= 4.0f;  // bigger weights, bigger gradients above float noise
+    for (long i = 0; i < (long)(cfg.Vp - cfg.V) * cfg.C; i++) init[(long)cfg.V * cfg.C + i] = 0.0f;
+    std::vector<int> tok = random_tokens(B * T + 1, cfg.V, 17);
+    CommGroup* g = new CommGroup();
+    comm_group_init(g, 1, 30);
+    Rank rk;
+    rk.rank = 0; rk.P = 1; rk.device = DEV_CPU; rk.gpu = 0; rk.threads = 1;
+    omp_set_num_threads(1);
+    comm_init(&rk.comm, g, 0);
+    GPT m;
+    gpt_build(&m, &rk, &cfg, init.data());
+    gpt_forward(&m, &rk, tok.data(), tok.data() + 1, B, T, true);
+    gpt_zero_grad(&m, &rk);
+    gpt_backward(&m, &rk);
+    std::vector<float> grad(m.grads_mem, m.grads_mem + m.nparams);
+    auto loss_at = [&]() {
+        gpt_forward(&m, &rk, tok.data(), tok.data() + 1, B, T, false);
+        double s = 0;
+        for (int i = 0; i < B * T; i++) s += m.acts.losses[i];
+        return s / (B * T);
+    };
+    long off = 0;
+    double worst = 0;
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
+        long n = shard_local_size(&m.plan.t[ti]);
+        // the 8 largest gradients of the tensor: finite differences resolve them well above float noise
+        std::vector<long> idx(n);
+        for (long i = 0; i < n; i++) idx[i] = i;
+        std::partial_sort(idx.begin(), idx.begin() + std::min(8L, n), idx.end(),
+                          [&](long a, long b) { return fabs(grad[off + a]) > fabs(grad[off + b]); });
+        double num = 0, den = 0;
+        for (long k = 0; k < std::min(8L, n); k++) {
+            float* p = m.params_mem + off + idx[k];
+            float keep = *p, h = 2e-3f;
+            *p = keep + h;
+            double lp = loss_at();
+            *p = keep - h;
+            double lm = loss_at();
+            *p = keep;
+            double fd = (lp - lm) / (2.0 * h);
+            num += (fd - grad[off + idx[k]]) * (fd - grad[off + idx[k]]);
+            den += (double)grad[off + idx[k]] * grad[off + idx[k]];
+        }
+        double e = den > 0 ? sqrt(num / den) : 0;
+        worst = std::max(worst, e);
+        check(e < 1e-2 && den > 0, "%-9s rel err %.2e < 1e-2 (|g| %.2e)", m.plan.t[ti].name, e, sqrt(den));
+        off += n;
+    }
+    gpt_free(&m, &rk);
+    delete g;
+}
+
+// ----------------------------------------------------------------------------
+// data loader
+
+static void test_loader() {
+    printf("data loader: sequential order, shard wrap-around, shuffled epochs\n");
+    std::string d = tmpdir();
+    int B = 2, T = 4, BT = B * T;
+    // two shards with distinct tokens: shard 0 holds 0..40, shard 1 holds 1000..1032
+    std::vector<int> s0(41), s1(33);
+    for (int i = 0; i < 41; i++) s0[i] = i;
+    for (int i = 0; i < 33; i++) s1[i] = 1000 + i;
+    write_tokens(d + "/shard_000.bin", s0);
+    write_tokens(d + "/shard_001.bin", s1);
+    DataLoader dl;
+    loader_init(&dl, "train", (d + "/shard_*.bin").c_str(), nullptr, B, T, 65536, false);
+    // shard 0: (41-1)/8 = 5 batches, shard 1: (33-1)/8 = 4 batches, then back to shard 0
+    std::vector<int> firsts;
+    bool shifted = true;
+    for (int k = 0; k < 11; k++) {
+        loader_next(&dl);
+        firsts.push_back(dl.inputs[0]);
+        for (int i = 0; i < BT; i++) shifted &= dl.targets[i] == dl.inputs[i] + 1;
+    }
+    std::vector<int> expect = {0, 8, 16, 24, 32, 1000, 1008, 1016, 1024, 0, 8};
+    check(firsts == expect, "sequential: batch k starts at token k*B*T, shard 0 then shard 1, then wraps to shard 0");
+    check(shifted, "targets are the inputs shifted by one (B*T+1 tokens read per batch)");
+    loader_free(&dl);
+    // shuffled: an epoch visits every sample once, in an order that is not the sequential one
+    loader_init(&dl, "train", (d + "/shard_000.bin").c_str(), nullptr, B, T, 65536, true);
+    std::vector<int> seen;
+    for (int k = 0; k < 5; k++) { loader_next(&dl); seen.push_back(dl.inputs[0]); }
+    std::vector<int> sorted = seen;
+    std::sort(sorted.begin(), sorted.end());
+    check(sorted == std::vector<int>({0, 8, 16, 24, 32}) && seen != sorted, "shuffled: one epoch is a permutation of the 5 samples (order %d %d %d %d %d)",
+          seen[0], seen[1], seen[2], seen[3], seen[4]);
+    loader_free(&dl);
+    // llm.c's permutation: MT19937(42), Fisher-Yates from the top with rand32 % (i+1)
+    std::mt19937 mt(42);
+    std::vector<long> perm = {0, 1, 2, 3, 4};
+    for (long i = 4; i > 0; i--) std::swap(perm[i], perm[mt() % (i + 1)]);
+    bool same = true;
+    for (int k = 0; k < 5; k++) same &= seen[k] == perm[k] * BT;
+    check(same, "shuffled order is llm.c's MT19937(42) Fisher-Yates permutation");
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints
+
+static void test_checkpoint() {
+    printf("checkpoint: write, load, shard and gather round-trip exactly\n");
+    GPTConfig cfg = make_config(2, 4, 32, 300, 16);
+    std::vector<float> init(gpt_num_params(&cfg));
+    gpt_init_full(&cfg, 5, init.data());
+    std::string path = tmpdir() + "/model.bin";
+    check(gpt_write_checkpoint(path.c_str(), &cfg, init.data()), "write %s", path.c_str());
+    GPTConfig c2;
+    std::vector<float> loaded;
+    gpt_load_checkpoint(path.c_str(), &c2, &loaded);
+    check(memcmp(&c2, &cfg, sizeof(cfg)) == 0 && loaded == init, "load returns the same header and %zu parameters", loaded.size());
+    struct stat st;
+    st.st_size = stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+    check(st.st_size == 1024 + 4 * (long)init.size(), "file size %ld = header + 4 * %zu",
+          (long)st.st_size, init.size());
+    for (int P : {1, 2, 4}) {
+        TpResult res;
+        std::vector<int> tok = random_tokens(2 * 4 + 1, cfg.V, 1);
+        run_tp(&cfg, loaded, P, 1, tok, 2, 4, 0.0f, 0.0f, &res);  // lr 0: the update leaves weights as they are
+        check(res.params_full == init, "P=%d: shard then gather gives back every parameter bit for bit", P);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the command line, run as a user runs it
+
+static int run_cmd(const std::string& args, std::string* out, std::string* err) {
+    std::string d = tmpdir();
+    std::string cmd = "./tp " + args + " >" + d + "/out.txt 2>" + d + "/err.txt </dev/null";
+    int rc = system(cmd.c_str());
+    auto slurp = [](const std::string& p) {
+        std::string s;
+        FILE* f = fopen(p.c_str(), "r");
+        if (!f) return s;
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
+        fclose(f);
+        return s;
+    };
+    if (out) *out = slurp(d + "/out.txt");
+    if (err) *err = slurp(d + "/err.txt");
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static std::vector<float> grep_floats(const std::string& text, const char* key) {
+    std::vector<float> v;
+    size_t pos = 0, kl = strlen(key);
+    while ((pos = text.find(key, pos)) != std::string::npos) {
+        v.push_back(strtof(text.c_str() + pos + kl, nullptr));
+        pos += kl;
+    }
+    return v;
+}
+
+static void test_cli_parity_run() {
+    printf("command line: the llm.c-parity command gives the same losses at --tp 1, 2, 4\n");
+    std::string d = tmpdir();
+    GPTConfig cfg = make_config(2, 4, 32, 256, 64);
+    std::vector<float> init(gpt_num_params(&cfg));
+    gpt_init_full(&cfg, 21, init.data());
+    gpt_write_checkpoint((d + "/ckpt.bin").c_str(), &cfg, init.data());
+    write_tokens(d + "/train.bin", random_tokens(4000, 256, 1));
+    write_tokens(d + "/val.bin", random_tokens(2000, 256, 2));
+    std::string base = "-e " + d + "/ckpt.bin -i " + d + "/train.bin -j " + d + "/val.bin -b 4 -t 64 -x 12 -l 1e-4 -u 0 -q 1 -c 0 "
+                       "--beta2 0.999 --clip 0 --shuffle 0 -v 10 -m 5 -s 0 --device cpu --threads 1 --tp ";
+    std::vector<float> ref_train, ref_val;
+    for (int P : {1, 2, 4}) {
+        std::string out, err;
+        int rc = run_cmd(base + std::to_string(P), &out, &err);
+        std::vector<float> tr = grep_floats(out, "| loss "), va = grep_floats(out, "val loss ");
+        bool shape = rc == 0 && tr.size() == 12 && va.size() == 3;  // val before steps 0, 10 and at the last step (11)
+        if (P == 1) {
+            ref_train = tr; ref_val = va;
+            check(shape, "--tp 1: exit %d, %zu step losses, %zu val losses%s%s", rc, tr.size(), va.size(), err.empty() ? "" : ": ", err.c_str());
+            continue;
+        }
+        double w = 0;
+        for (size_t k = 0; k < tr.size() && k < ref_train.size(); k++) w = std::max(w, (double)fabs(tr[k] - ref_train[k]));
+        for (size_t k = 0; k < va.size() && k < ref_val.size(); k++) w = std::max(w, (double)fabs(va[k] - ref_val[k]));
+        check(shape && w <= 2e-6, "--tp %d: exit %d, printed losses within %.1e of --tp 1 (bound 2e-6)", P, rc, w);
+    }
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char** argv) {
+    (void)argc; (void)argv;
+    double t0 = now_s();
+    test_collectives();
+    GPTConfig c4 = make_config(2, 4, 32, 200, 32);   // NH 4, Vp 256: P = 1, 2, 4
+    test_tp_equivalence(&c4, {2, 4});
+    GPTConfig c6 = make_config(2, 6, 48, 300, 32);   // NH 6, Vp 384: P = 3 (and 2, 6)
+    test_tp_equivalence(&c6, {3, 6});
+    test_reference_forward();
+    test_gradcheck();
+    test_loader();
+    test_checkpoint();
+    test_cli_parity_run();
+    printf("(%.1f s)\n", now_s() - t0);
+    printf("%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed ? 1 : 0;
+}

@@ -91,6 +91,7 @@ static void loader_reset(DataLoader* d) {
 // pattern: a token file or a glob of shards. mem: tokens to serve from memory instead (pattern unused).
 static void loader_init(DataLoader* d, const char* what, const char* pattern, const std::vector<uint16_t>* mem,
                         int B, int T, int V, bool shuffle) {
+    *d = DataLoader();
     d->what = what;
     d->B = B;
     d->T = T;
