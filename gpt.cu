@@ -289,6 +289,7 @@ struct GPT {
     Acts acts;
     int *tokens, *targets;  // (B, T) on the rank's device
     int t;                  // AdamW steps taken
+    float* row;             // (Vp) one position's gathered logits, for sampling
 };
 
 // the parameter count of the full model, as llm.c counts it
@@ -354,6 +355,7 @@ static void gpt_free(GPT* m, Rank* rk) {
     dev_free(rk, m->v_mem);
     dev_free(rk, m->norm2);
     if (m->acts_mem) dev_free(rk, m->acts_mem);
+    if (m->row) dev_free(rk, m->row);
     if (m->tokens) dev_free(rk, m->tokens);
     if (m->targets) dev_free(rk, m->targets);
 }
@@ -583,6 +585,17 @@ static void gpt_update(GPT* m, Rank* rk, float lr, float beta1, float beta2, flo
     }
 }
 
+// The logits of position (b, t) of the last forward, over the whole padded vocab, on every rank:
+// an all-gather of the ranks' vocab slices. Only sampling does this, one row at a time; training
+// never assembles full logits. out: host memory, Vp floats.
+static void gpt_logits_row(GPT* m, Rank* rk, int b, int t, float* out) {
+    int Vl = m->plan.Vl;
+    if (!m->row) m->row = dev_alloc(rk, (long)m->cfg.Vp);
+    float* mine = m->acts.logits + ((long)b * m->T + t) * Vl;
+    comm_allgather(&rk->comm, m->row, mine, Vl, "sample logits");
+    dev_download(rk, out, m->row, (size_t)m->cfg.Vp * sizeof(float));
+}
+
 static float gpt_read_norm(GPT* m, Rank* rk) {
     float n2[2];
     dev_download(rk, n2, m->norm2, sizeof(n2));
@@ -633,8 +646,15 @@ static void gpt_init_full(const GPTConfig* c, uint64_t seed, float* full) {
 }
 
 // a descriptor: "dN" as llm.c (d12 = GPT-2 124M: 12 layers, 768 channels, 12 heads; d24/d36/d48 are
-// GPT-2 medium/large/xl), with dN for N < 12 meaning N layers, 64N channels, N heads
+// GPT-2 medium/large/xl), with dN for N < 12 meaning N layers, 64N channels, N heads; or any shape
+// spelled out as "L<layers>C<channels>H<heads>", e.g. L3C128H4
 static bool gpt_descriptor(const char* s, GPTConfig* c, int V, int maxT) {
+    int L, C, NH, len = 0;
+    if (sscanf(s, "L%dC%dH%d%n", &L, &C, &NH, &len) == 3 && s[len] == '\0') {
+        if (L < 1 || C < 1 || NH < 1 || C % NH != 0 || L > 1000 || C > 65536) return false;
+        c->L = L; c->C = C; c->NH = NH; c->V = V; c->Vp = round_up(V, 128); c->maxT = maxT;
+        return true;
+    }
     if (s[0] != 'd') return false;
     char* end;
     long n = strtol(s + 1, &end, 10);

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <thread>
 #include "gpt.cu"
+#include "data/grammar.h"
 
 // ----------------------------------------------------------------------------
 // data: llm.c token files (256 int32 header: magic 20240520, version 1, token count; then uint16 tokens)
@@ -155,6 +156,86 @@ static void loader_next(DataLoader* d) {
 }
 
 // ----------------------------------------------------------------------------
+// tokenizer (for printing samples): bytes for a byte-level vocab, or llm.c's gpt2_tokenizer.bin
+
+struct Tokenizer {
+    std::vector<std::string> pieces;  // empty: byte-level
+    int eot;
+};
+
+static void tokenizer_load(Tokenizer* tk, const char* path, int V) {
+    FILE* f = fopen(path, "rb");
+    if (!f) fatal("cannot open tokenizer %s: %s", path, strerror(errno));
+    uint32_t h[256];
+    if (fread(h, 4, 256, f) != 256 || h[0] != 20240328)
+        fatal("tokenizer %s is not an llm.c tokenizer file (magic 20240328)", path);
+    if (h[1] != 1 && h[1] != 2) fatal("tokenizer %s has version %u; tp reads versions 1 and 2", path, h[1]);
+    int n = (int)h[2];
+    tk->eot = h[1] == 2 ? (int)h[3] : 50256;
+    if (n < V) fatal("tokenizer %s has %d tokens but the model's vocab has %d: use the model's tokenizer", path, n, V);
+    tk->pieces.resize(n);
+    for (int i = 0; i < n; i++) {
+        unsigned char len;
+        if (fread(&len, 1, 1, f) != 1 || len == 0) fatal("tokenizer %s is truncated or corrupt at token %d", path, i);
+        tk->pieces[i].resize(len);
+        if (fread(&tk->pieces[i][0], 1, len, f) != len) fatal("tokenizer %s is truncated at token %d", path, i);
+    }
+    fclose(f);
+}
+
+static std::string tokenizer_decode(const Tokenizer* tk, int id) {
+    if (tk->pieces.empty()) return std::string(1, (char)id);
+    return tk->pieces[id];
+}
+
+// ----------------------------------------------------------------------------
+// sampling
+
+// One token from logits (the first V of them are real): greedy at temperature 0, else from
+// softmax(logits / temperature) restricted to the topk largest (0: all), by inverse CDF.
+static int sample_token(const float* logits, int V, float temperature, int topk, Rng* rng) {
+    int best = 0;
+    for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0.0f) return best;
+    float cut = -FLT_MAX;
+    if (topk > 0 && topk < V) {
+        std::vector<float> v(logits, logits + V);
+        std::nth_element(v.begin(), v.begin() + (topk - 1), v.end(), std::greater<float>());
+        cut = v[topk - 1];
+    }
+    std::vector<double> p(V);
+    double z = 0.0;
+    for (int i = 0; i < V; i++) {
+        p[i] = logits[i] >= cut ? exp((double)(logits[i] - logits[best]) / temperature) : 0.0;
+        z += p[i];
+    }
+    double u = rng_uniform(rng) * z, c = 0.0;
+    for (int i = 0; i < V; i++) {
+        c += p[i];
+        if (u < c) return i;
+    }
+    return best;
+}
+
+// Autoregressive generation through the vocab-parallel head: n tokens after prompt. Each step runs the
+// model on the last T tokens (batch 1) and all-gathers the logits of the last position; every rank
+// then draws from the same generator, so all ranks agree on every token.
+static std::vector<int> generate(GPT* m, Rank* rk, const std::vector<int>& prompt, int n, int T, float temperature,
+                                 int topk, uint64_t seed) {
+    std::vector<int> out = prompt, window(T, 0);
+    std::vector<float> logits(m->cfg.Vp);
+    Rng rng = {seed};
+    for (int i = 0; i < n; i++) {
+        int len = std::min((int)out.size(), T);
+        std::copy(out.end() - len, out.end(), window.begin());
+        gpt_forward(m, rk, window.data(), nullptr, 1, T, false);  // causal: the padding after len changes nothing
+        gpt_logits_row(m, rk, 0, len - 1, logits.data());
+        out.push_back(sample_token(logits.data(), m->cfg.V, temperature, topk, &rng));
+    }
+    return std::vector<int>(out.begin() + prompt.size(), out.end());
+}
+
+// ----------------------------------------------------------------------------
 // flags
 
 struct Args {
@@ -182,6 +263,11 @@ struct Args {
     long seed;
     int threads;         // per rank (0: cores / ranks)
     double timeout;
+    float temperature;   // sampling
+    int topk;
+    long sample_seed;
+    const char* prompt;
+    const char* tokenizer;
 };
 
 static void usage(FILE* out) {
@@ -215,6 +301,11 @@ static void usage(FILE* out) {
         "  --seed N    initialization seed                                      (default 1337)\n"
         "  --threads N CPU threads per rank (0: cores / ranks)                  (default 0)\n"
         "  --timeout S abort if a collective waits longer than S seconds       (default 600)\n"
+        "  --temperature X  sampling temperature (0: greedy)                   (default 0.8)\n"
+        "  --topk K    sample from the K most likely tokens (0: all)            (default 0)\n"
+        "  --sample-seed N  seed of the sampler                                 (default 42)\n"
+        "  --prompt S  text to continue (byte-level models)                     (default: a newline)\n"
+        "  --tokenizer F  llm.c gpt2_tokenizer.bin to print GPT-2 tokens as text (default: token ids)\n"
         "  --help      this text\n");
 }
 
@@ -259,6 +350,7 @@ static void parse_args(int argc, char** argv, Args* a) {
     a->max_steps = 400; a->val_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 128;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
     a->device = -1; a->timeout = 600;
+    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42;
     for (int i = 1; i < argc; i++) {
         const char* f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
@@ -298,6 +390,11 @@ static void parse_args(int argc, char** argv, Args* a) {
         else if (!strcmp(f, "--seed")) a->seed = parse_int(f, v, 0, 1L << 62);
         else if (!strcmp(f, "--threads")) a->threads = (int)parse_int(f, v, 0, 1024);
         else if (!strcmp(f, "--timeout")) a->timeout = parse_float(f, v, 0.001, 1e7);
+        else if (!strcmp(f, "--temperature")) a->temperature = parse_float(f, v, 0, 100);
+        else if (!strcmp(f, "--topk")) a->topk = (int)parse_int(f, v, 0, 1 << 24);
+        else if (!strcmp(f, "--sample-seed")) a->sample_seed = parse_int(f, v, 0, 1L << 62);
+        else if (!strcmp(f, "--prompt")) a->prompt = v;
+        else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
         else bad_flag("unknown flag %s%s", f, "");
     }
     if ((a->train == nullptr) != (a->val == nullptr))
@@ -318,6 +415,8 @@ struct Run {
     std::vector<float> full;      // gather buffer for checkpoints
     std::vector<uint16_t> corpus_train, corpus_val;  // the embedded corpus, when no -i/-j
     double floor_nats;            // its entropy per byte, the loss floor (0 if unknown)
+    Tokenizer tokenizer;
+    std::vector<int> prompt;
     // what rank 0 reports back (tests read these)
     std::vector<float> train_losses, val_losses;
 };
@@ -344,6 +443,21 @@ static float evaluate(GPT* m, Rank* rk, DataLoader* val, int n) {
         s += gpt_read_loss(m, rk);
     }
     return (float)(s / n);
+}
+
+static void print_sample(Run* run, GPT* m, Rank* rk, int step) {
+    const Args* a = &run->args;
+    std::vector<int> out = generate(m, rk, run->prompt, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed);
+    if (rk->rank != 0) return;
+    printf("sample after %d steps (temperature %g%s):\n---\n", step, a->temperature, a->topk ? ", top-k" : "");
+    bool text = !run->tokenizer.pieces.empty() || run->cfg.V <= 256;
+    if (a->prompt) printf("%s", a->prompt);
+    for (int t : out) {
+        if (text) printf("%s", tokenizer_decode(&run->tokenizer, t).c_str());
+        else printf("%d ", t);
+    }
+    printf("\n---\n");
+    fflush(stdout);
 }
 
 static void rank_main(Run* run, int r) {
@@ -382,6 +496,7 @@ static void rank_main(Run* run, int r) {
                 fflush(stdout);
             }
         }
+        if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) print_sample(run, &m, &rk, step);
         double t0 = now_s();
         double comm0 = rk.comm.seconds, vals0 = rk.comm.values;
         loader_next(&train);
@@ -407,6 +522,7 @@ static void rank_main(Run* run, int r) {
     if (lead && a->max_steps > 1)
         printf("average %.1f ms per step, %.0f tok/s (steps 2..%d)\n", total_time / (a->max_steps - 1) * 1e3,
                (double)BT * (a->max_steps - 1) / total_time, a->max_steps);
+    if (a->gen_tokens > 0) print_sample(run, &m, &rk, a->max_steps);
     loader_free(&train);
     loader_free(&val);
     gpt_free(&m, &rk);
@@ -427,13 +543,35 @@ static void run_setup(Run* run) {
     } else {
         struct stat st;
         if (stat(a->model, &st) != 0)
-            fatal("-e %s is neither a descriptor (d1..d12, d24, d36, d48) nor a readable checkpoint file", a->model);
+            fatal("-e %s is neither a descriptor (d1..d12, d24, d36, d48) nor a readable checkpoint file (descriptors: d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", a->model);
         if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", a->model);
         gpt_load_checkpoint(a->model, c, &run->init);
         if (a->vocab && a->vocab != c->V)
             fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, a->model, c->V);
     }
     if (a->T > c->maxT) fatal("sequence length -t %d exceeds the model's maximum %d: use -t %d or less", a->T, c->maxT, c->maxT);
+    // data: token files, or the embedded corpus, generated here: unique text for every training step
+    if (embedded) {
+        if (c->V < 256) fatal("the embedded corpus is byte-level and needs a vocab of at least 256, the model has %d", c->V);
+        std::string text;
+        long ntrain = std::min((long)a->max_steps * a->B * a->T + 1, 256L << 20);
+        grammar_generate(1, (size_t)ntrain, &text, nullptr);
+        run->corpus_train.assign(text.begin(), text.end());
+        text.clear();
+        grammar_generate(2, (size_t)a->val_batches * a->B * a->T + 1, &text, nullptr);
+        run->corpus_val.assign(text.begin(), text.end());
+        run->floor_nats = grammar_entropy_per_byte();
+    }
+    // sampling: the tokenizer and the prompt
+    if (a->tokenizer) tokenizer_load(&run->tokenizer, a->tokenizer, c->V);
+    if (a->prompt) {
+        if (!run->tokenizer.pieces.empty() || c->V < 256)
+            fatal("--prompt is byte-level text and needs a byte-level model (vocab 256); this model has vocab %d", c->V);
+        for (const char* p = a->prompt; *p; p++) run->prompt.push_back((unsigned char)*p);
+        if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
+    } else {
+        run->prompt.push_back(c->V <= 256 ? '\n' : (run->tokenizer.pieces.empty() ? c->V - 1 : run->tokenizer.eot));
+    }
     // ranks: one per core on the CPU, the largest valid degree that fits
     run->device = DEV_CPU;
     if (a->device == DEV_CUDA) fatal("--device cuda: this build of tp runs on the CPU only");
@@ -477,6 +615,10 @@ static void print_setup(const Run* run) {
     double per_step = (4.0 * c->L + 2) * a->B * a->T * c->C + 3.0 * a->B * a->T + 1;
     printf("communication per step: (4L+2)*B*T*C + 3*B*T + 1 = %.0f floats (%.2f MB) all-reduced by each rank\n",
            per_step, per_step * 4 / 1e6);
+    if (run->floor_nats > 0)
+        printf("data: the embedded corpus, %zu train and %zu val bytes of sentences from a probabilistic grammar;\n"
+               "      its entropy is %.4f nats per byte: the loss floor no model can beat\n",
+               run->corpus_train.size(), run->corpus_val.size(), run->floor_nats);
     fflush(stdout);
 }
 
@@ -484,7 +626,6 @@ static int tp_main(int argc, char** argv) {
     Run* run = new Run();
     parse_args(argc, argv, &run->args);
     run_setup(run);
-    if (!run->args.train) fatal("no data: give -i and -j (the embedded corpus is not built into this version)");
     print_setup(run);
     std::vector<std::thread> threads;
     for (int r = 0; r < run->P; r++) threads.emplace_back(rank_main, run, r);
