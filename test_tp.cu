@@ -535,6 +535,88 @@ static void test_cli_parity_run() {
 }
 
 // ----------------------------------------------------------------------------
+// bad input: one line on stderr naming the problem, exit status 1, never a crash or a hang
+
+static void test_bad_input() {
+    printf("bad input: one clear line on stderr and exit status 1\n");
+    std::string d = tmpdir() + "/bad";
+    mkdir(d.c_str(), 0755);
+    std::vector<int> ok_tokens = random_tokens(3000, 256, 3);
+    write_tokens(d + "/ok.bin", ok_tokens);
+    write_tokens(d + "/magic.bin", ok_tokens, 12345);
+    write_tokens(d + "/version.bin", ok_tokens, 20240520, 2);
+    write_tokens(d + "/trunc.bin", ok_tokens, 20240520, 1, 5000);  // header claims more than the file has
+    write_tokens(d + "/short.bin", std::vector<int>(100, 1));
+    std::vector<int> big = ok_tokens;
+    big[1234] = 300;
+    write_tokens(d + "/bigid.bin", big);
+    FILE* f = fopen((d + "/empty.bin").c_str(), "wb");
+    fclose(f);
+    mkdir((d + "/dir.bin").c_str(), 0755);
+    // checkpoints: a good one, and broken copies of it
+    GPTConfig cfg = make_config(1, 2, 16, 256, 32);
+    std::vector<float> init(gpt_num_params(&cfg));
+    gpt_init_full(&cfg, 1, init.data());
+    gpt_write_checkpoint((d + "/model.bin").c_str(), &cfg, init.data());
+    std::string m = d + "/model.bin";
+    auto patch = [&](const std::string& name, long offset, int value, long truncate_to) {
+        std::string cmd = "cp " + m + " " + d + "/" + name;
+        if (system(cmd.c_str()) != 0) return;
+        FILE* g = fopen((d + "/" + name).c_str(), "r+b");
+        if (offset >= 0) { fseek(g, offset, SEEK_SET); fwrite(&value, 4, 1, g); }
+        fclose(g);
+        if (truncate_to >= 0 && truncate((d + "/" + name).c_str(), truncate_to) != 0) perror("truncate");
+    };
+    patch("ck_magic.bin", 0, 7, -1);
+    patch("ck_version.bin", 4, 5, -1);
+    patch("ck_trunc.bin", -1, 0, 1024 + 100);
+    patch("ck_short.bin", -1, 0, 10);
+    patch("ck_header.bin", 24, 0, -1);  // C = 0
+    std::string data = " -i " + d + "/ok.bin -j " + d + "/ok.bin";
+    std::string run = " -b 2 -t 16 -x 1 -v 0 -g 0 --threads 1";
+    struct { const char* what; std::string args; const char* expect; } cases[] = {
+        {"missing train file", "-i " + d + "/nope.bin -j " + d + "/ok.bin -e " + m + run, "no train data matches"},
+        {"empty token file", "-i " + d + "/empty.bin -j " + d + "/ok.bin -e " + m + run, "shorter than the 1024-byte header"},
+        {"truncated token file", "-i " + d + "/trunc.bin -j " + d + "/ok.bin -e " + m + run, "truncated or corrupt"},
+        {"wrong-magic token file", "-i " + d + "/magic.bin -j " + d + "/ok.bin -e " + m + run, "not an llm.c token file"},
+        {"wrong-version token file", "-i " + d + "/ok.bin -j " + d + "/version.bin -e " + m + run, "version 2"},
+        {"directory as token file", "-i " + d + "/dir.bin -j " + d + "/ok.bin -e " + m + run, "is a directory"},
+        {"token id >= vocab", "-i " + d + "/bigid.bin -j " + d + "/ok.bin -e " + m + " -b 4 -t 32 --shuffle 0 -x 20 -v 0 -g 0", "token id 300"},
+        {"fewer tokens than one batch", "-i " + d + "/short.bin -j " + d + "/ok.bin -e " + m + run + " -b 8", "fewer than one batch"},
+        {"missing checkpoint", "-e " + d + "/nope.bin" + data + run, "neither a readable checkpoint file nor a descriptor"},
+        {"empty checkpoint", "-e " + d + "/empty.bin" + data + run, "shorter than its 1024-byte header"},
+        {"short checkpoint", "-e " + d + "/ck_short.bin" + data + run, "shorter than its 1024-byte header"},
+        {"truncated checkpoint", "-e " + d + "/ck_trunc.bin" + data + run, "truncated"},
+        {"wrong-magic checkpoint", "-e " + d + "/ck_magic.bin" + data + run, "not an llm.c model file"},
+        {"wrong-version checkpoint (bf16)", "-e " + d + "/ck_version.bin" + data + run, "version 5"},
+        {"checkpoint with an invalid header", "-e " + d + "/ck_header.bin" + data + run, "invalid header"},
+        {"directory as checkpoint", "-e " + d + "/dir.bin" + data + run, "is a directory"},
+        {"T > maxT", "-e " + m + data + run + " -t 64", "exceeds the model's maximum 32"},
+        {"B zero", "-b 0" + data + run, "out of range"},
+        {"T negative", "-t -5" + data + run, "out of range"},
+        {"P does not divide the heads", "-e " + m + data + " --tp 3" + run, "valid --tp values are 1, 2"},
+        {"unknown flag", "--frobnicate 1", "unknown flag --frobnicate"},
+        {"flag missing its value", "-b", "needs a value"},
+        {"non-numeric value", "-b eight", "takes an integer, not 'eight'"},
+        {"non-numeric float", "-l fast", "takes a number, not 'fast'"},
+        {"out-of-range value", "-q 2", "out of range"},
+        {"bad device", "--device tpu", "takes auto, cpu or cuda"},
+        {"-i without -j", "-i " + d + "/ok.bin", "give both -i and -j"},
+        {"checkpoint disagrees with --vocab", "-e " + m + " --vocab 300" + data + run, "disagrees with checkpoint"},
+        {"stray argument", "train.bin", "unexpected argument"},
+        {"bad descriptor", "-e d13", "neither a readable checkpoint file nor a descriptor"},
+    };
+    for (auto& c : cases) {
+        std::string out, err;
+        int rc = run_cmd(c.args, &out, &err);
+        int lines = (int)std::count(err.begin(), err.end(), '\n');
+        bool found = err.find(c.expect) != std::string::npos && err.rfind("error: ", 0) == 0;
+        std::string shown = err.substr(0, err.find('\n'));
+        check(rc == 1 && lines == 1 && found, "%-34s exit %d, %d stderr line: %s", c.what, rc, lines, shown.c_str());
+    }
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
     (void)argc; (void)argv;
@@ -549,6 +631,7 @@ int main(int argc, char** argv) {
     test_loader();
     test_checkpoint();
     test_cli_parity_run();
+    test_bad_input();
     printf("(%.1f s)\n", now_s() - t0);
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed ? 1 : 0;

@@ -309,11 +309,13 @@ static void usage(FILE* out) {
         "  --help      this text\n");
 }
 
+// a bad command line: the usage on stdout, one line on stderr saying what is wrong, exit 1
 static void bad_flag(const char* fmt, const char* a, const char* b) {
+    usage(stdout);
+    fflush(stdout);
     fprintf(stderr, "error: ");
     fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\n");
-    usage(stderr);
+    fprintf(stderr, " (./tp --help lists the flags)\n");
     exit(1);
 }
 
@@ -543,7 +545,7 @@ static void run_setup(Run* run) {
     } else {
         struct stat st;
         if (stat(a->model, &st) != 0)
-            fatal("-e %s is neither a descriptor (d1..d12, d24, d36, d48) nor a readable checkpoint file (descriptors: d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", a->model);
+            fatal("-e %s is neither a readable checkpoint file nor a descriptor (d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", a->model);
         if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", a->model);
         gpt_load_checkpoint(a->model, c, &run->init);
         if (a->vocab && a->vocab != c->V)
