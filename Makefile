@@ -3,7 +3,7 @@
 NVCC     ?= /usr/local/cuda/bin/nvcc
 HOSTFLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function
 NVFLAGS   = -std=c++17 -O3 -Werror all-warnings -Xcompiler $(subst $(space),$(comma),$(HOSTFLAGS))
-LDLIBS    = -lgomp
+LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp
 comma := ,
 space := $(subst ,, )
 HEADERS   = gpt.cu comm.cuh kernels_cpu.h

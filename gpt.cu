@@ -301,6 +301,21 @@ static long gpt_num_params(const GPTConfig* c) {
     return n;
 }
 
+// Slices this rank's shard out of full tensors in host memory (llm.c's layout and order) into one of
+// the rank's per-parameter buffers (params, m or v).
+static void gpt_scatter(GPT* m, Rank* rk, const float* full, float* local_mem) {
+    std::vector<float> local;
+    long off = 0, loff = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const TensorShard* t = &m->plan.t[i];
+        local.resize(shard_local_size(t));
+        shard_copy(t, rk->rank, (float*)full + off, local.data(), true);
+        dev_upload(rk, local_mem + loff, local.data(), local.size() * sizeof(float));
+        off += shard_full_size(t);
+        loff += shard_local_size(t);
+    }
+}
+
 // Builds rank's shard from the full parameters (host memory, llm.c's layout and order).
 static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full) {
     memset(m, 0, sizeof(*m));
@@ -316,17 +331,7 @@ static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full)
     m->norm2 = dev_alloc(rk, 2);
     params_point(&m->params, m->params_mem, &m->plan);
     params_point(&m->grads, m->grads_mem, &m->plan);
-    // slice this rank's shard out of every full tensor
-    std::vector<float> local;
-    long off = 0;
-    float** ptrs = (float**)&m->params;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        const TensorShard* t = &m->plan.t[i];
-        local.resize(shard_local_size(t));
-        shard_copy(t, rk->rank, (float*)full + off, local.data(), true);
-        dev_upload(rk, ptrs[i], local.data(), local.size() * sizeof(float));
-        off += shard_full_size(t);
-    }
+    gpt_scatter(m, rk, full, m->params_mem);
 }
 
 // Writes this rank's shard of a per-rank tensor set (params, grads, m or v) into the full tensors in host

@@ -21,7 +21,7 @@
 // softmax, the loss) scalar. Range reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7 Taylor
 // polynomial (truncation error < 1e-8 relative) and 2^n put into the exponent bits.
 static inline float exp_fast(float x) {
-    x = fminf(fmaxf(x, -87.0f), 88.0f);
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // (fminf/fmaxf would be calls that block vectorising)
     float n = rintf(x * 1.44269504088896341f);
     float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;  // ln2 in two parts: exact n*ln2_hi
     float p = 1.0f / 5040.0f;

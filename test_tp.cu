@@ -5,6 +5,7 @@
 // reference, the data loader, checkpoints, and the command line. Each test asserts a number against a bound.
 #define TESTING
 #include "tp.cu"
+#include <functional>
 #include <sys/wait.h>
 
 static int g_passed = 0, g_failed = 0;
@@ -617,6 +618,189 @@ static void test_bad_input() {
 }
 
 // ----------------------------------------------------------------------------
+// checkpoints, resume, interrupts, hangs
+
+static std::vector<char> slurp_bytes(const std::string& path) {
+    std::vector<char> b;
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return b;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) b.insert(b.end(), buf, buf + n);
+    fclose(f);
+    return b;
+}
+
+// the parameters of an llm.c checkpoint file (empty if it is missing)
+static std::vector<float> model_params(const std::string& path) {
+    std::vector<char> b = slurp_bytes(path);
+    if (b.size() < 1024) return {};
+    return std::vector<float>((float*)(b.data() + 1024), (float*)(b.data() + b.size()));
+}
+
+static void copy_step(const std::string& from, const std::string& to, int step) {
+    mkdir(to.c_str(), 0755);
+    for (const char* kind : {"model", "state"}) {
+        std::string cmd = "cp " + ckpt_path(from.c_str(), kind, step) + " " + to + "/";
+        if (system(cmd.c_str()) != 0) printf("(copy failed: %s)\n", cmd.c_str());
+    }
+}
+
+static void test_resume() {
+    printf("resume: bit-identical at the same P, within tolerance at another P\n");
+    std::string d = tmpdir() + "/resume";
+    mkdir(d.c_str(), 0755);
+    std::string base = "-e L2C64H4 -b 4 -t 32 -x 20 -v 0 -g 0 --threads 1 ";
+    int rc = run_cmd(base + "--tp 4 -n 10 -o " + d + "/a", nullptr, nullptr);
+    std::vector<float> ref = model_params(ckpt_path((d + "/a").c_str(), "model", 20));
+    check(rc == 0 && !ref.empty() && ckpt_steps((d + "/a").c_str()) == std::vector<int>({10, 20}),
+          "--tp 4 run saves steps 10 and 20 (exit %d)", rc);
+    for (int P : {4, 2, 1}) {
+        std::string dir = d + "/tp" + std::to_string(P);
+        copy_step(d + "/a", dir, 10);
+        std::string out;
+        rc = run_cmd(base + "--tp " + std::to_string(P) + " -y 1 -o " + dir, &out, nullptr);
+        std::vector<float> got = model_params(ckpt_path(dir.c_str(), "model", 20));
+        bool resumed = out.find("resuming from") != std::string::npos && out.find("step   11/20") != std::string::npos &&
+                       out.find("step   10/20") == std::string::npos;
+        if (P == 4) {
+            check(rc == 0 && resumed && got == ref, "saved at --tp 4, resumed at --tp 4 from step 10: the step-20 weights are bit-identical");
+        } else {
+            double e = got.size() == ref.size() ? rel_err(got.data(), ref.data(), (long)ref.size()) : 1.0;
+            check(rc == 0 && resumed && e < 1e-5, "saved at --tp 4, resumed at --tp %d from step 10: step-20 weights rel err %.2e < 1e-5", P, e);
+        }
+    }
+    // --keep: only the newest K stay
+    rc = run_cmd(base + "--tp 2 -n 2 --keep 2 -o " + d + "/keep", nullptr, nullptr);
+    check(rc == 0 && ckpt_steps((d + "/keep").c_str()) == std::vector<int>({18, 20}), "--keep 2 leaves steps 18 and 20");
+    // resuming with a model that disagrees, or with another batch shape, is refused
+    std::string err;
+    rc = run_cmd(base + "-e d2 -y 1 -o " + d + "/a -x 30", nullptr, &err);
+    check(rc == 1 && err.find("disagrees with the checkpoint") != std::string::npos, "resume with another -e: %s", strtok(&err[0], "\n"));
+    rc = run_cmd(base + "-b 2 -y 1 -o " + d + "/a -x 30", nullptr, &err);
+    check(rc == 1 && err.find("same batch shape") != std::string::npos, "resume with another -b: %s", strtok(&err[0], "\n"));
+    rc = run_cmd(base + "-o /proc/tp_cannot_write", nullptr, &err);
+    check(rc == 1 && err.find("output directory") != std::string::npos, "unwritable -o: %s", strtok(&err[0], "\n"));
+    // a non-finite loss stops training before anything is saved
+    GPTConfig cfg = make_config(2, 4, 64, 256, 1024);
+    std::vector<float> w(gpt_num_params(&cfg));
+    gpt_init_full(&cfg, 3, w.data());
+    w[w.size() - 2 * 64] = NAN;  // lnfw[0]
+    gpt_write_checkpoint((d + "/nan.bin").c_str(), &cfg, w.data());
+    rc = run_cmd("-e " + d + "/nan.bin -b 4 -t 32 -x 5 -n 1 -v 0 -g 0 --threads 1 --tp 2 -o " + d + "/nan", nullptr, &err);
+    check(rc == 1 && err.find("step 1: the loss") != std::string::npos && ckpt_steps((d + "/nan").c_str()).empty(),
+          "NaN loss: exit %d, no checkpoint written: %s", rc, strtok(&err[0], "\n"));
+    std::string file = d + "/a/model_00000020.bin";
+    rc = run_cmd(base + "-o " + file, nullptr, &err);
+    check(rc == 1 && err.find("not a directory") != std::string::npos, "-o naming a file: %s", strtok(&err[0], "\n"));
+}
+
+// starts ./tp in the background with stdout and stderr in files; returns its pid
+static pid_t spawn_tp(const std::string& args, const std::string& out) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        std::string cmd = "exec ./tp " + args + " >" + out + " 2>" + out + ".err </dev/null";
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+        _exit(127);
+    }
+    return pid;
+}
+
+static bool wait_for_text(const std::string& path, const char* text, double seconds) {
+    double t0 = now_s();
+    while (now_s() - t0 < seconds) {
+        std::vector<char> b = slurp_bytes(path);
+        if (std::string(b.begin(), b.end()).find(text) != std::string::npos) return true;
+        usleep(20000);
+    }
+    return false;
+}
+
+static void test_interrupts() {
+    printf("interrupts: SIGINT saves and exits 0; kill -9 mid-checkpoint leaves a loadable checkpoint\n");
+    std::string d = tmpdir() + "/sig";
+    mkdir(d.c_str(), 0755);
+    std::string base = "-e L2C64H4 -b 4 -t 32 -v 0 -g 0 --threads 1 --tp 2 ";
+    pid_t pid = spawn_tp(base + "-x 1000000 -o " + d + "/run", d + "/out.txt");
+    bool started = wait_for_text(d + "/out.txt", "step    5/", 60);
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    std::vector<char> o = slurp_bytes(d + "/out.txt");
+    std::string out(o.begin(), o.end());
+    std::vector<int> steps = ckpt_steps((d + "/run").c_str());
+    check(started && WIFEXITED(status) && WEXITSTATUS(status) == 0 && out.find("interrupted after step") != std::string::npos &&
+          steps.size() == 1, "SIGINT: exit status %d, message printed, %zu checkpoint saved (step %d)",
+          WIFEXITED(status) ? WEXITSTATUS(status) : -1, steps.size(), steps.empty() ? -1 : steps[0]);
+    if (!steps.empty()) {
+        std::string out2;
+        int rc = run_cmd(base + "-x " + std::to_string(steps[0] + 2) + " -y 1 -o " + d + "/run", &out2, nullptr);
+        check(rc == 0 && out2.find("resuming from") != std::string::npos, "the interrupted run resumes (exit %d)", rc);
+    }
+    // kill -9 at three moments while checkpoints are written every step: what is left always resumes
+    std::string big = "-e L2C256H4 -b 1 -t 16 -v 0 -g 0 --threads 1 --tp 2 -n 1 --keep 2 ";
+    for (int k = 0; k < 3; k++) {
+        std::string dir = d + "/kill" + std::to_string(k);
+        std::string out = d + "/kill" + std::to_string(k) + ".txt";
+        pid = spawn_tp(big + "-x 1000000 -o " + dir, out);
+        wait_for_text(out, "saved checkpoint", 60);
+        usleep(50000 + 130000 * k);
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        steps = ckpt_steps(dir.c_str());
+        int last = steps.empty() ? -1 : steps.back();
+        std::string err;
+        int rc = last < 0 ? -1 : run_cmd(big + "-x " + std::to_string(last + 1) + " -y 1 -o " + dir, nullptr, &err);
+        check(rc == 0, "kill -9 #%d: the latest checkpoint (step %d) loads and training continues (exit %d)%s", k + 1, last, rc, err.c_str());
+    }
+}
+
+// a child process runs ranks that disagree; the parent checks what it reports
+static void expect_comm_abort(const char* what, const char* expect, std::function<void(Comm*)> body) {
+    std::string errpath = tmpdir() + "/comm_err.txt";
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(errpath.c_str(), "w", stderr)) _exit(3);
+        CommGroup* g = new CommGroup();
+        comm_group_init(g, 2, 0.5);
+        std::vector<std::thread> th;
+        for (int r = 0; r < 2; r++)
+            th.emplace_back([&, r]() {
+                Comm c;
+                comm_init(&c, g, r);
+                body(&c);
+            });
+        for (auto& t : th) t.join();
+        _exit(0);  // reaching here means nothing was reported
+    }
+    int status = 0;
+    double t0 = now_s();
+    waitpid(pid, &status, 0);
+    std::vector<char> b = slurp_bytes(errpath);
+    std::string err(b.begin(), b.end());
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 1 && err.find(expect) != std::string::npos;
+    check(ok, "%s: exit %d after %.1f s, reported: %s", what, WIFEXITED(status) ? WEXITSTATUS(status) : -1, now_s() - t0,
+          err.substr(0, err.find('\n')).c_str());
+}
+
+static void test_hangs() {
+    printf("hangs: a mismatched or missing collective is reported, not hung\n");
+    expect_comm_abort("ranks at different places", "collective mismatch", [&](Comm* c) {
+        float x[4] = {1, 2, 3, 4};
+        comm_allreduce(c, x, 4, COMM_SUM, c->rank == 0 ? "attproj fwd" : "fcproj fwd", 0);
+    });
+    expect_comm_abort("ranks with different counts", "collective mismatch", [&](Comm* c) {
+        float x[4] = {1, 2, 3, 4};
+        comm_allreduce(c, x, c->rank == 0 ? 4 : 3, COMM_SUM, "attproj fwd", 0);
+    });
+    expect_comm_abort("rank 1 skips a collective", "waited", [&](Comm* c) {
+        float x[4] = {1, 2, 3, 4};
+        if (c->rank == 0) comm_allreduce(c, x, 4, COMM_SUM, "qkv bwd", 3);
+    });
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
     (void)argc; (void)argv;
@@ -632,6 +816,9 @@ int main(int argc, char** argv) {
     test_checkpoint();
     test_cli_parity_run();
     test_bad_input();
+    test_resume();
+    test_interrupts();
+    test_hangs();
     printf("(%.1f s)\n", now_s() - t0);
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed ? 1 : 0;

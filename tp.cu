@@ -8,6 +8,7 @@
 #include <csignal>
 #include <glob.h>
 #include <random>
+#include <sstream>
 #include <sys/stat.h>
 #include <thread>
 #include "gpt.cu"
@@ -29,7 +30,7 @@ struct DataLoader {
     int B, T, V;
     bool shuffle;
     std::vector<TokenShard> shards;
-    std::vector<uint16_t> mem;  // an in-memory shard (the embedded corpus) instead of files
+    const std::vector<uint16_t>* mem;  // an in-memory shard (the embedded corpus) instead of files
     std::vector<int> shard_order;
     std::vector<long> sample_order;
     int shard_pos;   // index into shard_order
@@ -64,11 +65,11 @@ static long token_file_check(const char* path, const char* what, long need) {
 }
 
 static void loader_load_shard(DataLoader* d) {
-    long ntok = d->mem.empty() ? d->shards[d->shard_order[d->shard_pos]].ntok : (long)d->mem.size();
+    long ntok = d->mem ? (long)d->mem->size() : d->shards[d->shard_order[d->shard_pos]].ntok;
     d->nsamples = (ntok - 1) / ((long)d->B * d->T);
     d->sample_pos = 0;
     if (d->f) { fclose(d->f); d->f = nullptr; }
-    if (d->mem.empty()) {
+    if (!d->mem) {
         const char* path = d->shards[d->shard_order[d->shard_pos]].path.c_str();
         d->f = fopen(path, "rb");
         if (!d->f) fatal("cannot open %s data %s: %s", d->what, path, strerror(errno));
@@ -104,7 +105,7 @@ static void loader_init(DataLoader* d, const char* what, const char* pattern, co
     if (mem) {
         if ((long)mem->size() < need)
             fatal("the %s split has %zu tokens, fewer than one batch needs (B*T+1 = %ld): use a smaller -b or -t", what, mem->size(), need);
-        d->mem = *mem;
+        d->mem = mem;
         d->shard_order = {0};
     } else {
         glob_t g;
@@ -140,7 +141,7 @@ static void loader_next(DataLoader* d) {
     long s = d->shuffle ? d->sample_order[d->sample_pos] : d->sample_pos;
     d->sample_pos++;
     long n = (long)d->B * d->T + 1, start = s * (long)d->B * d->T;
-    if (!d->mem.empty()) memcpy(d->buf.data(), d->mem.data() + start, n * sizeof(uint16_t));
+    if (d->mem) memcpy(d->buf.data(), d->mem->data() + start, n * sizeof(uint16_t));
     else {
         if (fseek(d->f, 1024 + start * 2, SEEK_SET) != 0 || (long)fread(d->buf.data(), 2, n, d->f) != n)
             fatal("reading %s data %s failed at token %ld", d->what, d->shards[d->shard_order[d->shard_pos]].path.c_str(), start);
@@ -148,11 +149,75 @@ static void loader_next(DataLoader* d) {
     for (long i = 0; i < n; i++)
         if (d->buf[i] >= d->V)
             fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: use a model whose vocab covers the data (--vocab)",
-                  d->what, d->mem.empty() ? d->shards[d->shard_order[d->shard_pos]].path.c_str() : "(embedded)", d->buf[i], start + i, d->V);
+                  d->what, d->mem ? "(embedded)" : d->shards[d->shard_order[d->shard_pos]].path.c_str(), d->buf[i], start + i, d->V);
     for (long i = 0; i < n - 1; i++) {
         d->inputs[i] = d->buf[i];
         d->targets[i] = d->buf[i + 1];
     }
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: DIR/model_NNNNNNNN.bin (llm.c's fp32 format, full tensors) and DIR/state_NNNNNNNN.bin
+// (what an exact resume needs besides the weights: the step, AdamW's t, m and v as full tensors, and
+// the train loader's position and random state). Both are written to a temporary name, fsynced and
+// renamed, the state last: a step counts as saved only when its state file exists.
+
+#define STATE_MAGIC 20261130
+struct StateHeader {
+    int64_t magic, version, step, adam_t, nparams, P;
+    int64_t maxT, V, Vp, L, NH, C, B, T;
+    int64_t shard_pos, sample_pos, nshards, nsamples, rng_bytes;
+};
+
+static std::string ckpt_path(const char* dir, const char* kind, int step) {
+    char name[64];
+    snprintf(name, sizeof(name), "/%s_%08d.bin", kind, step);
+    return std::string(dir) + name;
+}
+
+// the saved steps in dir, oldest first: every N with both model_N.bin and state_N.bin
+static std::vector<int> ckpt_steps(const char* dir) {
+    std::vector<int> steps;
+    glob_t g;
+    std::string pat = std::string(dir) + "/state_*.bin";
+    if (glob(pat.c_str(), 0, nullptr, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            int step, len = 0;
+            struct stat st;
+            const char* base = strrchr(g.gl_pathv[i], '/') + 1;
+            if (sscanf(base, "state_%d.bin%n", &step, &len) == 1 && base[len] == '\0' &&
+                stat(ckpt_path(dir, "model", step).c_str(), &st) == 0)
+                steps.push_back(step);
+        }
+        globfree(&g);
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+}
+
+static bool write_all(FILE* f, const void* p, size_t bytes) { return fwrite(p, 1, bytes, f) == bytes; }
+
+static bool state_write(const char* path, const StateHeader* h, const float* m, const float* v, const DataLoader* d,
+                        const std::string& rng) {
+    std::string tmp = std::string(path) + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) { fprintf(stderr, "error: cannot write %s: %s\n", tmp.c_str(), strerror(errno)); return false; }
+    bool ok = write_all(f, h, sizeof(*h)) && write_all(f, m, h->nparams * 4) && write_all(f, v, h->nparams * 4) &&
+              write_all(f, d->shard_order.data(), h->nshards * sizeof(int)) &&
+              write_all(f, d->sample_order.data(), h->nsamples * sizeof(long)) && write_all(f, rng.data(), rng.size());
+    ok = fflush(f) == 0 && ok;
+    ok = fsync(fileno(f)) == 0 && ok;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp.c_str(), path) != 0) {
+        fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
+        remove(tmp.c_str());
+        return false;
+    }
+    return true;
+}
+
+static void read_all(FILE* f, void* p, size_t bytes, const char* path) {
+    if (fread(p, 1, bytes, f) != bytes) fatal("state file %s is truncated: delete it to resume from the checkpoint before it", path);
 }
 
 // ----------------------------------------------------------------------------
@@ -268,6 +333,7 @@ struct Args {
     long sample_seed;
     const char* prompt;
     const char* tokenizer;
+    int keep;            // checkpoints kept in -o
 };
 
 static void usage(FILE* out) {
@@ -275,7 +341,8 @@ static void usage(FILE* out) {
         "usage: ./tp [flags]        train GPT-2 with tensor parallelism over --tp ranks (one thread each)\n"
         "  -i PATTERN  train tokens: an llm.c token file or a glob of shards   (default: the embedded corpus)\n"
         "  -j PATTERN  val tokens                                               (default: the embedded corpus)\n"
-        "  -e MODEL    llm.c fp32 checkpoint file, or a descriptor d1..d12, d24, d36, d48   (default d4)\n"
+        "  -e MODEL    llm.c fp32 checkpoint file, or a descriptor: d1..d12, d24, d36, d48, or\n"
+        "              L<layers>C<channels>H<heads> such as L3C128H4             (default L3C128H4)\n"
         "  -o DIR      output directory for checkpoints                         (default: none)\n"
         "  -b B        batch size (sequences)                                   (default 8)\n"
         "  -t T        sequence length                                          (default 128)\n"
@@ -301,6 +368,7 @@ static void usage(FILE* out) {
         "  --seed N    initialization seed                                      (default 1337)\n"
         "  --threads N CPU threads per rank (0: cores / ranks)                  (default 0)\n"
         "  --timeout S abort if a collective waits longer than S seconds       (default 600)\n"
+        "  --keep K    keep the last K checkpoints in -o                        (default 3)\n"
         "  --temperature X  sampling temperature (0: greedy)                   (default 0.8)\n"
         "  --topk K    sample from the K most likely tokens (0: all)            (default 0)\n"
         "  --sample-seed N  seed of the sampler                                 (default 42)\n"
@@ -347,12 +415,11 @@ static float parse_float(const char* flag, const char* v, double lo, double hi) 
 
 static void parse_args(int argc, char** argv, Args* a) {
     *a = Args{};
-    a->model = "d4";
     a->B = 8; a->T = 128; a->lr = 1e-3f; a->warmup = 20; a->final_frac = 0.1f; a->wd = 0.0f;
     a->max_steps = 400; a->val_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 128;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
     a->device = -1; a->timeout = 600;
-    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42;
+    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3;
     for (int i = 1; i < argc; i++) {
         const char* f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
@@ -397,8 +464,10 @@ static void parse_args(int argc, char** argv, Args* a) {
         else if (!strcmp(f, "--sample-seed")) a->sample_seed = parse_int(f, v, 0, 1L << 62);
         else if (!strcmp(f, "--prompt")) a->prompt = v;
         else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
+        else if (!strcmp(f, "--keep")) a->keep = (int)parse_int(f, v, 1, 1 << 20);
         else bad_flag("unknown flag %s%s", f, "");
     }
+    if (a->resume && !a->outdir) bad_flag("-y 1 resumes from the checkpoints in -o DIR: give -o%s%s", "", "");
     if ((a->train == nullptr) != (a->val == nullptr))
         bad_flag("give both -i and -j (train and val data), or neither for the embedded corpus%s%s", "", "");
 }
@@ -419,6 +488,15 @@ struct Run {
     double floor_nats;            // its entropy per byte, the loss floor (0 if unknown)
     Tokenizer tokenizer;
     std::vector<int> prompt;
+    // checkpoints: gather buffers, and what a resume restores
+    std::vector<float> full_m, full_v;
+    int start_step;
+    bool resuming;
+    StateHeader state;
+    std::vector<int> state_shard_order;
+    std::vector<long> state_sample_order;
+    std::string state_rng;
+    bool stop_now;  // written by rank 0 between two barriers, read by all
     // what rank 0 reports back (tests read these)
     std::vector<float> train_losses, val_losses;
 };
@@ -462,6 +540,83 @@ static void print_sample(Run* run, GPT* m, Rank* rk, int step) {
     fflush(stdout);
 }
 
+// Reads the state of `step` in dir into the run; the model file of that step becomes the initial weights.
+static void resume_read(Run* run, const char* dir, int step) {
+    std::string path = ckpt_path(dir, "state", step);
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
+    StateHeader* h = &run->state;
+    read_all(f, h, sizeof(*h), path.c_str());
+    if (h->magic != STATE_MAGIC || h->version != 1) fatal("%s is not a tp state file (magic %lld)", path.c_str(), (long long)h->magic);
+    if (h->nparams != (int64_t)run->init.size()) fatal("state file %s does not match its model file", path.c_str());
+    if (h->nshards < 0 || h->nsamples < 0 || h->rng_bytes < 0 || h->rng_bytes > 1 << 20)
+        fatal("state file %s is corrupt", path.c_str());
+    run->full_m.resize(h->nparams);
+    run->full_v.resize(h->nparams);
+    run->state_shard_order.resize(h->nshards);
+    run->state_sample_order.resize(h->nsamples);
+    run->state_rng.resize(h->rng_bytes);
+    read_all(f, run->full_m.data(), h->nparams * 4, path.c_str());
+    read_all(f, run->full_v.data(), h->nparams * 4, path.c_str());
+    read_all(f, run->state_shard_order.data(), h->nshards * sizeof(int), path.c_str());
+    read_all(f, run->state_sample_order.data(), h->nsamples * sizeof(long), path.c_str());
+    read_all(f, &run->state_rng[0], h->rng_bytes, path.c_str());
+    fclose(f);
+}
+
+// Puts the train loader where the state file says it was.
+static void loader_restore(DataLoader* d, const Run* run) {
+    const StateHeader* h = &run->state;
+    if (h->B != d->B || h->T != d->T)
+        fatal("the checkpoint was trained with -b %lld -t %lld: resume with the same batch shape", (long long)h->B, (long long)h->T);
+    if (h->nshards != (int64_t)d->shard_order.size() || h->shard_pos >= h->nshards)
+        fatal("the training data changed since the checkpoint (%lld shards then, %zu now)", (long long)h->nshards, d->shard_order.size());
+    d->shard_order = run->state_shard_order;
+    d->shard_pos = (int)h->shard_pos;
+    loader_load_shard(d);  // opens the shard (and draws a permutation that the next lines replace)
+    if (d->shuffle && h->nsamples != d->nsamples)
+        fatal("the training data changed since the checkpoint (%lld samples per shard then, %ld now)", (long long)h->nsamples, d->nsamples);
+    if (d->shuffle) d->sample_order = run->state_sample_order;
+    d->sample_pos = h->sample_pos;
+    std::istringstream rng(run->state_rng);
+    rng >> d->rng;
+}
+
+// Ctrl-C / SIGTERM: finish the step, save, exit 0. The handler only sets a flag; a second signal kills.
+static volatile sig_atomic_t g_signal = 0;
+static void on_signal(int sig) { g_signal = sig; }
+
+// All ranks save the same step together: each writes its shards into the full host buffers (params,
+// AdamW m and v), then rank 0 writes the files, then everyone goes on.
+static void save_checkpoint(Run* run, GPT* m, Rank* rk, const DataLoader* train, int step) {
+    const Args* a = &run->args;
+    gpt_gather(m, rk, m->params_mem, run->init.data());
+    gpt_gather(m, rk, m->m_mem, run->full_m.data());
+    gpt_gather(m, rk, m->v_mem, run->full_v.data());
+    comm_barrier(&rk->comm, "checkpoint gathered");
+    if (rk->rank == 0) {
+        std::string model = ckpt_path(a->outdir, "model", step), state = ckpt_path(a->outdir, "state", step);
+        const GPTConfig* c = &run->cfg;
+        std::ostringstream rng;
+        rng << train->rng;
+        StateHeader h = {STATE_MAGIC, 1, step, m->t, (int64_t)run->init.size(), run->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
+                         a->B, a->T, train->shard_pos, train->sample_pos, (int64_t)train->shard_order.size(),
+                         (int64_t)train->sample_order.size(), (int64_t)rng.str().size()};
+        if (!gpt_write_checkpoint(model.c_str(), c, run->init.data()) ||
+            !state_write(state.c_str(), &h, run->full_m.data(), run->full_v.data(), train, rng.str()))
+            fatal("saving the checkpoint of step %d in %s failed; the earlier checkpoints are intact", step, a->outdir);
+        // keep the newest --keep steps; the state file goes first, so a half-removed pair never looks saved
+        std::vector<int> steps = ckpt_steps(a->outdir);
+        for (int i = 0; i + a->keep < (int)steps.size(); i++) {
+            remove(ckpt_path(a->outdir, "state", steps[i]).c_str());
+            remove(ckpt_path(a->outdir, "model", steps[i]).c_str());
+        }
+        printf("saved checkpoint %s (step %d)\n", model.c_str(), step);
+        fflush(stdout);
+    }
+    comm_barrier(&rk->comm, "checkpoint written");
+}
+
 static void rank_main(Run* run, int r) {
     const Args* a = &run->args;
     Rank rk;
@@ -483,11 +638,18 @@ static void rank_main(Run* run, int r) {
         loader_init(&train, "train", nullptr, &run->corpus_train, a->B, a->T, run->cfg.V, a->shuffle);
         loader_init(&val, "val", nullptr, &run->corpus_val, a->B, a->T, run->cfg.V, false);
     }
+    if (run->resuming) {
+        gpt_scatter(&m, &rk, run->full_m.data(), m.m_mem);
+        gpt_scatter(&m, &rk, run->full_v.data(), m.v_mem);
+        m.t = (int)run->state.adam_t;
+        loader_restore(&train, run);
+    }
     comm_barrier(&rk.comm, "start");
     bool lead = r == 0;
     int BT = a->B * a->T;
     double total_time = 0.0;
-    for (int step = 0; step < a->max_steps; step++) {
+    int last_saved = run->resuming ? run->start_step : -1;
+    for (int step = run->start_step; step < a->max_steps; step++) {
         bool last = step == a->max_steps - 1;
         if (a->val_every > 0 && (step % a->val_every == 0 || last)) {
             float vl = evaluate(&m, &rk, &val, a->val_batches);
@@ -510,7 +672,7 @@ static void rank_main(Run* run, int r) {
         float loss = gpt_read_loss(&m, &rk);
         float norm = gpt_read_norm(&m, &rk);
         double dt = now_s() - t0;
-        if (step > 0) total_time += dt;  // the first step warms up caches and allocations
+        if (step > run->start_step) total_time += dt;  // the first step warms up caches and allocations
         if (!std::isfinite(loss) || !std::isfinite(norm))
             fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)", step + 1, loss, norm);
         if (lead) {
@@ -520,10 +682,33 @@ static void rank_main(Run* run, int r) {
                    (rk.comm.values - vals0) * 4 / 1e6);
             fflush(stdout);
         }
+        if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
+            save_checkpoint(run, &m, &rk, &train, step + 1);
+            last_saved = step + 1;
+        }
+        // Stop on a signal, all ranks at the same step: rank 0 reads the flag between two barriers and
+        // everyone reads its decision after the second (a rank deciding alone would leave the others
+        // waiting in the next step's first collective).
+        comm_barrier(&rk.comm, "signal check");
+        if (lead) run->stop_now = g_signal != 0;
+        comm_barrier(&rk.comm, "signal check");
+        if (run->stop_now) {
+            if (a->outdir && last_saved != step + 1) save_checkpoint(run, &m, &rk, &train, step + 1);
+            if (lead) {
+                if (a->outdir) printf("interrupted after step %d: saved in %s; continue with -y 1\n", step + 1, a->outdir);
+                else printf("interrupted after step %d (no -o, nothing saved)\n", step + 1);
+                fflush(stdout);
+            }
+            loader_free(&train);
+            loader_free(&val);
+            gpt_free(&m, &rk);
+            return;
+        }
     }
-    if (lead && a->max_steps > 1)
-        printf("average %.1f ms per step, %.0f tok/s (steps 2..%d)\n", total_time / (a->max_steps - 1) * 1e3,
-               (double)BT * (a->max_steps - 1) / total_time, a->max_steps);
+    if (a->outdir && last_saved != a->max_steps) save_checkpoint(run, &m, &rk, &train, a->max_steps);
+    if (lead && a->max_steps > run->start_step + 1)
+        printf("average %.1f ms per step, %.0f tok/s (steps %d..%d)\n", total_time / (a->max_steps - run->start_step - 1) * 1e3,
+               (double)BT * (a->max_steps - run->start_step - 1) / total_time, run->start_step + 2, a->max_steps);
     if (a->gen_tokens > 0) print_sample(run, &m, &rk, a->max_steps);
     loader_free(&train);
     loader_free(&val);
@@ -536,10 +721,37 @@ static void rank_main(Run* run, int r) {
 static void run_setup(Run* run) {
     const Args* a = &run->args;
     bool embedded = a->train == nullptr;
-    // the model: a checkpoint file, or a descriptor with a seeded initialization
+    // the output directory: create it and make sure we can write there before training for hours
+    if (a->outdir) {
+        struct stat st;
+        if (stat(a->outdir, &st) == 0 && !S_ISDIR(st.st_mode)) fatal("-o %s exists and is not a directory: give a directory for checkpoints", a->outdir);
+        if (stat(a->outdir, &st) != 0 && mkdir(a->outdir, 0755) != 0)
+            fatal("cannot create the output directory -o %s: %s", a->outdir, strerror(errno));
+        std::string probe = std::string(a->outdir) + "/.tp_write_test";
+        FILE* f = fopen(probe.c_str(), "wb");
+        if (!f || fclose(f) != 0) fatal("cannot write to the output directory -o %s: %s", a->outdir, strerror(errno));
+        remove(probe.c_str());
+    }
+    // the model: the latest checkpoint when resuming, else a checkpoint file, or a descriptor with a seeded initialization
     GPTConfig* c = &run->cfg;
     int V = a->vocab ? a->vocab : (embedded ? 256 : 50257);
-    if (gpt_descriptor(a->model, c, V, a->maxT)) {
+    std::vector<int> saved = a->resume ? ckpt_steps(a->outdir) : std::vector<int>();
+    if (a->resume && saved.empty()) printf("tp: -y 1 but no checkpoint in %s yet: starting from scratch\n", a->outdir);
+    if (!saved.empty()) {
+        std::string model = ckpt_path(a->outdir, "model", saved.back());
+        gpt_load_checkpoint(model.c_str(), c, &run->init);
+        GPTConfig want;
+        if (a->model && gpt_descriptor(a->model, &want, c->V, c->maxT) &&
+            (want.L != c->L || want.NH != c->NH || want.C != c->C || (a->vocab && a->vocab != c->V)))
+            fatal("-e %s disagrees with the checkpoint in %s (%d layers, %d heads, %d channels, vocab %d): drop -e to resume it",
+                  a->model, a->outdir, c->L, c->NH, c->C, c->V);
+        resume_read(run, a->outdir, saved.back());
+        run->resuming = true;
+        run->start_step = (int)run->state.step;
+        if (run->start_step >= a->max_steps)
+            fatal("the checkpoint in %s is at step %d already: give -x larger than %d to train further", a->outdir, run->start_step, run->start_step);
+        printf("tp: resuming from %s at step %d\n", model.c_str(), run->start_step);
+    } else if (gpt_descriptor(a->model ? a->model : "L3C128H4", c, V, a->maxT)) {
         run->init.resize(gpt_num_params(c));
         gpt_init_full(c, (uint64_t)a->seed, run->init.data());
     } else {
@@ -552,12 +764,16 @@ static void run_setup(Run* run) {
             fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, a->model, c->V);
     }
     if (a->T > c->maxT) fatal("sequence length -t %d exceeds the model's maximum %d: use -t %d or less", a->T, c->maxT, c->maxT);
-    // data: token files, or the embedded corpus, generated here: unique text for every training step
+    if (a->outdir) {
+        run->full_m.resize(run->init.size());
+        run->full_v.resize(run->init.size());
+    }
+    // data: token files, or the embedded corpus, generated here (16 MB of train text, the same for any
+    // flags, so that a resumed run sees the same data)
     if (embedded) {
         if (c->V < 256) fatal("the embedded corpus is byte-level and needs a vocab of at least 256, the model has %d", c->V);
         std::string text;
-        long ntrain = std::min((long)a->max_steps * a->B * a->T + 1, 256L << 20);
-        grammar_generate(1, (size_t)ntrain, &text, nullptr);
+        grammar_generate(1, 16L << 20, &text, nullptr);
         run->corpus_train.assign(text.begin(), text.end());
         text.clear();
         grammar_generate(2, (size_t)a->val_batches * a->B * a->T + 1, &text, nullptr);
@@ -629,6 +845,11 @@ static int tp_main(int argc, char** argv) {
     parse_args(argc, argv, &run->args);
     run_setup(run);
     print_setup(run);
+    struct sigaction sa = {};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops at once
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
     std::vector<std::thread> threads;
     for (int r = 0; r < run->P; r++) threads.emplace_back(rank_main, run, r);
     for (auto& t : threads) t.join();
