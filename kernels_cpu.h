@@ -20,8 +20,10 @@
 // exp that vectorises: glibc's expf is a scalar call, which keeps every loop with an exp in it (GELU,
 // softmax, the loss) scalar. Range reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7 Taylor
 // polynomial (truncation error < 1e-8 relative) and 2^n put into the exponent bits.
-static inline float exp_fast(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // (fminf/fmaxf would be calls that block vectorising)
+static inline float exp_fast(float x_in) {
+    // clamp to the normal range (fminf/fmaxf would be calls that block vectorising); NaN passes through
+    bool nan = x_in != x_in;
+    float x = nan ? 0.0f : (x_in < -87.0f ? -87.0f : (x_in > 88.0f ? 88.0f : x_in));
     float n = rintf(x * 1.44269504088896341f);
     float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;  // ln2 in two parts: exact n*ln2_hi
     float p = 1.0f / 5040.0f;
@@ -34,7 +36,7 @@ static inline float exp_fast(float x) {
     p = p * r + 1.0f;
     union { int i; float f; } scale;
     scale.i = ((int)n + 127) << 23;
-    return p * scale.f;
+    return nan ? x_in : p * scale.f;
 }
 
 // ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #define TESTING
 #include "tp.cu"
 #include <functional>
+#include <set>
 #include <sys/wait.h>
 
 static int g_passed = 0, g_failed = 0;
@@ -477,9 +478,15 @@ static void test_checkpoint() {
 // ----------------------------------------------------------------------------
 // the command line, run as a user runs it
 
+// the tp binary under test: ./tp, or $TP_BIN (the sanitizer builds test their own)
+static std::string tp_bin() {
+    const char* b = getenv("TP_BIN");
+    return b ? b : "./tp";
+}
+
 static int run_cmd(const std::string& args, std::string* out, std::string* err) {
     std::string d = tmpdir();
-    std::string cmd = "./tp " + args + " >" + d + "/out.txt 2>" + d + "/err.txt </dev/null";
+    std::string cmd = tp_bin() + " " + args + " >" + d + "/out.txt 2>" + d + "/err.txt </dev/null";
     int rc = system(cmd.c_str());
     auto slurp = [](const std::string& p) {
         std::string s;
@@ -699,7 +706,7 @@ static void test_resume() {
 static pid_t spawn_tp(const std::string& args, const std::string& out) {
     pid_t pid = fork();
     if (pid == 0) {
-        std::string cmd = "exec ./tp " + args + " >" + out + " 2>" + out + ".err </dev/null";
+        std::string cmd = "exec " + tp_bin() + " " + args + " >" + out + " 2>" + out + ".err </dev/null";
         execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
         _exit(127);
     }
@@ -801,6 +808,88 @@ static void test_hangs() {
 }
 
 // ----------------------------------------------------------------------------
+// the embedded corpus, sampling, data preparation
+
+static void test_corpus() {
+    printf("embedded corpus: deterministic, exact entropy against an empirical estimate\n");
+    std::string a, b, c;
+    grammar_generate(7, 1 << 20, &a, nullptr);
+    grammar_generate(7, 1 << 20, &b, nullptr);
+    grammar_generate(8, 1 << 20, &c, nullptr);
+    check(a == b && a != c, "same seed, same %zu bytes; another seed, other bytes", a.size());
+    // the exact rate against -log p / bytes of a long sample (the same quantity, estimated)
+    std::string text;
+    double logprob = 0.0;
+    grammar_generate(1234, 16 << 20, &text, &logprob);
+    double exact = grammar_entropy_per_byte(), empirical = -logprob / text.size();
+    check(fabs(empirical - exact) / exact < 2e-3, "entropy %.5f nats/byte exact, %.5f empirical over %zu bytes: rel diff %.1e < 2e-3",
+          exact, empirical, text.size(), fabs(empirical - exact) / exact);
+    bool ascii = true;
+    for (unsigned char ch : text) ascii &= ch < 128;
+    check(ascii, "byte-level: every byte < 128, so a vocab of 256 covers it");
+}
+
+static void test_sampling() {
+    printf("sampling: the same tokens at TP=1, 2 and 4 for the same seed and weights\n");
+    GPTConfig cfg = make_config(2, 4, 64, 256, 64);
+    std::vector<float> init(gpt_num_params(&cfg));
+    gpt_init_full(&cfg, 9, init.data());
+    for (auto& x : init) x *= 10.0f;  // peaked distributions: samples that say something about the weights
+    std::vector<int> prompt = {'T', 'h', 'e'};
+    std::vector<std::vector<int>> got(5);
+    for (int P : {1, 2, 4}) {
+        CommGroup* g = new CommGroup();
+        comm_group_init(g, P, 30);
+        std::vector<std::thread> th;
+        for (int r = 0; r < P; r++)
+            th.emplace_back([&, r]() {
+                Rank rk;
+                rk.rank = r; rk.P = P; rk.device = DEV_CPU; rk.gpu = 0; rk.threads = 1;
+                omp_set_num_threads(1);
+                comm_init(&rk.comm, g, r);
+                GPT m;
+                gpt_build(&m, &rk, &cfg, init.data());
+                std::vector<int> out = generate(&m, &rk, prompt, 40, 32, 1.0f, 0, 5);
+                std::vector<int> top = generate(&m, &rk, prompt, 20, 32, 1.0f, 8, 6);
+                out.insert(out.end(), top.begin(), top.end());
+                if (r == P - 1) got[P] = out;  // the last rank: every rank must agree, not only rank 0
+                gpt_free(&m, &rk);
+            });
+        for (auto& t : th) t.join();
+        delete g;
+    }
+    std::set<int> distinct(got[1].begin(), got[1].end());
+    check(got[2] == got[1] && got[4] == got[1], "60 sampled tokens (temperature 1, then top-8) agree at TP=1, 2, 4 (%zu distinct tokens)", distinct.size());
+}
+
+static void test_prepare() {
+    printf("data/prepare.py: a local text file to llm.c token files\n");
+    std::string d = tmpdir() + "/prep";
+    mkdir(d.c_str(), 0755);
+    std::string text;
+    grammar_generate(3, 5000, &text, nullptr);
+    FILE* f = fopen((d + "/story.txt").c_str(), "wb");
+    fwrite(text.data(), 1, text.size(), f);
+    fclose(f);
+    std::string cmd = "python3 data/prepare.py " + d + "/story.txt " + d + " --val-frac 0.2 >/dev/null";
+    int rc = system(cmd.c_str());
+    std::vector<char> tr = slurp_bytes(d + "/story_train.bin"), va = slurp_bytes(d + "/story_val.bin");
+    bool ok = rc == 0 && tr.size() > 1024 && va.size() > 1024;
+    if (ok) {
+        const int* ht = (const int*)tr.data();
+        const int* hv = (const int*)va.data();
+        long nt = ht[2], nv = hv[2];
+        ok = ht[0] == 20240520 && ht[1] == 1 && nt + nv == (long)text.size() && (long)tr.size() == 1024 + 2 * nt;
+        for (long i = 0; ok && i < nt; i++) ok = ((const uint16_t*)(tr.data() + 1024))[i] == (unsigned char)text[i];
+        for (long i = 0; ok && i < nv; i++) ok = ((const uint16_t*)(va.data() + 1024))[i] == (unsigned char)text[nt + i];
+    }
+    check(ok, "%zu bytes of text -> train + val token files holding exactly those bytes, in order", text.size());
+    std::string out;
+    rc = run_cmd("-i " + d + "/story_train.bin -j " + d + "/story_val.bin -e L1C32H2 -b 2 -t 32 -x 3 -v 2 -m 1 -g 0 --threads 1", &out, nullptr);
+    check(rc == 0 && out.find("step    3/3") != std::string::npos, "./tp trains on them (exit %d)", rc);
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
     (void)argc; (void)argv;
@@ -819,6 +908,9 @@ int main(int argc, char** argv) {
     test_resume();
     test_interrupts();
     test_hangs();
+    test_corpus();
+    test_sampling();
+    test_prepare();
     printf("(%.1f s)\n", now_s() - t0);
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed ? 1 : 0;

@@ -583,8 +583,9 @@ static void loader_restore(DataLoader* d, const Run* run) {
 }
 
 // Ctrl-C / SIGTERM: finish the step, save, exit 0. The handler only sets a flag; a second signal kills.
-static volatile sig_atomic_t g_signal = 0;
-static void on_signal(int sig) { g_signal = sig; }
+// (a lock-free atomic: safe in a signal handler, and read by the rank threads without a race)
+static std::atomic<int> g_signal{0};
+static void on_signal(int sig) { g_signal.store(sig); }
 
 // All ranks save the same step together: each writes its shards into the full host buffers (params,
 // AdamW m and v), then rank 0 writes the files, then everyone goes on.
@@ -690,7 +691,7 @@ static void rank_main(Run* run, int r) {
         // everyone reads its decision after the second (a rank deciding alone would leave the others
         // waiting in the next step's first collective).
         comm_barrier(&rk.comm, "signal check");
-        if (lead) run->stop_now = g_signal != 0;
+        if (lead) run->stop_now = g_signal.load() != 0;
         comm_barrier(&rk.comm, "signal check");
         if (run->stop_now) {
             if (a->outdir && last_saved != step + 1) save_checkpoint(run, &m, &rk, &train, step + 1);
