@@ -6,7 +6,7 @@ comma    := ,
 HOSTFLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function
 NVFLAGS   = -std=c++17 -O3 -Werror all-warnings -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS))
 LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp
-SOURCES   = gpt.cu comm.cuh kernels_cpu.h data/grammar.h
+SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh data/grammar.h
 
 all: tp test_tp
 

@@ -9,6 +9,17 @@
 // each call carries its op, its count and its place in the model, a mismatch between ranks is reported
 // instead of computing garbage, and a rank that waits longer than the timeout reports where every
 // rank is instead of hanging forever (the classic TP failure: one rank skips a collective).
+//
+// One set of calls (comm_allreduce, comm_allgather, comm_broadcast, comm_barrier), three backends, set
+// per rank at setup; the recipe in gpt.cu never knows which one runs:
+//   COMM_HOST  shared memory, buffers in host memory: ranks on the CPU. comm_init alone.
+//   COMM_CUDA  shared memory, buffers in device memory: ranks that share a GPU. comm_init, then
+//              comm_bind_cuda. A CUDA kernel reads the P ranks' device pointers directly (one process,
+//              one device or devices with peer access) and sums in the same rank order as COMM_HOST:
+//              bit-identical across ranks and to the host path.
+//   COMM_NCCL  NCCL, one communicator per rank on distinct GPUs, created together: comm_nccl_init_all
+//              once, then comm_init and comm_bind_cuda per rank. Collectives are enqueued on the rank's
+//              stream and the host moves on; comm_sync waits for them, polling, within the timeout.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -16,15 +27,65 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+// ----------------------------------------------------------------------------
+// error checks, shared with kernels.cuh (the same block is there; whichever file comes first defines it).
+// A failed call prints one line naming the rank and the call, then ends the process.
+#ifndef TP_CUDA_CHECKS
+#define TP_CUDA_CHECKS
+[[noreturn]] static void tp_cuda_fail(int rank, const char* call, const char* msg, const char* file, int line) {
+    fflush(stdout);
+    fprintf(stderr, "error: rank %d: %s failed: %s (%s:%d)\n", rank, call, msg, file, line);
+    fflush(stderr);
+    _Exit(1);
+}
+#define CUDA_CHECK(rank, call)                                                                       \
+    do {                                                                                             \
+        cudaError_t err_ = (call);                                                                   \
+        if (err_ != cudaSuccess) tp_cuda_fail((rank), #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
+    } while (0)
+// After a kernel launch: a bad launch configuration shows here, not at the next sync. Built with
+// -DTP_CUDA_DEBUG it also waits for the kernel, so a fault (e.g. an illegal address) names its kernel.
+#ifdef TP_CUDA_DEBUG
+#define TP_CUDA_DEBUG_SYNC() cudaDeviceSynchronize()
+#else
+#define TP_CUDA_DEBUG_SYNC() cudaSuccess
+#endif
+#define CUDA_LAUNCH_CHECK(rank, kernel)                                                              \
+    do {                                                                                             \
+        cudaError_t err_ = cudaGetLastError();                                                       \
+        if (err_ == cudaSuccess) err_ = TP_CUDA_DEBUG_SYNC();                                        \
+        if (err_ != cudaSuccess)                                                                     \
+            tp_cuda_fail((rank), "launch of " kernel, cudaGetErrorString(err_), __FILE__, __LINE__);  \
+    } while (0)
+#endif
+
+// an NCCL call of rank c, with NCCL's own last-error text
+#define NCCL_CHECK(c, call)                                                                          \
+    do {                                                                                             \
+        ncclResult_t nr_ = (call);                                                                   \
+        if (nr_ != ncclSuccess) {                                                                    \
+            char m_[512];                                                                            \
+            snprintf(m_, sizeof(m_), "%s (%s)", ncclGetErrorString(nr_), ncclGetLastError((c)->nccl)); \
+            tp_cuda_fail((c)->rank, #call, m_, __FILE__, __LINE__);                                  \
+        }                                                                                            \
+    } while (0)
 
 #define COMM_MAXP 64
+#define COMM_LOG 1024    // COMM_NCCL: per rank, the last collectives kept for the cross-rank sequence check
+#define COMM_EVENTS 256  // COMM_NCCL: per rank, collectives that may be in flight between two waits
 
 enum CommOp { COMM_SUM, COMM_MAX, COMM_GATHER, COMM_BCAST, COMM_BARRIER };
 static const char* comm_op_name(int op) {
     static const char* names[] = {"all-reduce(sum)", "all-reduce(max)", "all-gather", "broadcast", "barrier"};
     return names[op];
 }
+
+enum CommBackend { COMM_HOST, COMM_CUDA, COMM_NCCL };
 
 // what one rank is doing in a collective, published for the other ranks to check
 struct CommCall {
@@ -47,6 +108,14 @@ struct CommGroup {
     CommCall call[COMM_MAXP];
     bool waiting[COMM_MAXP];
     std::vector<float> chunk[COMM_MAXP];  // rank r's reduced slice of the current all-reduce
+    // COMM_CUDA
+    float* dchunk[COMM_MAXP];  // rank r's reduced slice of the current all-reduce, in device memory
+    int gpu[COMM_MAXP];        // rank r's device, once bound (-1 before)
+    // COMM_NCCL
+    ncclComm_t nccl[COMM_MAXP];  // one communicator per rank, created together by comm_nccl_init_all
+    bool sync_each;              // debugging: wait (with the timeout) after every collective
+    std::vector<CommCall> log;   // (P, COMM_LOG): rank r's collective #s at [r * COMM_LOG + s % COMM_LOG]
+    long posted[COMM_MAXP];      // how many collectives rank r has logged
 };
 
 // one rank's handle, with its counters
@@ -55,7 +124,20 @@ struct Comm {
     int rank, P;
     long seq;
     double values;   // floats moved through collectives (the payload, counted once per collective)
-    double seconds;  // wall time spent inside collectives, waiting for other ranks included
+    double seconds;  // time spent inside collectives, waiting for other ranks included. COMM_CUDA: wall
+                     // time after the rank's own GPU work is done. COMM_NCCL: GPU time between events
+                     // around each collective, counted once a later collective or comm_sync sees it done.
+    int backend;           // CommBackend
+    int gpu;               // the rank's CUDA device (-1: host)
+    cudaStream_t stream;   // the rank's stream: collectives are ordered with its kernels
+    ncclComm_t nccl;       // COMM_NCCL
+    float* dchunk;         // COMM_CUDA: this rank's reduced slice (device memory, grown on demand)
+    long dchunk_n;
+    // COMM_NCCL: a ring of events around the collectives in flight, to time them and to name the one
+    // that does not complete. Collective number i (counting from 0) uses slot i % COMM_EVENTS.
+    cudaEvent_t ev_start[COMM_EVENTS], ev_end[COMM_EVENTS];
+    CommCall ev_call[COMM_EVENTS];
+    long ev_issued, ev_done;  // collectives enqueued; collectives seen complete (a prefix)
 };
 
 static void comm_group_init(CommGroup* g, int P, double timeout_s) {
@@ -69,8 +151,17 @@ static void comm_group_init(CommGroup* g, int P, double timeout_s) {
     g->generation = 0;
     memset(g->call, 0, sizeof(g->call));
     memset(g->waiting, 0, sizeof(g->waiting));
+    for (int r = 0; r < COMM_MAXP; r++) {
+        g->dchunk[r] = nullptr;
+        g->gpu[r] = -1;
+        g->nccl[r] = nullptr;
+        g->posted[r] = 0;
+    }
+    g->sync_each = false;
+    g->log.clear();
 }
 
+// a rank's handle on the host backend; comm_bind_cuda moves it to the GPU
 static void comm_init(Comm* c, CommGroup* g, int rank) {
     c->g = g;
     c->rank = rank;
@@ -78,6 +169,13 @@ static void comm_init(Comm* c, CommGroup* g, int rank) {
     c->seq = 0;
     c->values = 0;
     c->seconds = 0;
+    c->backend = COMM_HOST;
+    c->gpu = -1;
+    c->stream = nullptr;
+    c->nccl = nullptr;
+    c->dchunk = nullptr;
+    c->dchunk_n = 0;
+    c->ev_issued = c->ev_done = 0;
 }
 
 static void comm_describe(const CommCall* k, char* buf, size_t n) {
@@ -145,8 +243,368 @@ static double comm_now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// ----------------------------------------------------------------------------
+// setup of the GPU backends
+
+// Creates the group's P NCCL communicators together, rank r on device gpus[r]. The devices must be
+// distinct: NCCL refuses two ranks on one GPU (ranks that share a GPU use COMM_CUDA instead). Call once,
+// from one thread, before the rank threads call comm_bind_cuda.
+static void comm_nccl_init_all(CommGroup* g, const int* gpus) {
+    for (int i = 0; i < g->P; i++)
+        for (int j = i + 1; j < g->P; j++)
+            if (gpus[i] == gpus[j]) {
+                fprintf(stderr, "error: ranks %d and %d are both on GPU %d: NCCL needs one GPU per rank (ranks that share "
+                        "a GPU use the shared-memory backend)\n", i, j, gpus[i]);
+                _Exit(1);
+            }
+    ncclResult_t r = ncclCommInitAll(g->nccl, g->P, gpus);
+    if (r != ncclSuccess) {
+        fprintf(stderr, "error: ncclCommInitAll for %d ranks failed: %s (%s)\n", g->P, ncclGetErrorString(r), ncclGetLastError(nullptr));
+        _Exit(1);
+    }
+    g->log.assign((size_t)g->P * COMM_LOG, CommCall());
+    for (int i = 0; i < g->P; i++) {
+        g->posted[i] = 0;
+        g->gpu[i] = gpus[i];
+    }
+}
+
+// Moves rank c onto its GPU: from now on its collectives take device pointers and are ordered with the
+// work on `stream`. Every rank of the group calls it, after comm_init, from its own thread. With NCCL
+// communicators in the group the rank uses NCCL, else the CUDA shared-memory backend; then, if the ranks
+// span several devices, each device gets peer access to the others (a reduction kernel on one device
+// reads the other ranks' buffers).
+static void comm_bind_cuda(Comm* c, int gpu, cudaStream_t stream) {
+    CommGroup* g = c->g;
+    c->gpu = gpu;
+    c->stream = stream;
+    CUDA_CHECK(c->rank, cudaSetDevice(gpu));
+    if (g->nccl[c->rank]) {
+        c->backend = COMM_NCCL;
+        c->nccl = g->nccl[c->rank];
+        for (int i = 0; i < COMM_EVENTS; i++) {
+            CUDA_CHECK(c->rank, cudaEventCreate(&c->ev_start[i]));
+            CUDA_CHECK(c->rank, cudaEventCreate(&c->ev_end[i]));
+        }
+        c->ev_issued = c->ev_done = 0;
+        return;
+    }
+    c->backend = COMM_CUDA;
+    {
+        std::lock_guard<std::mutex> lock(g->mu);
+        g->gpu[c->rank] = gpu;
+    }
+    if (c->P == 1) return;
+    comm_wait_all(c, false);  // every rank has published its device
+    for (int r = 0; r < c->P; r++) {
+        int other = g->gpu[r];
+        bool seen = other == gpu;
+        for (int q = 0; q < r && !seen; q++) seen = g->gpu[q] == other;
+        if (seen) continue;
+        int can = 0;
+        CUDA_CHECK(c->rank, cudaDeviceCanAccessPeer(&can, gpu, other));
+        if (!can) {
+            fprintf(stderr, "error: rank %d: GPU %d cannot access the memory of GPU %d (no peer access), so ranks on the two "
+                    "cannot share buffers: use one rank per GPU (--tp up to the number of GPUs), or make one GPU visible\n",
+                    c->rank, gpu, other);
+            fflush(stderr);
+            _Exit(1);
+        }
+        cudaError_t e = cudaDeviceEnablePeerAccess(other, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();  // another rank on this device did it
+        else if (e != cudaSuccess) tp_cuda_fail(c->rank, "cudaDeviceEnablePeerAccess", cudaGetErrorString(e), __FILE__, __LINE__);
+    }
+    comm_wait_all(c, false);  // peer access is on everywhere before anyone reduces
+}
+
+// ----------------------------------------------------------------------------
+// COMM_NCCL: the sequence check, and waiting with a timeout
+
+// Logs this rank's next collective and checks it against the other ranks' collective of the same number,
+// without a barrier: whichever rank logs collective #s second compares the two, so a rank that skipped
+// or reordered a collective is reported at once, before anything waits on the GPU. Returns the call.
+static CommCall comm_nccl_post(Comm* c, int op, long count, const float* ptr, const char* where, int layer) {
+    CommGroup* g = c->g;
+    std::lock_guard<std::mutex> lock(g->mu);
+    CommCall* k = &g->call[c->rank];
+    k->op = op;
+    k->count = count;
+    k->where = where;
+    k->layer = layer;
+    k->seq = c->seq++;
+    k->ptr = ptr;
+    long s = k->seq;
+    g->log[(size_t)c->rank * COMM_LOG + s % COMM_LOG] = *k;
+    g->posted[c->rank] = s + 1;
+    for (int r = 0; r < g->P; r++) {
+        if (r == c->rank || g->posted[r] <= s || g->posted[r] - s > COMM_LOG) continue;  // not there yet, or too far on
+        const CommCall* o = &g->log[(size_t)r * COMM_LOG + s % COMM_LOG];
+        if (o->op != k->op || o->count != k->count || o->layer != k->layer || strcmp(o->where, k->where) != 0) {
+            char a[256], b[256], why[640];
+            comm_describe(k, a, sizeof(a));
+            comm_describe(o, b, sizeof(b));
+            snprintf(why, sizeof(why), "collective mismatch: this rank issued %s where rank %d issued %s", a, r, b);
+            comm_abort(g, c->rank, why);
+        }
+    }
+    return *k;
+}
+
+// One turn of a wait loop that found the GPU not done yet: fails on an NCCL error or past the deadline,
+// naming `pending` (the collective waited for; NULL: the work queued after the last one), else backs off.
+static void comm_nccl_stalled(Comm* c, double deadline, int* spins, const CommCall* pending) {
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();  // a query's "not ready" is no error
+    char d[256], why[768];
+    if (pending) comm_describe(pending, d, sizeof(d));
+    else snprintf(d, sizeof(d), "the GPU work queued after collective #%ld", c->seq - 1);
+    ncclResult_t ar = ncclSuccess;
+    NCCL_CHECK(c, ncclCommGetAsyncError(c->nccl, &ar));
+    if (ar != ncclSuccess) {
+        snprintf(why, sizeof(why), "NCCL failed in %s: %s (%s)", d, ncclGetErrorString(ar), ncclGetLastError(c->nccl));
+        std::lock_guard<std::mutex> lock(c->g->mu);
+        comm_abort(c->g, c->rank, why);
+    }
+    if (comm_now() > deadline) {
+        snprintf(why, sizeof(why), "%s has not completed after %.0f s (--timeout)", d, c->g->timeout_s);
+        std::lock_guard<std::mutex> lock(c->g->mu);
+        comm_abort(c->g, c->rank, why);
+    }
+    if (++*spins < 1000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+// Counts the collectives that have completed, in order, adding their GPU time to c->seconds. With
+// wait, waits (within the timeout) until the first `upto` collectives are complete; else stops at the
+// first one still running.
+static void comm_nccl_progress(Comm* c, long upto, bool wait) {
+    double deadline = comm_now() + c->g->timeout_s;
+    int spins = 0;
+    while (c->ev_done < upto) {
+        int slot = (int)(c->ev_done % COMM_EVENTS);
+        cudaError_t e = cudaEventQuery(c->ev_end[slot]);
+        if (e == cudaSuccess) {
+            float ms = 0.0f;
+            CUDA_CHECK(c->rank, cudaEventElapsedTime(&ms, c->ev_start[slot], c->ev_end[slot]));
+            c->seconds += ms * 1e-3;
+            c->ev_done++;
+            continue;
+        }
+        if (e != cudaErrorNotReady) tp_cuda_fail(c->rank, "cudaEventQuery after an NCCL collective", cudaGetErrorString(e), __FILE__, __LINE__);
+        if (!wait) {
+            if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+            return;
+        }
+        comm_nccl_stalled(c, deadline, &spins, &c->ev_call[slot]);
+    }
+}
+
+// Waits until everything queued on the rank's stream, collectives and kernels, is done. COMM_NCCL polls,
+// so a collective that can never complete (another rank skipped it) is reported with its op and place
+// after the group's timeout instead of hanging; call it before any blocking read of the rank's device
+// memory (a download). COMM_CUDA synchronises the stream; COMM_HOST has nothing queued.
+static void comm_sync(Comm* c) {
+    if (c->backend == COMM_HOST) return;
+    if (c->backend == COMM_CUDA) {
+        CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+        return;
+    }
+    comm_nccl_progress(c, c->ev_issued, true);
+    double deadline = comm_now() + c->g->timeout_s;
+    int spins = 0;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(c->stream);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) tp_cuda_fail(c->rank, "cudaStreamQuery", cudaGetErrorString(e), __FILE__, __LINE__);
+        comm_nccl_stalled(c, deadline, &spins, nullptr);
+    }
+}
+
+// brackets one NCCL collective with events in the next ring slot (first waiting for the oldest in
+// flight if the ring is full)
+static int comm_nccl_begin(Comm* c, const CommCall* k) {
+    if (c->ev_issued - c->ev_done >= COMM_EVENTS) comm_nccl_progress(c, c->ev_issued - COMM_EVENTS + 1, true);
+    int slot = (int)(c->ev_issued % COMM_EVENTS);
+    c->ev_call[slot] = *k;
+    CUDA_CHECK(c->rank, cudaEventRecord(c->ev_start[slot], c->stream));
+    return slot;
+}
+static void comm_nccl_end(Comm* c, int slot) {
+    CUDA_CHECK(c->rank, cudaEventRecord(c->ev_end[slot], c->stream));
+    c->ev_issued++;
+    if (c->g->sync_each) comm_sync(c);
+    else comm_nccl_progress(c, c->ev_issued, false);
+}
+
+// Releases what comm_bind_cuda made (events, the device slice, the NCCL communicator) and returns the
+// handle to the host backend. Every rank of the group calls it, from its own thread, when done: with
+// COMM_CUDA it waits for all ranks first, as another rank may still be copying from this rank's slice.
+static void comm_free(Comm* c) {
+    if (c->backend == COMM_HOST) return;
+    CUDA_CHECK(c->rank, cudaSetDevice(c->gpu));
+    comm_sync(c);
+    if (c->backend == COMM_NCCL) {
+        for (int i = 0; i < COMM_EVENTS; i++) {
+            CUDA_CHECK(c->rank, cudaEventDestroy(c->ev_start[i]));
+            CUDA_CHECK(c->rank, cudaEventDestroy(c->ev_end[i]));
+        }
+        NCCL_CHECK(c, ncclCommDestroy(c->nccl));
+        std::lock_guard<std::mutex> lock(c->g->mu);
+        c->g->nccl[c->rank] = nullptr;
+        c->nccl = nullptr;
+    } else if (c->P > 1) {
+        comm_wait_all(c, false);
+    }
+    if (c->dchunk) CUDA_CHECK(c->rank, cudaFree(c->dchunk));
+    c->dchunk = nullptr;
+    c->dchunk_n = 0;
+    c->backend = COMM_HOST;
+}
+
+// ----------------------------------------------------------------------------
+// COMM_CUDA: the shared-memory protocol of the host path, on device buffers
+
+struct CommPtrs {
+    const float* p[COMM_MAXP];  // every rank's buffer (same process: valid on this device, or through peer access)
+};
+
+// out (len) = the elementwise sum (or max) of src.p[r][lo, lo+len) over r = 0, 1, ..., P-1 in that order,
+// the same expression as the host path: bit-identical results. A thread per element.
+__global__ void comm_reduce_kernel(CommPtrs src, int P, long lo, long len, int op, float* out) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= len) return;
+    float v = src.p[0][lo + i];
+    for (int r = 1; r < P; r++) {
+        float x = src.p[r][lo + i];
+        v = op == COMM_SUM ? v + x : (x > v ? x : v);
+    }
+    out[i] = v;
+}
+
+static void comm_cuda_allreduce(Comm* c, float* buf, long n, int op, const char* where, int layer) {
+    CommGroup* g = c->g;
+    int P = c->P;
+    if (P == 1) {  // nothing to exchange: stay asynchronous (TP=1 on a GPU must not sync per collective)
+        comm_begin(c, op, n, buf, where, layer);
+        c->values += n;
+        return;
+    }
+    // the buffer is published only once the rank's queued work has written it; that wait is compute
+    CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+    double t0 = comm_now();
+    comm_begin(c, op, n, buf, where, layer);
+    comm_wait_all(c, true);  // every buffer is ready
+    // reduce-scatter: rank r reduces slice r of everyone's buffer into its device slice
+    long lo = n * c->rank / P, hi = n * (c->rank + 1) / P;
+    if (hi - lo > c->dchunk_n) {
+        // nobody reads the old slice any more: every rank copied it before arriving at this collective
+        if (c->dchunk) CUDA_CHECK(c->rank, cudaFree(c->dchunk));
+        c->dchunk = nullptr;
+        CUDA_CHECK(c->rank, cudaMalloc((void**)&c->dchunk, (size_t)(hi - lo) * sizeof(float)));
+        c->dchunk_n = hi - lo;
+    }
+    if (hi > lo) {
+        CommPtrs src;
+        for (int r = 0; r < P; r++) src.p[r] = g->call[r].ptr;
+        comm_reduce_kernel<<<(unsigned)((hi - lo + 255) / 256), 256, 0, c->stream>>>(src, P, lo, hi - lo, op, c->dchunk);
+        CUDA_LAUNCH_CHECK(c->rank, "comm_reduce_kernel");
+    }
+    CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+    g->dchunk[c->rank] = c->dchunk;  // the wait's mutex publishes it
+    comm_wait_all(c, false);         // every slice is reduced
+    // all-gather: copy every rank's slice into our buffer. Nobody writes a slice again before the
+    // next collective's first wait, which all ranks reach only after these copies have finished.
+    for (int r = 0; r < P; r++) {
+        long rlo = n * r / P, rhi = n * (r + 1) / P;
+        if (rhi > rlo)
+            CUDA_CHECK(c->rank, cudaMemcpyAsync(buf + rlo, g->dchunk[r], (size_t)(rhi - rlo) * sizeof(float),
+                                                cudaMemcpyDefault, c->stream));
+    }
+    CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+    c->values += n;
+    c->seconds += comm_now() - t0;
+}
+
+// in must not overlap out, except as out + rank*n (an in-place gather)
+static void comm_cuda_allgather(Comm* c, float* out, const float* in, long n, const char* where) {
+    if (c->P == 1) {  // a copy on the stream, asynchronous
+        comm_begin(c, COMM_GATHER, n, in, where, -1);
+        if (n > 0 && in != out)
+            CUDA_CHECK(c->rank, cudaMemcpyAsync(out, in, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+        c->values += n;
+        return;
+    }
+    CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+    double t0 = comm_now();
+    comm_begin(c, COMM_GATHER, n, in, where, -1);
+    if (c->P > 1) comm_wait_all(c, true);
+    for (int r = 0; r < c->P; r++) {
+        const float* src = c->g->call[r].ptr;
+        float* dst = out + (long)r * n;
+        if (n > 0 && src != dst)
+            CUDA_CHECK(c->rank, cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDefault, c->stream));
+    }
+    CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+    if (c->P > 1) comm_wait_all(c, false);  // no rank may change its input before everyone copied it
+    c->values += (double)n * c->P;
+    c->seconds += comm_now() - t0;
+}
+
+static void comm_cuda_broadcast(Comm* c, float* buf, long n, int root, const char* where) {
+    if (c->P == 1) {
+        comm_begin(c, COMM_BCAST, n, buf, where, -1);
+        c->values += n;
+        return;
+    }
+    CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+    double t0 = comm_now();
+    comm_begin(c, COMM_BCAST, n, buf, where, -1);
+    if (c->P > 1) {
+        comm_wait_all(c, true);
+        if (c->rank != root && n > 0)
+            CUDA_CHECK(c->rank, cudaMemcpyAsync(buf, c->g->call[root].ptr, (size_t)n * sizeof(float), cudaMemcpyDefault, c->stream));
+        CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+        comm_wait_all(c, false);
+    }
+    c->values += n;
+    c->seconds += comm_now() - t0;
+}
+
+// ----------------------------------------------------------------------------
+// COMM_NCCL collectives: checked on the host, enqueued on the rank's stream, not waited for
+
+static void comm_nccl_allreduce(Comm* c, float* buf, long n, int op, const char* where, int layer) {
+    CommCall k = comm_nccl_post(c, op, n, buf, where, layer);
+    int slot = comm_nccl_begin(c, &k);
+    NCCL_CHECK(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, op == COMM_SUM ? ncclSum : ncclMax, c->nccl, c->stream));
+    comm_nccl_end(c, slot);
+    c->values += n;
+}
+
+static void comm_nccl_allgather(Comm* c, float* out, const float* in, long n, const char* where) {
+    CommCall k = comm_nccl_post(c, COMM_GATHER, n, in, where, -1);
+    int slot = comm_nccl_begin(c, &k);
+    NCCL_CHECK(c, ncclAllGather(in, out, (size_t)n, ncclFloat, c->nccl, c->stream));
+    comm_nccl_end(c, slot);
+    c->values += (double)n * c->P;
+}
+
+static void comm_nccl_broadcast(Comm* c, float* buf, long n, int root, const char* where) {
+    CommCall k = comm_nccl_post(c, COMM_BCAST, n, buf, where, -1);
+    int slot = comm_nccl_begin(c, &k);
+    NCCL_CHECK(c, ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root, c->nccl, c->stream));
+    comm_nccl_end(c, slot);
+    c->values += n;
+}
+
+// ----------------------------------------------------------------------------
+// the collectives the recipe calls. Buffers live where the rank's backend works: host memory for
+// COMM_HOST, the rank's device memory otherwise.
+
 // buf (n) on every rank <- the elementwise sum (or max) of buf over ranks 0..P-1, in that order
+// (COMM_NCCL: in NCCL's order, the same result on every rank)
 static void comm_allreduce(Comm* c, float* buf, long n, int op, const char* where, int layer) {
+    if (c->backend == COMM_CUDA) { comm_cuda_allreduce(c, buf, n, op, where, layer); return; }
+    if (c->backend == COMM_NCCL) { comm_nccl_allreduce(c, buf, n, op, where, layer); return; }
     double t0 = comm_now();
     CommGroup* g = c->g;
     int P = c->P;
@@ -170,7 +628,7 @@ static void comm_allreduce(Comm* c, float* buf, long n, int op, const char* wher
         // the next collective's first wait, which all ranks reach only after this copy.
         for (int r = 0; r < P; r++) {
             long rlo = n * r / P, rhi = n * (r + 1) / P;
-            memcpy(buf + rlo, g->chunk[r].data(), (rhi - rlo) * sizeof(float));
+            if (rhi > rlo) memcpy(buf + rlo, g->chunk[r].data(), (rhi - rlo) * sizeof(float));
         }
     }
     c->values += n;
@@ -179,6 +637,8 @@ static void comm_allreduce(Comm* c, float* buf, long n, int op, const char* wher
 
 // out (P*n) on every rank <- the concatenation of every rank's in (n), rank 0 first
 static void comm_allgather(Comm* c, float* out, const float* in, long n, const char* where) {
+    if (c->backend == COMM_CUDA) { comm_cuda_allgather(c, out, in, n, where); return; }
+    if (c->backend == COMM_NCCL) { comm_nccl_allgather(c, out, in, n, where); return; }
     double t0 = comm_now();
     comm_begin(c, COMM_GATHER, n, in, where, -1);
     if (c->P > 1) comm_wait_all(c, true);
@@ -190,6 +650,8 @@ static void comm_allgather(Comm* c, float* out, const float* in, long n, const c
 
 // buf (n) on every rank <- buf of rank root
 static void comm_broadcast(Comm* c, float* buf, long n, int root, const char* where) {
+    if (c->backend == COMM_CUDA) { comm_cuda_broadcast(c, buf, n, root, where); return; }
+    if (c->backend == COMM_NCCL) { comm_nccl_broadcast(c, buf, n, root, where); return; }
     double t0 = comm_now();
     comm_begin(c, COMM_BCAST, n, buf, where, -1);
     if (c->P > 1) {
@@ -201,7 +663,15 @@ static void comm_broadcast(Comm* c, float* buf, long n, int root, const char* wh
     c->seconds += comm_now() - t0;
 }
 
+// every rank arrives before any leaves; on the GPU backends the rank's queued work is finished first
 static void comm_barrier(Comm* c, const char* where) {
+    if (c->backend == COMM_NCCL) {
+        comm_nccl_post(c, COMM_BARRIER, 0, nullptr, where, -1);  // checked against the others' at once
+        comm_sync(c);
+        if (c->P > 1) comm_wait_all(c, true);
+        return;
+    }
+    if (c->backend == COMM_CUDA) CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
     comm_begin(c, COMM_BARRIER, 0, nullptr, where, -1);
     if (c->P > 1) comm_wait_all(c, true);
 }

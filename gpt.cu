@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include "comm.cuh"
 #include "kernels_cpu.h"
+#include "kernels.cuh"
 
 // ----------------------------------------------------------------------------
 // errors: one clear line on stderr and a non-zero exit. Ranks are threads, so exit the whole process.
@@ -159,78 +160,121 @@ struct Rank {
     int gpu;      // CUDA device ordinal
     int threads;  // OpenMP threads of this rank (CPU backend)
     Comm comm;
+    CudaCtx cuda;  // DEV_CUDA: the rank's stream, cuBLAS handles and scratch (cuda_ctx_init in the rank's thread)
 };
 
 // memory on the rank's device
 static float* dev_alloc(Rank* rk, long n) {
-    (void)rk;
+    if (rk->device == DEV_CUDA) return cuda_alloc(&rk->cuda, n);
     void* p = nullptr;
     size_t bytes = ((size_t)(n > 0 ? n : 1) * sizeof(float) + 63) / 64 * 64;
     if (posix_memalign(&p, 64, bytes) != 0) fatal("rank %d: out of host memory allocating %zu bytes", rk->rank, bytes);
     memset(p, 0, bytes);
     return (float*)p;
 }
-static void dev_free(Rank* rk, void* p) { (void)rk; free(p); }
-static void dev_zero(Rank* rk, float* p, long n) { (void)rk; memset(p, 0, n * sizeof(float)); }
-static void dev_upload(Rank* rk, void* dst, const void* src, size_t bytes) { (void)rk; memcpy(dst, src, bytes); }
-static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) { (void)rk; memcpy(dst, src, bytes); }
+static void dev_free(Rank* rk, void* p) {
+    if (rk->device == DEV_CUDA) cuda_free(&rk->cuda, p);
+    else free(p);
+}
+static void dev_zero(Rank* rk, float* p, long n) {
+    if (rk->device == DEV_CUDA) cuda_zero(&rk->cuda, p, n);
+    else memset(p, 0, n * sizeof(float));
+}
+static void dev_upload(Rank* rk, void* dst, const void* src, size_t bytes) {
+    if (rk->device == DEV_CUDA) cuda_upload(&rk->cuda, dst, src, bytes);
+    else memcpy(dst, src, bytes);
+}
+// waits for the rank's queued work first; comm_sync does that with the collective timeout (NCCL)
+static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) {
+    if (rk->device == DEV_CUDA) {
+        comm_sync(&rk->comm);
+        cuda_download(&rk->cuda, dst, src, bytes);
+    } else {
+        memcpy(dst, src, bytes);
+    }
+}
 
 // ----------------------------------------------------------------------------
 // ops: one name, two backends. The recipe below calls these and never a backend directly.
 
+#define ON_GPU(rk) ((rk)->device == DEV_CUDA)
+
 static void encoder_forward(Rank* rk, float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
-    (void)rk; encoder_forward_cpu(out, tokens, wte, v0, Vl, N, C);
+    if (ON_GPU(rk)) encoder_forward_cuda(&rk->cuda, out, tokens, wte, v0, Vl, N, C);
+    else encoder_forward_cpu(out, tokens, wte, v0, Vl, N, C);
 }
 static void position_forward(Rank* rk, float* x, const float* wpe, int B, int T, int C) {
-    (void)rk; position_forward_cpu(x, wpe, B, T, C);
+    if (ON_GPU(rk)) position_forward_cuda(&rk->cuda, x, wpe, B, T, C);
+    else position_forward_cpu(x, wpe, B, T, C);
 }
 static void encoder_backward(Rank* rk, float* dwte, float* dwpe, const float* dout, const int* tokens, int v0, int Vl, int B, int T, int C) {
-    (void)rk; encoder_backward_cpu(dwte, dwpe, dout, tokens, v0, Vl, B, T, C);
+    if (ON_GPU(rk)) encoder_backward_cuda(&rk->cuda, dwte, dwpe, dout, tokens, v0, Vl, B, T, C);
+    else encoder_backward_cpu(dwte, dwpe, dout, tokens, v0, Vl, B, T, C);
 }
 static void layernorm_forward(Rank* rk, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) {
-    (void)rk; layernorm_forward_cpu(out, mean, rstd, inp, w, b, N, C);
+    if (ON_GPU(rk)) layernorm_forward_cuda(&rk->cuda, out, mean, rstd, inp, w, b, N, C);
+    else layernorm_forward_cpu(out, mean, rstd, inp, w, b, N, C);
 }
 static void layernorm_backward(Rank* rk, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                                const float* mean, const float* rstd, int N, int C) {
-    (void)rk; layernorm_backward_cpu(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    if (ON_GPU(rk)) layernorm_backward_cuda(&rk->cuda, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    else layernorm_backward_cpu(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 static void matmul_forward(Rank* rk, float* out, const float* inp, const float* w, const float* bias, int N, int IC, int OC) {
-    (void)rk; matmul_forward_cpu(out, inp, w, bias, N, IC, OC);
+    if (ON_GPU(rk)) matmul_forward_cuda(&rk->cuda, out, inp, w, bias, N, IC, OC);
+    else matmul_forward_cpu(out, inp, w, bias, N, IC, OC);
 }
 static void matmul_backward(Rank* rk, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                             int N, int IC, int OC) {
-    (void)rk; matmul_backward_cpu(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+    if (ON_GPU(rk)) matmul_backward_cuda(&rk->cuda, dinp, dw, dbias, dout, inp, w, N, IC, OC);
+    else matmul_backward_cpu(dinp, dw, dbias, dout, inp, w, N, IC, OC);
 }
 static void residual_forward(Rank* rk, float* out, const float* res, const float* x, const float* bias, int N, int C) {
-    (void)rk; residual_forward_cpu(out, res, x, bias, N, C);
+    if (ON_GPU(rk)) residual_forward_cuda(&rk->cuda, out, res, x, bias, N, C);
+    else residual_forward_cpu(out, res, x, bias, N, C);
 }
-static void gelu_forward(Rank* rk, float* out, const float* inp, long N) { (void)rk; gelu_forward_cpu(out, inp, N); }
+static void gelu_forward(Rank* rk, float* out, const float* inp, long N) {
+    if (ON_GPU(rk)) gelu_forward_cuda(&rk->cuda, out, inp, N);
+    else gelu_forward_cpu(out, inp, N);
+}
 static void gelu_backward(Rank* rk, float* dinp, const float* inp, const float* dout, long N) {
-    (void)rk; gelu_backward_cpu(dinp, inp, dout, N);
+    if (ON_GPU(rk)) gelu_backward_cuda(&rk->cuda, dinp, inp, dout, N);
+    else gelu_backward_cpu(dinp, inp, dout, N);
 }
 static void attention_forward(Rank* rk, float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
-    (void)rk; attention_forward_cpu(out, att, qkv, B, T, NH, hs);
+    if (ON_GPU(rk)) attention_forward_cuda(&rk->cuda, out, att, qkv, B, T, NH, hs);
+    else attention_forward_cpu(out, att, qkv, B, T, NH, hs);
 }
 static void attention_backward(Rank* rk, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int hs) {
-    (void)rk; attention_backward_cpu(dqkv, dout, qkv, att, B, T, NH, hs);
+    if (ON_GPU(rk)) attention_backward_cuda(&rk->cuda, dqkv, dout, qkv, att, B, T, NH, hs);
+    else attention_backward_cpu(dqkv, dout, qkv, att, B, T, NH, hs);
 }
 static void crossentropy_max(Rank* rk, float* maxes, const float* logits, int N, int Vl, int v0, int V) {
-    (void)rk; crossentropy_max_cpu(maxes, logits, N, Vl, v0, V);
+    if (ON_GPU(rk)) crossentropy_max_cuda(&rk->cuda, maxes, logits, N, Vl, v0, V);
+    else crossentropy_max_cpu(maxes, logits, N, Vl, v0, V);
 }
 static void crossentropy_sums(Rank* rk, float* sums, const float* logits, const float* maxes, const int* targets, int N, int Vl, int v0, int V) {
-    (void)rk; crossentropy_sums_cpu(sums, logits, maxes, targets, N, Vl, v0, V);
+    if (ON_GPU(rk)) crossentropy_sums_cuda(&rk->cuda, sums, logits, maxes, targets, N, Vl, v0, V);
+    else crossentropy_sums_cpu(sums, logits, maxes, targets, N, Vl, v0, V);
 }
 static void crossentropy_finish(Rank* rk, float* losses, float* logits, const float* maxes, const float* sums, const int* targets,
                                 int N, int Vl, int v0, int V, float dscale) {
-    (void)rk; crossentropy_finish_cpu(losses, logits, maxes, sums, targets, N, Vl, v0, V, dscale);
+    if (ON_GPU(rk)) crossentropy_finish_cuda(&rk->cuda, losses, logits, maxes, sums, targets, N, Vl, v0, V, dscale);
+    else crossentropy_finish_cpu(losses, logits, maxes, sums, targets, N, Vl, v0, V, dscale);
 }
 // norm2 (1) += sum of squares of x (n)
-static void sumsq(Rank* rk, float* norm2, const float* x, long n) { (void)rk; norm2[0] += (float)sumsq_cpu(x, n); }
+static void sumsq(Rank* rk, float* norm2, const float* x, long n) {
+    if (ON_GPU(rk)) sumsq_cuda(&rk->cuda, norm2, x, n);
+    else norm2[0] += (float)sumsq_cpu(x, n);
+}
 // AdamW on one tensor; norm2 (2) holds the squared gradient norm as [sharded part, replicated part],
 // from which the clipping scale is derived on the backend (no host round trip on a GPU)
 static void adamw(Rank* rk, float* p, const float* g, float* m, float* v, long n, float lr, float beta1, float beta2,
                   float eps, float wd, int t, const float* norm2, float clip) {
-    (void)rk;
+    if (ON_GPU(rk)) {
+        adamw_cuda(&rk->cuda, p, g, m, v, n, lr, beta1, beta2, eps, wd, t, norm2, clip);
+        return;
+    }
     float norm = sqrtf(norm2[0] + norm2[1]);
     float scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
     adamw_cpu(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, scale);
@@ -365,13 +409,10 @@ static void gpt_free(GPT* m, Rank* rk) {
     if (m->targets) dev_free(rk, m->targets);
 }
 
-// (Re)allocates the activations for batches of (B, T).
-static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
-    if (m->acts_mem && m->B == B && m->T == T) return;
-    if (m->acts_mem) dev_free(rk, m->acts_mem);
-    if (m->tokens) { dev_free(rk, m->tokens); dev_free(rk, m->targets); }
-    const GPTConfig* c = &m->cfg;
-    const ShardPlan* s = &m->plan;
+// The sizes (in floats) of the buffers of Acts for batches of (B, T), in the struct's order; returns
+// how many there are. The activation memory of a rank is their sum.
+#define NUM_ACTS 27
+static int acts_sizes(const GPTConfig* c, const ShardPlan* s, int B, int T, long* out) {
     long L = c->L, C = c->C, BT = (long)B * T;
     // sizes in the order of the Acts struct
     long sizes[] = {
@@ -391,15 +432,32 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
         BT * C, BT * C, BT * s->Cl, BT * 3 * s->Cl, BT * s->C4l,  // dres, dln, datty, dqkv, dfch
     };
     const int n = sizeof(sizes) / sizeof(sizes[0]);
-    static_assert(sizeof(Acts) == n * sizeof(float*), "Acts and its size table disagree");
+    static_assert(sizeof(Acts) == n * sizeof(float*) && n == NUM_ACTS, "Acts and its size table disagree");
+    memcpy(out, sizes, sizeof(sizes));
+    return n;
+}
+
+static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T) {
+    long sizes[NUM_ACTS], n = 0;
+    for (int i = 0, k = acts_sizes(c, s, B, T, sizes); i < k; i++) n += sizes[i];
+    return n;
+}
+
+// (Re)allocates the activations for batches of (B, T).
+static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
+    if (m->acts_mem && m->B == B && m->T == T) return;
+    if (m->acts_mem) dev_free(rk, m->acts_mem);
+    if (m->tokens) { dev_free(rk, m->tokens); dev_free(rk, m->targets); }
+    long sizes[NUM_ACTS];
+    int n = acts_sizes(&m->cfg, &m->plan, B, T, sizes);
     m->nacts = 0;
     for (int i = 0; i < n; i++) m->nacts += sizes[i];
     m->acts_mem = dev_alloc(rk, m->nacts);
     float** ptrs = (float**)&m->acts;
     float* p = m->acts_mem;
     for (int i = 0; i < n; i++) { ptrs[i] = p; p += sizes[i]; }
-    m->tokens = (int*)dev_alloc(rk, BT);
-    m->targets = (int*)dev_alloc(rk, BT);
+    m->tokens = (int*)dev_alloc(rk, (long)B * T);
+    m->targets = (int*)dev_alloc(rk, (long)B * T);
     m->B = B;
     m->T = T;
 }

@@ -334,6 +334,8 @@ struct Args {
     const char* prompt;
     const char* tokenizer;
     int keep;            // checkpoints kept in -o
+    int sweep;           // --sweep: time every valid P instead of training
+    int sweep_steps;
 };
 
 static void usage(FILE* out) {
@@ -369,6 +371,8 @@ static void usage(FILE* out) {
         "  --threads N CPU threads per rank (0: cores / ranks)                  (default 0)\n"
         "  --timeout S abort if a collective waits longer than S seconds       (default 600)\n"
         "  --keep K    keep the last K checkpoints in -o                        (default 3)\n"
+        "  --sweep 1   time P = 1, 2, ... (every valid P) and print a scaling table (-o: sweep.csv)\n"
+        "  --sweep-steps N  steps per P in the sweep, the first 2 not timed     (default 8)\n"
         "  --temperature X  sampling temperature (0: greedy)                   (default 0.8)\n"
         "  --topk K    sample from the K most likely tokens (0: all)            (default 0)\n"
         "  --sample-seed N  seed of the sampler                                 (default 42)\n"
@@ -419,7 +423,7 @@ static void parse_args(int argc, char** argv, Args* a) {
     a->max_steps = 400; a->val_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 128;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
     a->device = -1; a->timeout = 600;
-    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3;
+    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8;
     for (int i = 1; i < argc; i++) {
         const char* f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
@@ -465,6 +469,8 @@ static void parse_args(int argc, char** argv, Args* a) {
         else if (!strcmp(f, "--prompt")) a->prompt = v;
         else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
         else if (!strcmp(f, "--keep")) a->keep = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--sweep")) a->sweep = (int)parse_int(f, v, 0, 1);
+        else if (!strcmp(f, "--sweep-steps")) a->sweep_steps = (int)parse_int(f, v, 3, 1 << 20);
         else bad_flag("unknown flag %s%s", f, "");
     }
     if (a->resume && !a->outdir) bad_flag("-y 1 resumes from the checkpoints in -o DIR: give -o%s%s", "", "");
@@ -480,7 +486,10 @@ struct Run {
     GPTConfig cfg;
     int P;
     int device;
-    int threads;                  // per rank
+    int threads;                  // per rank (CPU)
+    int ngpu;                     // CUDA devices visible; rank r runs on GPU r % ngpu
+    double peak_flops;            // dense TF32 peak of one GPU, for MFU (0: unknown)
+    std::string gpu_name;
     CommGroup group;
     std::vector<float> init;      // the full initial parameters, each rank slices its shard
     std::vector<float> full;      // gather buffer for checkpoints
@@ -497,6 +506,11 @@ struct Run {
     std::vector<long> state_sample_order;
     std::string state_rng;
     bool stop_now;  // written by rank 0 between two barriers, read by all
+    // --sweep: rank 0's timings of the current P (steps after the first two)
+    bool sweeping;
+    double sweep_s, sweep_comm_s;
+    int sweep_n;
+    FILE* log;      // -o: DIR/log.csv, one row per step
     // what rank 0 reports back (tests read these)
     std::vector<float> train_losses, val_losses;
 };
@@ -618,16 +632,31 @@ static void save_checkpoint(Run* run, GPT* m, Rank* rk, const DataLoader* train,
     comm_barrier(&rk->comm, "checkpoint written");
 }
 
+// A rank's thread begins here: its device, its stream and handles (GPU), its communicator.
+static void rank_start(Rank* rk, Run* run, int r) {
+    rk->rank = r;
+    rk->P = run->P;
+    rk->device = run->device;
+    rk->gpu = run->device == DEV_CUDA ? r % run->ngpu : -1;
+    rk->threads = run->threads;
+    omp_set_num_threads(rk->threads);
+    if (rk->device == DEV_CUDA) cuda_ctx_init(&rk->cuda, r, rk->gpu);
+    comm_init(&rk->comm, &run->group, r);
+    // ranks on distinct GPUs talk through NCCL, ranks sharing a GPU through shared device memory
+    if (rk->device == DEV_CUDA) comm_bind_cuda(&rk->comm, rk->gpu, rk->cuda.stream);
+}
+
+static void rank_end(Rank* rk) {
+    if (rk->device == DEV_CUDA) {
+        comm_free(&rk->comm);
+        cuda_ctx_free(&rk->cuda);
+    }
+}
+
 static void rank_main(Run* run, int r) {
     const Args* a = &run->args;
     Rank rk;
-    rk.rank = r;
-    rk.P = run->P;
-    rk.device = run->device;
-    rk.gpu = 0;
-    rk.threads = run->threads;
-    omp_set_num_threads(rk.threads);
-    comm_init(&rk.comm, &run->group, r);
+    rank_start(&rk, run, r);
 
     GPT m;
     gpt_build(&m, &rk, &run->cfg, run->init.data());
@@ -650,10 +679,14 @@ static void rank_main(Run* run, int r) {
     int BT = a->B * a->T;
     double total_time = 0.0;
     int last_saved = run->resuming ? run->start_step : -1;
+    // model FLOPs of one step: 6 per parameter per token (forward + backward) plus attention's 12 L T C
+    const GPTConfig* c = &run->cfg;
+    double flops_per_step = (6.0 * gpt_num_params(c) + 12.0 * c->L * a->T * c->C) * BT;
     for (int step = run->start_step; step < a->max_steps; step++) {
         bool last = step == a->max_steps - 1;
+        float vl = NAN;
         if (a->val_every > 0 && (step % a->val_every == 0 || last)) {
-            float vl = evaluate(&m, &rk, &val, a->val_batches);
+            vl = evaluate(&m, &rk, &val, a->val_batches);
             if (lead) {
                 run->val_losses.push_back(vl);
                 if (run->floor_nats > 0) printf("val loss %.6f  (floor %.4f, %.1f%% above)\n", vl, run->floor_nats, 100.0 * (vl / run->floor_nats - 1.0));
@@ -676,14 +709,24 @@ static void rank_main(Run* run, int r) {
         if (step > run->start_step) total_time += dt;  // the first step warms up caches and allocations
         if (!std::isfinite(loss) || !std::isfinite(norm))
             fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)", step + 1, loss, norm);
-        if (lead) {
+        if (lead && run->sweeping && step >= 2) {
+            run->sweep_s += dt;
+            run->sweep_comm_s += rk.comm.seconds - comm0;
+            run->sweep_n++;
+        }
+        if (lead && run->log)
+            fprintf(run->log, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f\n", step + 1, loss, std::isnan(vl) ? "" : std::to_string(vl).c_str(), lr,
+                    dt * 1e3, BT / dt, (rk.comm.seconds - comm0) * 1e3, (rk.comm.values - vals0) * 4);
+        if (lead && !run->sweeping) {
             run->train_losses.push_back(loss);
-            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | comm %.1f ms, %.2f MB\n",
-                   step + 1, a->max_steps, loss, lr, norm, dt * 1e3, BT / dt, (rk.comm.seconds - comm0) * 1e3,
+            char mfu[32] = "";
+            if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_step / dt / (run->peak_flops * std::min(run->P, run->ngpu)));
+            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | comm %.1f ms, %.2f MB\n",
+                   step + 1, a->max_steps, loss, lr, norm, dt * 1e3, BT / dt, mfu, (rk.comm.seconds - comm0) * 1e3,
                    (rk.comm.values - vals0) * 4 / 1e6);
             fflush(stdout);
         }
-        if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
+        if (a->outdir && !run->sweeping && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
             save_checkpoint(run, &m, &rk, &train, step + 1);
             last_saved = step + 1;
         }
@@ -703,21 +746,47 @@ static void rank_main(Run* run, int r) {
             loader_free(&train);
             loader_free(&val);
             gpt_free(&m, &rk);
+            rank_end(&rk);
             return;
         }
     }
-    if (a->outdir && last_saved != a->max_steps) save_checkpoint(run, &m, &rk, &train, a->max_steps);
-    if (lead && a->max_steps > run->start_step + 1)
+    if (a->outdir && !run->sweeping && last_saved != a->max_steps) save_checkpoint(run, &m, &rk, &train, a->max_steps);
+    if (lead && !run->sweeping && a->max_steps > run->start_step + 1)
         printf("average %.1f ms per step, %.0f tok/s (steps %d..%d)\n", total_time / (a->max_steps - run->start_step - 1) * 1e3,
                (double)BT * (a->max_steps - run->start_step - 1) / total_time, run->start_step + 2, a->max_steps);
-    if (a->gen_tokens > 0) print_sample(run, &m, &rk, a->max_steps);
+    if (a->gen_tokens > 0 && !run->sweeping) print_sample(run, &m, &rk, a->max_steps);
     loader_free(&train);
     loader_free(&val);
     gpt_free(&m, &rk);
+    rank_end(&rk);
 }
 
 // ----------------------------------------------------------------------------
 // setup
+
+// threads per rank and the communicators, for run->P ranks
+static void ranks_setup(Run* run) {
+    int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    run->threads = run->args.threads ? run->args.threads : std::max(1, cores / run->P);
+    comm_group_init(&run->group, run->P, run->args.timeout);
+    // NCCL needs one GPU per rank; more ranks than GPUs share them through the shared-memory backend
+    if (run->device == DEV_CUDA && run->P > 1 && run->P <= run->ngpu) {
+        std::vector<int> gpus(run->P);
+        for (int r = 0; r < run->P; r++) gpus[r] = r;
+        comm_nccl_init_all(&run->group, gpus.data());
+    }
+}
+
+// the memory one rank holds at TP=P, in bytes: parameters, then gradients + AdamW m and v, then activations
+static void rank_memory(const GPTConfig* c, int P, int B, int T, double* params, double* grads_opt, double* acts) {
+    ShardPlan s;
+    shard_plan_init(&s, c, P, 0);
+    long n = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += shard_local_size(&s.t[i]);
+    *params = 4.0 * n;
+    *grads_opt = 3 * 4.0 * n;
+    *acts = 4.0 * acts_floats(c, &s, B, T);
+}
 
 static void run_setup(Run* run) {
     const Args* a = &run->args;
@@ -791,21 +860,39 @@ static void run_setup(Run* run) {
     } else {
         run->prompt.push_back(c->V <= 256 ? '\n' : (run->tokenizer.pieces.empty() ? c->V - 1 : run->tokenizer.eot));
     }
-    // ranks: one per core on the CPU, the largest valid degree that fits
-    run->device = DEV_CPU;
-    if (a->device == DEV_CUDA) fatal("--device cuda: this build of tp runs on the CPU only");
+    // the device: CUDA when a GPU is visible (auto) or asked for, else the CPU
+    int ngpu = 0;
+    cudaError_t err = cudaGetDeviceCount(&ngpu);
+    if (err != cudaSuccess) {
+        ngpu = 0;
+        cudaGetLastError();  // clear it: no driver or no device is an answer, not an error
+    }
+    if (a->device == DEV_CUDA && ngpu == 0)
+        fatal("--device cuda but no CUDA GPU is visible (%s): use --device cpu", cudaGetErrorString(err));
+    run->device = (a->device == DEV_CUDA || (a->device == -1 && ngpu > 0)) ? DEV_CUDA : DEV_CPU;
+    run->ngpu = run->device == DEV_CUDA ? ngpu : 0;
+    if (run->device == DEV_CUDA) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+            run->gpu_name = prop.name;
+            // dense TF32 tensor-core peaks (the fp32 training here runs its matmuls in TF32)
+            if (strstr(prop.name, "H100") || strstr(prop.name, "H200") || strstr(prop.name, "H800")) run->peak_flops = 494.7e12;
+            else if (strstr(prop.name, "A100") || strstr(prop.name, "A800")) run->peak_flops = 156e12;
+        }
+    }
+    // ranks: by default one per GPU, or one per core on the CPU: the largest valid degree that fits
     int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    int units = run->device == DEV_CUDA ? ngpu : cores;
     run->P = a->tp;
     if (run->P == 0) {
         run->P = 1;
-        for (int p = 1; p <= cores; p++)
+        for (int p = 1; p <= units; p++)
             if (tp_valid(c, p)) run->P = p;
     }
     if (!tp_valid(c, run->P))
         fatal("--tp %d does not divide the model (%d heads, padded vocab %d): valid --tp values are %s", run->P, c->NH, c->Vp,
               tp_valid_list(c).c_str());
-    run->threads = a->threads ? a->threads : std::max(1, cores / run->P);
-    comm_group_init(&run->group, run->P, a->timeout);
+    ranks_setup(run);
 }
 
 static void print_setup(const Run* run) {
@@ -813,8 +900,13 @@ static void print_setup(const Run* run) {
     const Args* a = &run->args;
     printf("tp: GPT-2 with %d layers, %d heads, %d channels, vocab %d (padded %d), max T %d: %.2fM parameters\n",
            c->L, c->NH, c->C, c->V, c->Vp, c->maxT, gpt_num_params(c) / 1e6);
-    printf("tp: %d rank%s on the %s, %d thread%s each; batch %d x %d = %d tokens\n", run->P, run->P > 1 ? "s" : "",
-           run->device == DEV_CUDA ? "GPU" : "CPU", run->threads, run->threads > 1 ? "s" : "", a->B, a->T, a->B * a->T);
+    if (run->device == DEV_CUDA)
+        printf("tp: %d rank%s on %d GPU%s (%s between ranks); batch %d x %d = %d tokens\n", run->P, run->P > 1 ? "s" : "",
+               run->ngpu, run->ngpu > 1 ? "s" : "", run->P == 1 ? "no communication" : run->P <= run->ngpu ? "NCCL" : "shared GPU memory",
+               a->B, a->T, a->B * a->T);
+    else
+        printf("tp: %d rank%s on the CPU, %d thread%s each; batch %d x %d = %d tokens\n", run->P, run->P > 1 ? "s" : "",
+               run->threads, run->threads > 1 ? "s" : "", a->B, a->T, a->B * a->T);
     ShardPlan s;
     shard_plan_init(&s, c, run->P, 0);
     printf("shard plan (rank r of %d):\n", run->P);
@@ -831,6 +923,14 @@ static void print_setup(const Run* run) {
         }
         printf("  %-9s %-22s %-22s %s\n", t->name, full, local, t->how);
     }
+    double mp, mg, ma, p1, g1, a1;
+    rank_memory(c, run->P, a->B, a->T, &mp, &mg, &ma);
+    rank_memory(c, 1, a->B, a->T, &p1, &g1, &a1);
+    printf("memory per rank (MB)          TP=%-4d  TP=1\n", run->P);
+    printf("  parameters              %9.1f %9.1f\n", mp / 1e6, p1 / 1e6);
+    printf("  gradients + AdamW m, v  %9.1f %9.1f\n", mg / 1e6, g1 / 1e6);
+    printf("  activations (B x T)     %9.1f %9.1f\n", ma / 1e6, a1 / 1e6);
+    printf("  total                   %9.1f %9.1f\n", (mp + mg + ma) / 1e6, (p1 + g1 + a1) / 1e6);
     double per_step = (4.0 * c->L + 2) * a->B * a->T * c->C + 3.0 * a->B * a->T + 1;
     printf("communication per step: (4L+2)*B*T*C + 3*B*T + 1 = %.0f floats (%.2f MB) all-reduced by each rank\n",
            per_step, per_step * 4 / 1e6);
@@ -839,6 +939,52 @@ static void print_setup(const Run* run) {
                "      its entropy is %.4f nats per byte: the loss floor no model can beat\n",
                run->corpus_train.size(), run->corpus_val.size(), run->floor_nats);
     fflush(stdout);
+}
+
+// --sweep: every valid P for a few steps on the same model and data; one table of the scaling
+static void sweep(Run* run) {
+    Args* a = &run->args;
+    const GPTConfig* c = &run->cfg;
+    a->max_steps = a->sweep_steps;
+    a->val_every = 0;
+    a->gen_tokens = 0;
+    run->sweeping = true;
+    int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    printf("\nsweep: %d steps per P (the first 2 not timed), batch %d x %d, on the %s\n", a->sweep_steps, a->B, a->T,
+           run->device == DEV_CUDA ? "GPU" : "CPU");
+    printf("%4s %8s %10s %10s %8s %10s %8s %12s\n", "P", "threads", "ms/step", "tok/s", "speedup", "efficiency", "comm %", "MB per rank");
+    FILE* csv = nullptr;
+    if (a->outdir) {
+        std::string path = std::string(a->outdir) + "/sweep.csv";
+        csv = fopen(path.c_str(), "w");
+        if (!csv) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
+        fprintf(csv, "P,threads_per_rank,ms_per_step,tok_per_s,speedup,efficiency,comm_share,mb_per_rank\n");
+    }
+    double base = 0;
+    int units1 = 0;
+    for (int P = 1; P <= c->NH && P <= COMM_MAXP; P++) {
+        if (!tp_valid(c, P)) continue;
+        run->P = P;
+        ranks_setup(run);
+        run->sweep_s = run->sweep_comm_s = 0;
+        run->sweep_n = 0;
+        std::vector<std::thread> threads;
+        for (int r = 0; r < P; r++) threads.emplace_back(rank_main, run, r);
+        for (auto& t : threads) t.join();
+        double ms = run->sweep_s / run->sweep_n * 1e3, tps = a->B * a->T / (ms / 1e3);
+        // efficiency: speedup over P=1 divided by the growth in compute units used (cores on the CPU,
+        // GPUs on CUDA); on a CPU every P uses the same cores, so the ideal speedup there is 1
+        int units = run->device == DEV_CUDA ? std::min(P, run->ngpu) : std::min(P * run->threads, cores);
+        if (P == 1) { base = ms; units1 = units; }
+        double speedup = base / ms, eff = speedup / ((double)units / units1), share = run->sweep_comm_s / run->sweep_s;
+        double mp, mg, ma;
+        rank_memory(c, P, a->B, a->T, &mp, &mg, &ma);
+        double mb = (mp + mg + ma) / 1e6;
+        printf("%4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %12.1f\n", P, run->threads, ms, tps, speedup, eff, 100 * share, mb);
+        fflush(stdout);
+        if (csv) fprintf(csv, "%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.2f\n", P, run->threads, ms, tps, speedup, eff, share, mb);
+    }
+    if (csv) fclose(csv);
 }
 
 static int tp_main(int argc, char** argv) {
@@ -851,9 +997,23 @@ static int tp_main(int argc, char** argv) {
     sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops at once
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
+    if (run->args.sweep) {
+        sweep(run);
+        delete run;
+        return 0;
+    }
+    if (run->args.outdir) {
+        // the per-step log; a resumed run appends to it
+        std::string path = std::string(run->args.outdir) + "/log.csv";
+        bool fresh = !run->resuming;
+        run->log = fopen(path.c_str(), fresh ? "w" : "a");
+        if (!run->log) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
+        if (fresh) fprintf(run->log, "step,loss,val_loss,lr,ms,tok_per_s,comm_ms,comm_bytes\n");
+    }
     std::vector<std::thread> threads;
     for (int r = 0; r < run->P; r++) threads.emplace_back(rank_main, run, r);
     for (auto& t : threads) t.join();
+    if (run->log) fclose(run->log);
     delete run;
     return 0;
 }

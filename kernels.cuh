@@ -1,0 +1,1123 @@
+// kernels.cuh: the CUDA backend. Every op of kernels_cpu.h again, for one rank's GPU.
+//
+// Each op `foo_cuda(CudaCtx* cx, ...)` has the argument list of `foo_cpu(...)` behind the context and
+// the same semantics: the same buffer layouts, the same written-versus-accumulated (+=) outputs, the same
+// zeros (upper triangle of att, padded vocab columns). All pointers are device pointers. An op only
+// enqueues work on the rank's stream: no host loop over elements and no host round trip.
+//
+// Matmuls go to cuBLAS / cuBLASLt with TF32 tensor cores (fp32 storage, 10-bit-mantissa products, fp32
+// sums), as llm.c's fp32 trainer does; everything else is a hand-written kernel. Reductions that
+// produce parameter gradients or the gradient norm are deterministic: fixed partitions summed in a fixed
+// order, no float atomics. Replicated parameters then get bit-identical gradients on every rank, and two
+// runs give bit-identical results.
+//
+// Shapes use kernels_cpu.h's letters: B batch, T time, C channels, N = B*T rows, NH heads, hs head size.
+// Row indices and element offsets are long wherever N*C can pass 2^31.
+#pragma once
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+// ----------------------------------------------------------------------------
+// error checks: every CUDA and cuBLAS call, and every kernel launch. A failure prints one line naming
+// the rank and the call, then ends the process (ranks are threads; there is nothing to unwind to).
+// comm.cuh carries the same block, so either file can be included first.
+#ifndef TP_CUDA_CHECKS
+#define TP_CUDA_CHECKS
+[[noreturn]] static void tp_cuda_fail(int rank, const char* call, const char* msg, const char* file, int line) {
+    fflush(stdout);
+    fprintf(stderr, "error: rank %d: %s failed: %s (%s:%d)\n", rank, call, msg, file, line);
+    fflush(stderr);
+    _Exit(1);
+}
+#define CUDA_CHECK(rank, call)                                                                       \
+    do {                                                                                             \
+        cudaError_t err_ = (call);                                                                   \
+        if (err_ != cudaSuccess) tp_cuda_fail((rank), #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
+    } while (0)
+// After a kernel launch: a bad launch configuration shows here, not at the next sync. Built with
+// -DTP_CUDA_DEBUG it also waits for the kernel, so a fault (e.g. an illegal address) names its kernel.
+#ifdef TP_CUDA_DEBUG
+#define TP_CUDA_DEBUG_SYNC() cudaDeviceSynchronize()
+#else
+#define TP_CUDA_DEBUG_SYNC() cudaSuccess
+#endif
+#define CUDA_LAUNCH_CHECK(rank, kernel)                                                              \
+    do {                                                                                             \
+        cudaError_t err_ = cudaGetLastError();                                                       \
+        if (err_ == cudaSuccess) err_ = TP_CUDA_DEBUG_SYNC();                                        \
+        if (err_ != cudaSuccess)                                                                     \
+            tp_cuda_fail((rank), "launch of " kernel, cudaGetErrorString(err_), __FILE__, __LINE__);  \
+    } while (0)
+#endif
+
+#define CUBLAS_CHECK(rank, call)                                                                     \
+    do {                                                                                             \
+        cublasStatus_t st_ = (call);                                                                 \
+        if (st_ != CUBLAS_STATUS_SUCCESS) tp_cuda_fail((rank), #call, cublasGetStatusString(st_), __FILE__, __LINE__); \
+    } while (0)
+
+// ----------------------------------------------------------------------------
+// the context of one rank: its device, stream, library handles and scratch
+
+struct CudaCtx {
+    int rank;  // for error messages
+    int gpu;   // CUDA device ordinal
+    cudaStream_t stream;        // every op of this rank runs here, in program order
+    cublasHandle_t cublas;      // bound to stream, TF32 math
+    cublasLtHandle_t cublaslt;  // for the matmul with the bias fused into its epilogue
+    void* workspace;            // cuBLAS / cuBLASLt workspace (shared: both run on the one stream)
+    size_t workspace_bytes;
+    bool tf32;                  // matmuls on TF32 tensor cores (the default); false: full fp32, for tests
+                                // that compare backends or TP degrees tightly (cuda_set_tf32)
+    // scratch, grown on demand, only ever used on `stream` (so reusing it across ops is safe)
+    float* attn;        // attention: q, k, v permuted to (B, NH, T, hs), y or their gradients, datt
+    size_t attn_bytes;
+    void* red;          // partial sums of the deterministic reductions
+    size_t red_bytes;
+};
+
+// Returns *p grown to at least `bytes`. The old buffer may still be read by queued kernels, so the
+// stream is drained before it is freed; this happens only while the sizes grow (the first step).
+static void* cuda_scratch(CudaCtx* cx, void** p, size_t* have, size_t bytes) {
+    if (bytes <= *have) return *p;
+    if (*p) {
+        CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
+        CUDA_CHECK(cx->rank, cudaFree(*p));
+        *p = nullptr;
+        *have = 0;
+    }
+    bytes = (bytes + 255) / 256 * 256;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "error: rank %d: cudaMalloc of %.1f MiB of scratch failed: %s (use a smaller -b or -t, or more --tp ranks)\n",
+                cx->rank, bytes / 1048576.0, cudaGetErrorString(e));
+        fflush(stderr);
+        _Exit(1);
+    }
+    *have = bytes;
+    return *p;
+}
+
+// Selects the GPU for the calling (rank) thread and creates the rank's stream and handles.
+static void cuda_ctx_init(CudaCtx* cx, int rank, int gpu) {
+    memset(cx, 0, sizeof(*cx));
+    cx->rank = rank;
+    cx->gpu = gpu;
+    CUDA_CHECK(rank, cudaSetDevice(gpu));
+    // non-blocking: the rank's stream never waits on the legacy default stream (ranks sharing a GPU
+    // must not serialise through it)
+    CUDA_CHECK(rank, cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(rank, cublasCreate(&cx->cublas));
+    CUBLAS_CHECK(rank, cublasSetStream(cx->cublas, cx->stream));  // before the workspace: setting a stream resets it
+    CUBLAS_CHECK(rank, cublasSetMathMode(cx->cublas, CUBLAS_TF32_TENSOR_OP_MATH));
+    cx->tf32 = true;
+    CUBLAS_CHECK(rank, cublasLtCreate(&cx->cublaslt));
+    cx->workspace_bytes = 32u << 20;  // what cuBLAS recommends for Hopper
+    CUDA_CHECK(rank, cudaMalloc(&cx->workspace, cx->workspace_bytes));
+    CUBLAS_CHECK(rank, cublasSetWorkspace(cx->cublas, cx->workspace, cx->workspace_bytes));
+}
+
+// TF32 tensor cores on (fast, 10-bit-mantissa products) or off (full fp32 products, several times slower)
+static void cuda_set_tf32(CudaCtx* cx, bool on) {
+    cx->tf32 = on;
+    CUBLAS_CHECK(cx->rank, cublasSetMathMode(cx->cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+static cublasComputeType_t cuda_compute_type(const CudaCtx* cx) {
+    return cx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+static void cuda_ctx_free(CudaCtx* cx) {
+    CUDA_CHECK(cx->rank, cudaSetDevice(cx->gpu));
+    CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
+    if (cx->attn) CUDA_CHECK(cx->rank, cudaFree(cx->attn));
+    if (cx->red) CUDA_CHECK(cx->rank, cudaFree(cx->red));
+    CUBLAS_CHECK(cx->rank, cublasLtDestroy(cx->cublaslt));
+    CUBLAS_CHECK(cx->rank, cublasDestroy(cx->cublas));
+    CUDA_CHECK(cx->rank, cudaFree(cx->workspace));
+    CUDA_CHECK(cx->rank, cudaStreamDestroy(cx->stream));
+    memset(cx, 0, sizeof(*cx));
+}
+
+// ----------------------------------------------------------------------------
+// device memory of the rank
+
+// n floats (or ints) on the device, zeroed; the size rounds up to 256 bytes, so float4 access is safe
+static float* cuda_alloc(CudaCtx* cx, long n) {
+    size_t bytes = ((size_t)(n > 0 ? n : 1) * sizeof(float) + 255) / 256 * 256;
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "error: rank %d: cudaMalloc of %.1f MiB failed: %s (use a smaller -b or -t, or more --tp ranks)\n",
+                cx->rank, bytes / 1048576.0, cudaGetErrorString(e));
+        fflush(stderr);
+        _Exit(1);
+    }
+    CUDA_CHECK(cx->rank, cudaMemsetAsync(p, 0, bytes, cx->stream));
+    CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
+    return (float*)p;
+}
+
+static void cuda_free(CudaCtx* cx, void* p) {
+    if (!p) return;
+    CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));  // queued work may still use it
+    CUDA_CHECK(cx->rank, cudaFree(p));
+}
+
+static void cuda_zero(CudaCtx* cx, float* p, long n) {
+    if (n > 0) CUDA_CHECK(cx->rank, cudaMemsetAsync(p, 0, (size_t)n * sizeof(float), cx->stream));
+}
+
+// host -> device, ordered on the stream. From pageable memory the call returns once the source has been
+// staged, so the caller may reuse it at once.
+static void cuda_upload(CudaCtx* cx, void* dst, const void* src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cx->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cx->stream));
+}
+
+// device -> host after everything queued before it; returns with the data in place
+static void cuda_download(CudaCtx* cx, void* dst, const void* src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cx->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
+    CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
+}
+
+// ----------------------------------------------------------------------------
+// device helpers
+
+// V consecutive floats, loaded or stored as one float4 when V == 4 (the caller guarantees 16-byte
+// alignment), else one by one
+template <int V> struct Fv { float v[V]; };
+template <int V> __device__ __forceinline__ Fv<V> ldv(const float* p) {
+    Fv<V> r;
+    if constexpr (V == 4) {
+        float4 t = *reinterpret_cast<const float4*>(p);
+        r.v[0] = t.x; r.v[1] = t.y; r.v[2] = t.z; r.v[3] = t.w;
+    } else {
+        #pragma unroll
+        for (int k = 0; k < V; k++) r.v[k] = p[k];
+    }
+    return r;
+}
+template <int V> __device__ __forceinline__ void stv(float* p, const Fv<V>& r) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    } else {
+        #pragma unroll
+        for (int k = 0; k < V; k++) p[k] = r.v[k];
+    }
+}
+
+// Butterfly (xor) reductions: every lane ends with the same value, bit for bit (each step adds the same
+// two numbers on both lanes of a pair), so lanes never disagree about a row's mean or max.
+__device__ __forceinline__ float warp_sum(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum (or max) over the whole block, returned to every thread; blockDim.x a multiple of 32, <= 1024.
+// A fixed tree: deterministic. Ends with a barrier so the shared slots can be reused by the next call.
+template <bool IS_MAX> __device__ float block_reduce(float v) {
+    __shared__ float sh[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    v = IS_MAX ? warp_max(v) : warp_sum(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float x = lane < nw ? sh[lane] : (IS_MAX ? -FLT_MAX : 0.0f);
+        x = IS_MAX ? warp_max(x) : warp_sum(x);
+        if (lane == 0) sh[0] = x;
+    }
+    __syncthreads();
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+__device__ double block_sum_d(double v) {
+    __shared__ double sh[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    v = warp_sum_d(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double x = lane < nw ? sh[lane] : 0.0;
+        x = warp_sum_d(x);
+        if (lane == 0) sh[0] = x;
+    }
+    __syncthreads();
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
+static bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+static unsigned ceil_div(long a, long b) { return (unsigned)((a + b - 1) / b); }
+
+// Row kernels use one warp per row, 8 rows per block of 256 threads.
+#define ROW_THREADS 256
+#define ROWS_PER_BLOCK (ROW_THREADS / 32)
+// Flat elementwise kernels: 256 threads, each V elements.
+#define FLAT_THREADS 256
+
+// ----------------------------------------------------------------------------
+// GEMM (row-major; TF32 tensor cores unless cx->tf32 is off)
+
+// C (M x N) = alpha * op(A) (M x K) . op(B) (K x N) + beta * C, for `batch` matrices at strides sA, sB, sC.
+// Row-major throughout: A is stored (M x K) with leading dimension lda, or (K x M) when ta; B is (K x N)
+// with ldb, or (N x K) when tb; C is (M x N) with ldc. cuBLAS is column-major, and a row-major X is the
+// column-major X^T, so we ask cuBLAS for C^T = op(B)^T . op(A)^T: operands swapped, flags kept.
+static void gemm_cuda(CudaCtx* cx, bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                      long sA, const float* B, int ldb, long sB, float beta, float* C, int ldc, long sC, int batch) {
+    if (M <= 0 || N <= 0 || batch <= 0) return;
+    cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (batch == 1)
+        CUBLAS_CHECK(cx->rank, cublasGemmEx(cx->cublas, opB, opA, N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda,
+                                            &beta, C, CUDA_R_32F, ldc, cuda_compute_type(cx), CUBLAS_GEMM_DEFAULT));
+    else
+        CUBLAS_CHECK(cx->rank, cublasGemmStridedBatchedEx(cx->cublas, opB, opA, N, M, K, &alpha, B, CUDA_R_32F, ldb, sB, A,
+                                                          CUDA_R_32F, lda, sA, &beta, C, CUDA_R_32F, ldc, sC, batch,
+                                                          cuda_compute_type(cx), CUBLAS_GEMM_DEFAULT));
+}
+
+// the largest power of two (<= 256) dividing the address: cuBLASLt assumes 256-byte aligned operands
+// unless told otherwise, and would pick kernels that fault on a sub-tensor at an odd offset
+static uint32_t ptr_alignment(const void* p) {
+    uint32_t a = 256;
+    while (a > 4 && ((uintptr_t)p % a) != 0) a >>= 1;
+    return a;
+}
+
+// out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC) as one cuBLASLt call with the bias added in
+// the epilogue (saves a pass over out). Returns false, having done nothing, if cuBLASLt has no algorithm
+// for these shapes and alignments; the caller then falls back to a plain GEMM.
+static bool matmul_forward_lt(CudaCtx* cx, float* out, const float* inp, const float* weight, const float* bias,
+                              int N, int IC, int OC) {
+    int rk = cx->rank;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t lw, li, lo;
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(rk, cublasLtMatmulDescCreate(&desc, cuda_compute_type(cx), CUDA_R_32F));
+    cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(rk, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
+    CUBLAS_CHECK(rk, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
+    CUBLAS_CHECK(rk, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    CUBLAS_CHECK(rk, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    // column-major views: weight is (IC x OC), used transposed; inp is (IC x N); out is (OC x N), and the
+    // epilogue adds bias[o] down each column's OC rows, i.e. to every row of the row-major out
+    CUBLAS_CHECK(rk, cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, IC, OC, IC));
+    CUBLAS_CHECK(rk, cublasLtMatrixLayoutCreate(&li, CUDA_R_32F, IC, N, IC));
+    CUBLAS_CHECK(rk, cublasLtMatrixLayoutCreate(&lo, CUDA_R_32F, OC, N, OC));
+    CUBLAS_CHECK(rk, cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = cx->workspace_bytes;
+    uint32_t aw = ptr_alignment(weight), ai = ptr_alignment(inp), ao = ptr_alignment(out);
+    CUBLAS_CHECK(rk, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    CUBLAS_CHECK(rk, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
+    CUBLAS_CHECK(rk, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ai, sizeof(ai)));
+    CUBLAS_CHECK(rk, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ao, sizeof(ao)));
+    CUBLAS_CHECK(rk, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ao, sizeof(ao)));
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cx->cublaslt, desc, lw, li, lo, lo, pref, 1, &heur, &found);
+    bool ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (ok) {
+        float alpha = 1.0f, beta = 0.0f;
+        CUBLAS_CHECK(rk, cublasLtMatmul(cx->cublaslt, desc, &alpha, weight, lw, inp, li, &beta, out, lo, out, lo, &heur.algo,
+                                        cx->workspace, cx->workspace_bytes, cx->stream));
+    }
+    CUBLAS_CHECK(rk, cublasLtMatmulPreferenceDestroy(pref));
+    CUBLAS_CHECK(rk, cublasLtMatrixLayoutDestroy(lo));
+    CUBLAS_CHECK(rk, cublasLtMatrixLayoutDestroy(li));
+    CUBLAS_CHECK(rk, cublasLtMatrixLayoutDestroy(lw));
+    CUBLAS_CHECK(rk, cublasLtMatmulDescDestroy(desc));
+    return ok;
+}
+
+// out (N, OC) = bias broadcast over the rows: the fallback's first half (the GEMM then adds with beta 1)
+__global__ void bias_broadcast_kernel(float* out, const float* bias, long N, int OC) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N * OC) out[i] = bias[i % OC];
+}
+
+// ----------------------------------------------------------------------------
+// deterministic column sums: dst (n) += sum over rows of a (rows, n), in two passes.
+// Pass 1: block (32, 8) sums COLSUM_ROWS rows of 32 columns; a thread strides the rows by 8 in order,
+// then the 8 row-strands are added in order: partial (nsplit, n). Pass 2 adds the partials in split
+// order. The partition depends only on the shapes, so the result is the same on every rank and run.
+
+#define COLSUM_ROWS 128
+
+// partial (nsplit, OC): split s sums dout rows [s*COLSUM_ROWS, (s+1)*COLSUM_ROWS); grid (nsplit, ceil(OC/32))
+__global__ void bias_grad_partial_kernel(float* partial, const float* dout, int N, int OC) {
+    __shared__ float sh[8][33];
+    int o = blockIdx.y * 32 + threadIdx.x;
+    int n0 = blockIdx.x * COLSUM_ROWS, n1 = min(n0 + COLSUM_ROWS, N);
+    float acc = 0.0f;
+    if (o < OC)
+        for (int n = n0 + threadIdx.y; n < n1; n += 8) acc += dout[(long)n * OC + o];
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < OC) {
+        float s = 0.0f;
+        for (int y = 0; y < 8; y++) s += sh[y][threadIdx.x];
+        partial[(long)blockIdx.x * OC + o] = s;
+    }
+}
+
+// partial_w, partial_b (nsplit, C): split sums of dout * xhat and of dout, xhat = (inp - mean) * rstd
+__global__ void layernorm_param_grad_partial_kernel(float* partial_w, float* partial_b, const float* dout,
+                                                    const float* inp, const float* mean, const float* rstd, int N, int C) {
+    __shared__ float shw[8][33], shb[8][33];
+    int c = blockIdx.y * 32 + threadIdx.x;
+    int n0 = blockIdx.x * COLSUM_ROWS, n1 = min(n0 + COLSUM_ROWS, N);
+    float aw = 0.0f, ab = 0.0f;
+    if (c < C)
+        for (int n = n0 + threadIdx.y; n < n1; n += 8) {
+            long i = (long)n * C + c;
+            float d = dout[i];
+            aw += d * ((inp[i] - mean[n]) * rstd[n]);
+            ab += d;
+        }
+    shw[threadIdx.y][threadIdx.x] = aw;
+    shb[threadIdx.y][threadIdx.x] = ab;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int y = 0; y < 8; y++) { sw += shw[y][threadIdx.x]; sb += shb[y][threadIdx.x]; }
+        partial_w[(long)blockIdx.x * C + c] = sw;
+        partial_b[(long)blockIdx.x * C + c] = sb;
+    }
+}
+
+// dst0 (n) += sum_s p0 (nsplit, n) and, if dst1, dst1 (n) += sum_s p1 (nsplit, n); splits in order
+__global__ void colsum_finish_kernel(float* dst0, const float* p0, float* dst1, const float* p1, int nsplit, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float s0 = 0.0f, s1 = 0.0f;
+    for (int s = 0; s < nsplit; s++) {
+        s0 += p0[(long)s * n + i];
+        if (dst1) s1 += p1[(long)s * n + i];
+    }
+    dst0[i] += s0;
+    if (dst1) dst1[i] += s1;
+}
+
+// grid for the partial kernels: splits on x (up to 2^31), 32-column groups on y (up to 65535: 2M columns)
+static dim3 colsum_grid(CudaCtx* cx, int N, int n) {
+    unsigned ys = ceil_div(n, 32);
+    if (ys > 65535) {
+        fprintf(stderr, "error: rank %d: a column reduction over %d columns exceeds the kernel's grid\n", cx->rank, n);
+        _Exit(1);
+    }
+    return dim3(ceil_div(N, COLSUM_ROWS), ys);
+}
+
+// ----------------------------------------------------------------------------
+// Linear layers
+
+// out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL
+static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const float* weight, const float* bias,
+                                int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    // cuBLASLt's bias epilogue wants a 16-byte aligned bias; every GPT-2 shape gives one
+    if (bias && aligned16(bias) && matmul_forward_lt(cx, out, inp, weight, bias, N, IC, OC)) return;
+    float beta = 0.0f;
+    if (bias) {
+        // out = bias, then out = inp . W^T + 1 * out: the same sum (acc + bias) as the CPU op
+        bias_broadcast_kernel<<<ceil_div((long)N * OC, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, bias, N, OC);
+        CUDA_LAUNCH_CHECK(cx->rank, "bias_broadcast_kernel");
+        beta = 1.0f;
+    }
+    // op(A) = inp (N x IC), op(B) = weight^T: weight stored (OC x IC)
+    gemm_cuda(cx, false, true, N, OC, IC, 1.0f, inp, IC, 0, weight, IC, 0, beta, out, OC, 0, 1);
+}
+
+// dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
+// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips)
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, int N, int IC, int OC) {
+    if (N <= 0) return;
+    if (dinp) gemm_cuda(cx, false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
+    // op(A) = dout^T (OC x N): dout stored (N x OC), transposed
+    gemm_cuda(cx, true, false, OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dweight, IC, 0, 1);
+    if (dbias) {
+        dim3 grid = colsum_grid(cx, N, OC);
+        float* partial = (float*)cuda_scratch(cx, &cx->red, &cx->red_bytes, (size_t)grid.x * OC * sizeof(float));
+        bias_grad_partial_kernel<<<grid, dim3(32, 8), 0, cx->stream>>>(partial, dout, N, OC);
+        CUDA_LAUNCH_CHECK(cx->rank, "bias_grad_partial_kernel");
+        colsum_finish_kernel<<<ceil_div(OC, 256), 256, 0, cx->stream>>>(dbias, partial, nullptr, nullptr, (int)grid.x, OC);
+        CUDA_LAUNCH_CHECK(cx->rank, "colsum_finish_kernel");
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Embedding (vocab-parallel: this rank holds wte rows [v0, v0+Vl))
+
+// out (N, C) = wte[tok - v0] for tokens this rank owns, zeros for the others; a warp per row
+template <int V>
+__global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
+    long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    int lane = threadIdx.x % 32;
+    int row = tokens[n] - v0;
+    bool own = row >= 0 && row < Vl;
+    const float* src = wte + (long)(own ? row : 0) * C;
+    float* o = out + n * C;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        Fv<V> x;
+        if (own) x = ldv<V>(src + i);
+        else
+            for (int k = 0; k < V; k++) x.v[k] = 0.0f;
+        stv<V>(o + i, x);
+    }
+}
+
+static void encoder_forward_cuda(CudaCtx* cx, float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
+    if (N <= 0) return;
+    unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
+    if (C % 4 == 0 && aligned16(out) && aligned16(wte))
+        encoder_forward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(out, tokens, wte, v0, Vl, N, C);
+    else
+        encoder_forward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(out, tokens, wte, v0, Vl, N, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "encoder_forward_kernel");
+}
+
+// x (B, T, C) += wpe (T, C) broadcast over the batch; a warp per (b, t) row
+template <int V>
+__global__ void position_forward_kernel(float* x, const float* wpe, int N, int T, int C) {
+    long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    int lane = threadIdx.x % 32;
+    const float* p = wpe + (n % T) * C;
+    float* o = x + n * C;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        Fv<V> a = ldv<V>(o + i), b = ldv<V>(p + i);
+        for (int k = 0; k < V; k++) a.v[k] += b.v[k];
+        stv<V>(o + i, a);
+    }
+}
+
+static void position_forward_cuda(CudaCtx* cx, float* x, const float* wpe, int B, int T, int C) {
+    int N = B * T;
+    if (N <= 0) return;
+    unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
+    if (C % 4 == 0 && aligned16(x) && aligned16(wpe))
+        position_forward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(x, wpe, N, T, C);
+    else
+        position_forward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(x, wpe, N, T, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "position_forward_kernel");
+}
+
+// dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns, deterministically and in exactly the
+// CPU op's order: every (vocab row, channel) sum runs over positions n in increasing order.
+// Grid (ceil(C / ENC_THREADS), ENC_BUCKETS); block = ENC_THREADS channels. Block (cx, bucket) owns the
+// vocab rows with row % ENC_BUCKETS == bucket: it walks all N tokens in order, a tile of ENC_THREADS at a
+// time, compacts the tile's tokens of its bucket (ballot + prefix, so the order is kept), and each
+// thread adds those dout rows into its channel. Repeated tokens land in the same thread, in n order: no
+// races, no atomics, and the result is bit-identical to the CPU loop. A thread keeps the running sum of
+// its current row in a register while consecutive matches hit the same row (a repeated token), and
+// writes it back when the row changes: the same adds in the same order, fewer round trips to memory.
+#define ENC_THREADS 128
+#define ENC_BUCKETS 64
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
+    __shared__ int s_n[ENC_THREADS], s_row[ENC_THREADS], s_count[ENC_THREADS / 32];
+    int c = blockIdx.x * ENC_THREADS + threadIdx.x;
+    int bucket = blockIdx.y;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int cur = -1;      // the row whose sum is in acc (-1: none)
+    float acc = 0.0f;
+    for (int n0 = 0; n0 < N; n0 += ENC_THREADS) {
+        int n = n0 + threadIdx.x;
+        int row = -1;
+        if (n < N) {
+            int r = tokens[n] - v0;
+            if (r >= 0 && r < Vl && r % ENC_BUCKETS == bucket) row = r;
+        }
+        unsigned mask = __ballot_sync(0xffffffffu, row >= 0);
+        if (lane == 0) s_count[warp] = __popc(mask);
+        __syncthreads();
+        int base = 0, total = 0;
+        for (int w = 0; w < ENC_THREADS / 32; w++) {
+            if (w < warp) base += s_count[w];
+            total += s_count[w];
+        }
+        if (row >= 0) {
+            int pos = base + __popc(mask & ((1u << lane) - 1u));
+            s_n[pos] = n;
+            s_row[pos] = row;
+        }
+        __syncthreads();
+        if (c < C)
+            for (int j = 0; j < total; j++) {
+                int row = s_row[j];
+                if (row != cur) {
+                    if (cur >= 0) dwte[(long)cur * C + c] = acc;
+                    cur = row;
+                    acc = dwte[(long)row * C + c];
+                }
+                acc += dout[(long)s_n[j] * C + c];
+            }
+        __syncthreads();  // the next tile overwrites s_n, s_row, s_count
+    }
+    if (c < C && cur >= 0) dwte[(long)cur * C + c] = acc;
+}
+
+// dwpe (T, C) += dout summed over the batch; a thread per (t, c) adds b = 0, 1, ... in order (the CPU order)
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long TC = (long)T * C;
+    if (i >= TC) return;
+    float acc = dwpe[i];
+    for (int b = 0; b < B; b++) acc += dout[b * TC + i];
+    dwpe[i] = acc;
+}
+
+// dwte (Vl, C) += dout rows of the tokens this rank owns; dwpe (T, C) += dout summed over the batch
+static void encoder_backward_cuda(CudaCtx* cx, float* dwte, float* dwpe, const float* dout, const int* tokens,
+                                  int v0, int Vl, int B, int T, int C) {
+    int N = B * T;
+    if (N <= 0 || C <= 0) return;
+    encoder_backward_wte_kernel<<<dim3(ceil_div(C, ENC_THREADS), ENC_BUCKETS), ENC_THREADS, 0, cx->stream>>>(
+        dwte, dout, tokens, v0, Vl, N, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "encoder_backward_wte_kernel");
+    encoder_backward_wpe_kernel<<<ceil_div((long)T * C, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dwpe, dout, B, T, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "encoder_backward_wpe_kernel");
+}
+
+// ----------------------------------------------------------------------------
+// LayerNorm (eps 1e-5, biased variance, as llm.c)
+
+// out (N, C) = (inp - mean) * rstd * w + b; mean (N), rstd (N). A warp per row, two passes over the row
+// (mean, then the variance about it) as the CPU op, then the output.
+template <int V>
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                         const float* b, int N, int C) {
+    long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    int lane = threadIdx.x % 32;
+    const float* x = inp + n * C;
+    float s = 0.0f;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        Fv<V> a = ldv<V>(x + i);
+        for (int k = 0; k < V; k++) s += a.v[k];
+    }
+    float m = warp_sum(s) / C;
+    float var = 0.0f;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        Fv<V> a = ldv<V>(x + i);
+        for (int k = 0; k < V; k++) { float d = a.v[k] - m; var += d * d; }
+    }
+    var = warp_sum(var) / C;
+    float r = 1.0f / sqrtf(var + 1e-5f);
+    float* o = out + n * C;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        Fv<V> a = ldv<V>(x + i), wv = ldv<V>(w + i), bv = ldv<V>(b + i);
+        for (int k = 0; k < V; k++) a.v[k] = (r * (a.v[k] - m)) * wv.v[k] + bv.v[k];
+        stv<V>(o + i, a);
+    }
+    if (lane == 0) {
+        mean[n] = m;
+        rstd[n] = r;
+    }
+}
+
+static void layernorm_forward_cuda(CudaCtx* cx, float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                   const float* b, int N, int C) {
+    if (N <= 0) return;
+    unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
+    if (C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(w) && aligned16(b))
+        layernorm_forward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
+    else
+        layernorm_forward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "layernorm_forward_kernel");
+}
+
+// dinp (N, C) += ((dnorm - mean(dnorm)) - xhat * mean(dnorm * xhat)) * rstd, dnorm = w * dout; a warp per row
+template <int V>
+__global__ void layernorm_backward_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                          const float* mean, const float* rstd, int N, int C) {
+    long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    int lane = threadIdx.x % 32;
+    const float* x = inp + n * C;
+    const float* d = dout + n * C;
+    float m = mean[n], s = rstd[n];
+    float dm = 0.0f, dnm = 0.0f;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        Fv<V> xv = ldv<V>(x + i), dv = ldv<V>(d + i), wv = ldv<V>(w + i);
+        for (int k = 0; k < V; k++) {
+            float xhat = (xv.v[k] - m) * s;
+            float dnorm = wv.v[k] * dv.v[k];
+            dm += dnorm;
+            dnm += dnorm * xhat;
+        }
+    }
+    dm = warp_sum(dm) / C;
+    dnm = warp_sum(dnm) / C;
+    float* di = dinp + n * C;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        Fv<V> xv = ldv<V>(x + i), dv = ldv<V>(d + i), wv = ldv<V>(w + i), g = ldv<V>(di + i);
+        for (int k = 0; k < V; k++) {
+            float xhat = (xv.v[k] - m) * s;
+            float dnorm = wv.v[k] * dv.v[k];
+            g.v[k] += ((dnorm - dm) - xhat * dnm) * s;
+        }
+        stv<V>(di + i, g);
+    }
+}
+
+// dinp (N, C) += d(layernorm)/d(inp) . dout;  dw (C) += sum_n dout * xhat;  db (C) += sum_n dout
+// (dw and db through the deterministic two-pass column sums)
+static void layernorm_backward_cuda(CudaCtx* cx, float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                    const float* w, const float* mean, const float* rstd, int N, int C) {
+    if (N <= 0) return;
+    unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
+    if (C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w))
+        layernorm_backward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+    else
+        layernorm_backward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "layernorm_backward_kernel");
+    dim3 g2 = colsum_grid(cx, N, C);
+    float* pw = (float*)cuda_scratch(cx, &cx->red, &cx->red_bytes, 2 * (size_t)g2.x * C * sizeof(float));
+    float* pb = pw + (size_t)g2.x * C;
+    layernorm_param_grad_partial_kernel<<<g2, dim3(32, 8), 0, cx->stream>>>(pw, pb, dout, inp, mean, rstd, N, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "layernorm_param_grad_partial_kernel");
+    colsum_finish_kernel<<<ceil_div(C, 256), 256, 0, cx->stream>>>(dw, pw, db, pb, (int)g2.x, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "colsum_finish_kernel");
+}
+
+// ----------------------------------------------------------------------------
+// Residual + bias, GELU
+
+// out (N, C) = res + (x + bias): the row-parallel layer's bias, added once after its all-reduce
+template <int V>
+__global__ void residual_forward_kernel(float* out, const float* res, const float* x, const float* bias, int N, int C) {
+    long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;
+    int lane = threadIdx.x % 32;
+    long off = n * C;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        Fv<V> r = ldv<V>(res + off + i), a = ldv<V>(x + off + i), b = ldv<V>(bias + i);
+        for (int k = 0; k < V; k++) r.v[k] = r.v[k] + (a.v[k] + b.v[k]);
+        stv<V>(out + off + i, r);
+    }
+}
+
+static void residual_forward_cuda(CudaCtx* cx, float* out, const float* res, const float* x, const float* bias, int N, int C) {
+    if (N <= 0) return;
+    unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
+    if (C % 4 == 0 && aligned16(out) && aligned16(res) && aligned16(x) && aligned16(bias))
+        residual_forward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(out, res, x, bias, N, C);
+    else
+        residual_forward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(out, res, x, bias, N, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "residual_forward_kernel");
+}
+
+#ifndef GELU_SCALE
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+#endif
+
+// e^(2u) for u = sqrt(2/pi) (x + 0.044715 x^3), with the exponent clamped as the CPU's exp_fast does:
+// e stays finite, so e / (e + 1) below never becomes inf / inf
+__device__ __forceinline__ float gelu_exp2u(float x) {
+    float a = 2.0f * GELU_SCALE * (x + 0.044715f * x * x * x);
+    return expf(fminf(fmaxf(a, -87.0f), 88.0f));
+}
+
+// out (N) = 0.5 x (1 + tanh(u)); tanh(u) = 1 - 2 / (e^2u + 1), the CPU op's formula
+template <int V>
+__global__ void gelu_forward_kernel(float* out, const float* inp, long N) {
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= N) return;
+    Fv<V> a = ldv<V>(inp + i);
+    for (int k = 0; k < V; k++) {
+        float x = a.v[k];
+        float e = gelu_exp2u(x);
+        a.v[k] = 0.5f * x * (1.0f + (1.0f - 2.0f / (e + 1.0f)));
+    }
+    stv<V>(out + i, a);
+}
+
+// dinp (N) = gelu'(inp) * dout (written; dinp may be dout: each element is read before it is written,
+// by the same thread). sech^2(u) = 4e / (e + 1)^2.
+template <int V>
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, long N) {
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= N) return;
+    Fv<V> a = ldv<V>(inp + i), d = ldv<V>(dout + i);
+    for (int k = 0; k < V; k++) {
+        float x = a.v[k];
+        float e = gelu_exp2u(x);
+        float tanh_out = 1.0f - 2.0f / (e + 1.0f);
+        float sech2 = 4.0f * (e / (e + 1.0f)) / (e + 1.0f);
+        float grad = 0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        d.v[k] = grad * d.v[k];
+    }
+    stv<V>(dinp + i, d);
+}
+
+static void gelu_forward_cuda(CudaCtx* cx, float* out, const float* inp, long N) {
+    if (N <= 0) return;
+    if (N % 4 == 0 && aligned16(out) && aligned16(inp))
+        gelu_forward_kernel<4><<<ceil_div(N / 4, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, inp, N);
+    else
+        gelu_forward_kernel<1><<<ceil_div(N, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, inp, N);
+    CUDA_LAUNCH_CHECK(cx->rank, "gelu_forward_kernel");
+}
+
+static void gelu_backward_cuda(CudaCtx* cx, float* dinp, const float* inp, const float* dout, long N) {
+    if (N <= 0) return;
+    if (N % 4 == 0 && aligned16(dinp) && aligned16(inp) && aligned16(dout))
+        gelu_backward_kernel<4><<<ceil_div(N / 4, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
+    else
+        gelu_backward_kernel<1><<<ceil_div(N, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
+    CUDA_LAUNCH_CHECK(cx->rank, "gelu_backward_kernel");
+}
+
+// ----------------------------------------------------------------------------
+// Causal self-attention on this rank's NH heads, llm.c style: permute q, k, v to (B, NH, T, hs), two
+// strided-batched GEMMs around a causal softmax kernel, permute back. The full (T, T) products are
+// computed (the upper triangle is wasted work); the softmax writes exact zeros there, as the CPU op.
+
+// dst: `parts` tensors (B, NH, T, hs), `part_stride` floats apart <- src (B, T, parts, NH, hs).
+// One block per (b, t) row: reads of the row are contiguous, writes contiguous per head.
+__global__ void heads_split_kernel(float* dst, const float* src, int T, int NH, int hs, int parts, long part_stride) {
+    long row = blockIdx.x;
+    long b = row / T;
+    int t = (int)(row - b * T);
+    int C = NH * hs;
+    const float* s = src + row * parts * C;
+    for (int c = threadIdx.x; c < parts * C; c += blockDim.x) {
+        int p = c / C, r = c - p * C, h = r / hs, d = r - h * hs;
+        dst[p * part_stride + ((b * NH + h) * T + t) * hs + d] = s[c];
+    }
+}
+
+// dst (B, T, parts, NH, hs) <- src: `parts` tensors (B, NH, T, hs), `part_stride` floats apart. Every
+// element of dst is written.
+__global__ void heads_merge_kernel(float* dst, const float* src, int T, int NH, int hs, int parts, long part_stride) {
+    long row = blockIdx.x;
+    long b = row / T;
+    int t = (int)(row - b * T);
+    int C = NH * hs;
+    float* o = dst + row * parts * C;
+    for (int c = threadIdx.x; c < parts * C; c += blockDim.x) {
+        int p = c / C, r = c - p * C, h = r / hs, d = r - h * hs;
+        o[c] = src[p * part_stride + ((b * NH + h) * T + t) * hs + d];
+    }
+}
+
+// att (R, T) in place, R = B*NH*T rows; row r is query t = r % T and holds the scaled scores q.k.
+// att[r][i] = exp(att[r][i] - max) / sum for i <= t (max and sum over i <= t), 0 for i > t.
+// A warp per row: max, then the sum of exps, then the probabilities, as the CPU op computes them.
+template <int V>
+__global__ void softmax_causal_forward_kernel(float* att, long R, int T) {
+    long r = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (r >= R) return;
+    int lane = threadIdx.x % 32;
+    int t = (int)(r % T);
+    float* x = att + r * T;
+    float m = -FLT_MAX;
+    for (int i = lane * V; i <= t; i += 32 * V) {
+        Fv<V> a = ldv<V>(x + i);  // with V = 4, T % 4 == 0, so i + 3 < T even where i + 3 > t
+        for (int k = 0; k < V; k++)
+            if (i + k <= t) m = fmaxf(m, a.v[k]);
+    }
+    m = warp_max(m);
+    float s = 0.0f;
+    for (int i = lane * V; i <= t; i += 32 * V) {
+        Fv<V> a = ldv<V>(x + i);
+        for (int k = 0; k < V; k++)
+            if (i + k <= t) s += expf(a.v[k] - m);
+    }
+    float inv = 1.0f / warp_sum(s);
+    for (int i = lane * V; i < T; i += 32 * V) {
+        Fv<V> a;
+        if (i <= t) a = ldv<V>(x + i);
+        for (int k = 0; k < V; k++) a.v[k] = i + k <= t ? expf(a.v[k] - m) * inv : 0.0f;
+        stv<V>(x + i, a);
+    }
+}
+
+// datt (R, T) in place -> d(scaled scores): for i <= t, att[i] * (datt[i] - sum_{j<=t} att[j] datt[j]) * scale;
+// 0 for i > t. A warp per row.
+template <int V>
+__global__ void softmax_causal_backward_kernel(float* datt, const float* att, long R, int T, float scale) {
+    long r = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (r >= R) return;
+    int lane = threadIdx.x % 32;
+    int t = (int)(r % T);
+    float* d = datt + r * T;
+    const float* a = att + r * T;
+    float dot = 0.0f;
+    for (int i = lane * V; i <= t; i += 32 * V) {
+        Fv<V> av = ldv<V>(a + i), dv = ldv<V>(d + i);
+        for (int k = 0; k < V; k++)
+            if (i + k <= t) dot += av.v[k] * dv.v[k];
+    }
+    dot = warp_sum(dot);
+    for (int i = lane * V; i < T; i += 32 * V) {
+        Fv<V> av, dv;
+        if (i <= t) { av = ldv<V>(a + i); dv = ldv<V>(d + i); }
+        for (int k = 0; k < V; k++) dv.v[k] = i + k <= t ? av.v[k] * (dv.v[k] - dot) * scale : 0.0f;
+        stv<V>(d + i, dv);
+    }
+}
+
+// qkv (B, T, 3*NH*hs): q, k, v blocks of NH*hs channels each, head h at [h*hs, (h+1)*hs) in each.
+// out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  att (B, NH, T, T) saves the probabilities.
+static void attention_forward_cuda(CudaCtx* cx, float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    long BTC = (long)B * T * NH * hs, TT = (long)T * T, Ths = (long)T * hs;
+    int BH = B * NH;
+    float* s = (float*)cuda_scratch(cx, (void**)&cx->attn, &cx->attn_bytes, 4 * BTC * sizeof(float));
+    float *q = s, *k = s + BTC, *v = s + 2 * BTC, *y = s + 3 * BTC;
+    heads_split_kernel<<<B * T, 256, 0, cx->stream>>>(q, qkv, T, NH, hs, 3, BTC);
+    CUDA_LAUNCH_CHECK(cx->rank, "heads_split_kernel");
+    // att[bh] (T, T) = (q[bh] (T, hs) . k[bh]^T) / sqrt(hs), the scale folded into alpha
+    float scale = 1.0f / sqrtf((float)hs);
+    gemm_cuda(cx, false, true, T, T, hs, scale, q, hs, Ths, k, hs, Ths, 0.0f, att, T, TT, BH);
+    long R = (long)BH * T;
+    if (T % 4 == 0 && aligned16(att))
+        softmax_causal_forward_kernel<4><<<ceil_div(R, ROWS_PER_BLOCK), ROW_THREADS, 0, cx->stream>>>(att, R, T);
+    else
+        softmax_causal_forward_kernel<1><<<ceil_div(R, ROWS_PER_BLOCK), ROW_THREADS, 0, cx->stream>>>(att, R, T);
+    CUDA_LAUNCH_CHECK(cx->rank, "softmax_causal_forward_kernel");
+    // y[bh] (T, hs) = att[bh] (T, T) . v[bh] (T, hs)
+    gemm_cuda(cx, false, false, T, hs, T, 1.0f, att, T, TT, v, hs, Ths, 0.0f, y, hs, Ths, BH);
+    heads_merge_kernel<<<B * T, 256, 0, cx->stream>>>(out, y, T, NH, hs, 1, BTC);
+    CUDA_LAUNCH_CHECK(cx->rank, "heads_merge_kernel");
+}
+
+// dqkv (B, T, 3*NH*hs) = gradient of attention_forward given dout (B, T, NH*hs)   (written)
+static void attention_backward_cuda(CudaCtx* cx, float* dqkv, const float* dout, const float* qkv, const float* att,
+                                    int B, int T, int NH, int hs) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    long BTC = (long)B * T * NH * hs, TT = (long)T * T, Ths = (long)T * hs;
+    int BH = B * NH;
+    // q, k, v | dy | dq, dk, dv (adjacent, merged back in one pass) | datt (B, NH, T, T)
+    float* s = (float*)cuda_scratch(cx, (void**)&cx->attn, &cx->attn_bytes, (7 * BTC + (long)BH * TT) * sizeof(float));
+    float *q = s, *k = s + BTC, *v = s + 2 * BTC, *dy = s + 3 * BTC;
+    float *dq = s + 4 * BTC, *dk = s + 5 * BTC, *dv = s + 6 * BTC, *datt = s + 7 * BTC;
+    heads_split_kernel<<<B * T, 256, 0, cx->stream>>>(q, qkv, T, NH, hs, 3, BTC);
+    CUDA_LAUNCH_CHECK(cx->rank, "heads_split_kernel");
+    heads_split_kernel<<<B * T, 256, 0, cx->stream>>>(dy, dout, T, NH, hs, 1, BTC);
+    CUDA_LAUNCH_CHECK(cx->rank, "heads_split_kernel");
+    // through y = att . v:  datt (T, T) = dy (T, hs) . v^T;  dv (T, hs) = att^T (T, T) . dy (T, hs)
+    gemm_cuda(cx, false, true, T, T, hs, 1.0f, dy, hs, Ths, v, hs, Ths, 0.0f, datt, T, TT, BH);
+    gemm_cuda(cx, true, false, T, hs, T, 1.0f, att, T, TT, dy, hs, Ths, 0.0f, dv, hs, Ths, BH);
+    // through the softmax and the 1/sqrt(hs) scale, in place: datt becomes d(q.k)
+    float scale = 1.0f / sqrtf((float)hs);
+    long R = (long)BH * T;
+    if (T % 4 == 0 && aligned16(att) && aligned16(datt))
+        softmax_causal_backward_kernel<4><<<ceil_div(R, ROWS_PER_BLOCK), ROW_THREADS, 0, cx->stream>>>(datt, att, R, T, scale);
+    else
+        softmax_causal_backward_kernel<1><<<ceil_div(R, ROWS_PER_BLOCK), ROW_THREADS, 0, cx->stream>>>(datt, att, R, T, scale);
+    CUDA_LAUNCH_CHECK(cx->rank, "softmax_causal_backward_kernel");
+    // through q.k^T:  dq (T, hs) = dpre (T, T) . k (T, hs);  dk (T, hs) = dpre^T (T, T) . q (T, hs)
+    gemm_cuda(cx, false, false, T, hs, T, 1.0f, datt, T, TT, k, hs, Ths, 0.0f, dq, hs, Ths, BH);
+    gemm_cuda(cx, true, false, T, hs, T, 1.0f, datt, T, TT, q, hs, Ths, 0.0f, dk, hs, Ths, BH);
+    heads_merge_kernel<<<B * T, 256, 0, cx->stream>>>(dqkv, dq, T, NH, hs, 3, BTC);
+    CUDA_LAUNCH_CHECK(cx->rank, "heads_merge_kernel");
+}
+
+// ----------------------------------------------------------------------------
+// Vocab-parallel softmax cross-entropy, in three local steps around two all-reduces.
+// logits (N, Vl) are this rank's columns [v0, v0+Vl) of the padded vocab; only columns < V are real.
+// One block per row; any Vl works (threads past the row's end contribute the reduction's identity),
+// including a shard with no real columns (nv = 0).
+
+#define CE_THREADS 512
+
+static int ce_real_columns(int Vl, int v0, int V) { return V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl; }
+
+// maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none)
+template <int V>
+__global__ void crossentropy_max_kernel(float* maxes, const float* logits, int Vl, int nv) {
+    long n = blockIdx.x;
+    const float* l = logits + n * Vl;
+    float m = -FLT_MAX;
+    for (int i = threadIdx.x * V; i < nv; i += blockDim.x * V) {
+        Fv<V> a = ldv<V>(l + i);  // with V = 4, Vl % 4 == 0, so i + 3 < Vl
+        for (int k = 0; k < V; k++)
+            if (i + k < nv) m = fmaxf(m, a.v[k]);
+    }
+    m = block_reduce<true>(m);
+    if (threadIdx.x == 0) maxes[n] = m;
+}
+
+// sums (N, 2): [0] = sum of exp(logit - max) over the real columns, [1] = the target's logit if this
+// rank owns the target's column, else 0
+template <int V>
+__global__ void crossentropy_sums_kernel(float* sums, const float* logits, const float* maxes, const int* targets,
+                                         int Vl, int v0, int nv) {
+    long n = blockIdx.x;
+    const float* l = logits + n * Vl;
+    float m = maxes[n], s = 0.0f;
+    for (int i = threadIdx.x * V; i < nv; i += blockDim.x * V) {
+        Fv<V> a = ldv<V>(l + i);
+        for (int k = 0; k < V; k++)
+            if (i + k < nv) s += expf(a.v[k] - m);
+    }
+    s = block_reduce<false>(s);
+    if (threadIdx.x == 0) {
+        int col = targets[n] - v0;
+        sums[2 * n] = s;
+        sums[2 * n + 1] = (col >= 0 && col < Vl) ? l[col] : 0.0f;
+    }
+}
+
+// losses (N) = log(sum) - (target logit - max). If dscale != 0, logits become, in place,
+// dlogits = (softmax - onehot(target)) * dscale, zero in the padded columns.
+template <int V>
+__global__ void crossentropy_finish_kernel(float* losses, float* logits, const float* maxes, const float* sums,
+                                           const int* targets, int Vl, int v0, int nv, float dscale) {
+    long n = blockIdx.x;
+    float m = maxes[n], s = sums[2 * n];
+    if (threadIdx.x == 0) losses[n] = logf(s) - (sums[2 * n + 1] - m);
+    if (dscale == 0.0f) return;
+    float* l = logits + n * Vl;
+    float inv = 1.0f / s;
+    int col = targets[n] - v0;
+    for (int i = threadIdx.x * V; i < Vl; i += blockDim.x * V) {
+        Fv<V> a = ldv<V>(l + i);
+        for (int k = 0; k < V; k++) {
+            float p = i + k < nv ? expf(a.v[k] - m) * inv : 0.0f;
+            a.v[k] = (p - (i + k == col ? 1.0f : 0.0f)) * dscale;
+        }
+        stv<V>(l + i, a);
+    }
+}
+
+static void crossentropy_max_cuda(CudaCtx* cx, float* maxes, const float* logits, int N, int Vl, int v0, int V) {
+    if (N <= 0) return;
+    int nv = ce_real_columns(Vl, v0, V);
+    if (Vl % 4 == 0 && aligned16(logits))
+        crossentropy_max_kernel<4><<<N, CE_THREADS, 0, cx->stream>>>(maxes, logits, Vl, nv);
+    else
+        crossentropy_max_kernel<1><<<N, CE_THREADS, 0, cx->stream>>>(maxes, logits, Vl, nv);
+    CUDA_LAUNCH_CHECK(cx->rank, "crossentropy_max_kernel");
+}
+
+static void crossentropy_sums_cuda(CudaCtx* cx, float* sums, const float* logits, const float* maxes, const int* targets,
+                                   int N, int Vl, int v0, int V) {
+    if (N <= 0) return;
+    int nv = ce_real_columns(Vl, v0, V);
+    if (Vl % 4 == 0 && aligned16(logits))
+        crossentropy_sums_kernel<4><<<N, CE_THREADS, 0, cx->stream>>>(sums, logits, maxes, targets, Vl, v0, nv);
+    else
+        crossentropy_sums_kernel<1><<<N, CE_THREADS, 0, cx->stream>>>(sums, logits, maxes, targets, Vl, v0, nv);
+    CUDA_LAUNCH_CHECK(cx->rank, "crossentropy_sums_kernel");
+}
+
+static void crossentropy_finish_cuda(CudaCtx* cx, float* losses, float* logits, const float* maxes, const float* sums,
+                                     const int* targets, int N, int Vl, int v0, int V, float dscale) {
+    if (N <= 0) return;
+    int nv = ce_real_columns(Vl, v0, V);
+    if (Vl % 4 == 0 && aligned16(logits))
+        crossentropy_finish_kernel<4><<<N, CE_THREADS, 0, cx->stream>>>(losses, logits, maxes, sums, targets, Vl, v0, nv, dscale);
+    else
+        crossentropy_finish_kernel<1><<<N, CE_THREADS, 0, cx->stream>>>(losses, logits, maxes, sums, targets, Vl, v0, nv, dscale);
+    CUDA_LAUNCH_CHECK(cx->rank, "crossentropy_finish_kernel");
+}
+
+// ----------------------------------------------------------------------------
+// Optimizer
+
+// AdamW as adamw_cpu, with the global-norm clipping scale derived on the device from norm2 (2) =
+// [sharded part, replicated part] of the squared gradient norm, exactly as gpt.cu's CPU wrapper does.
+template <int V>
+__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, long n, float lr, float beta1,
+                             float beta2, float eps, float wd, float bc1, float bc2, const float* norm2, float clip) {
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= n) return;
+    float norm = sqrtf(norm2[0] + norm2[1]);
+    float grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
+    Fv<V> p = ldv<V>(params + i), g = ldv<V>(grads + i), mv = ldv<V>(m + i), vv = ldv<V>(v + i);
+    for (int k = 0; k < V; k++) {
+        float gk = g.v[k] * grad_scale;
+        float mi = beta1 * mv.v[k] + (1.0f - beta1) * gk;
+        float vi = beta2 * vv.v[k] + (1.0f - beta2) * gk * gk;
+        mv.v[k] = mi;
+        vv.v[k] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        p.v[k] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p.v[k]);
+    }
+    stv<V>(params + i, p);
+    stv<V>(m + i, mv);
+    stv<V>(v + i, vv);
+}
+
+// params, m, v (n) updated in place from grads (n); t counts from 1; clip 0 turns clipping off
+static void adamw_cuda(CudaCtx* cx, float* params, const float* grads, float* m, float* v, long n, float lr, float beta1,
+                       float beta2, float eps, float wd, int t, const float* norm2, float clip) {
+    if (n <= 0) return;
+    // the bias corrections on the host, with the CPU op's expression (bit-identical)
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+    if (n % 4 == 0 && aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v))
+        adamw_kernel<4><<<ceil_div(n / 4, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(params, grads, m, v, n, lr, beta1, beta2,
+                                                                                      eps, wd, bc1, bc2, norm2, clip);
+    else
+        adamw_kernel<1><<<ceil_div(n, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(params, grads, m, v, n, lr, beta1, beta2,
+                                                                                  eps, wd, bc1, bc2, norm2, clip);
+    CUDA_LAUNCH_CHECK(cx->rank, "adamw_kernel");
+}
+
+// Sum of squares in double, deterministically: pass 1 has a grid fixed by n alone (so the same on every
+// GPU); thread j of the grid adds elements j, j + stride, ... in order, the block adds its threads in a
+// fixed tree: partial (grid). Pass 2, one block, adds the partials in a fixed order and does
+// norm2[0] += (float)total, as gpt.cu's CPU wrapper does with sumsq_cpu.
+#define SUMSQ_THREADS 256
+#define SUMSQ_MAX_BLOCKS 1024
+
+template <int V>
+__global__ void sumsq_partial_kernel(double* partial, const float* x, long n) {
+    long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
+    long nvec = n / V;
+    double acc = 0.0;
+    for (long j = tid; j < nvec; j += stride) {
+        Fv<V> a = ldv<V>(x + j * V);
+        for (int k = 0; k < V; k++) acc += (double)a.v[k] * (double)a.v[k];
+    }
+    for (long i = nvec * V + tid; i < n; i += stride) acc += (double)x[i] * (double)x[i];  // the < V tail
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void sumsq_finish_kernel(float* norm2, const double* partial, int nblocks) {
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < nblocks; i += blockDim.x) acc += partial[i];
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0) norm2[0] += (float)acc;
+}
+
+// norm2 (1) += sum of squares of x (n), deterministic
+static void sumsq_cuda(CudaCtx* cx, float* norm2, const float* x, long n) {
+    if (n <= 0) return;
+    long per_block = (long)SUMSQ_THREADS * 16;
+    int nblocks = (int)((n + per_block - 1) / per_block);
+    if (nblocks > SUMSQ_MAX_BLOCKS) nblocks = SUMSQ_MAX_BLOCKS;
+    double* partial = (double*)cuda_scratch(cx, &cx->red, &cx->red_bytes, (size_t)nblocks * sizeof(double));
+    if (aligned16(x))
+        sumsq_partial_kernel<4><<<nblocks, SUMSQ_THREADS, 0, cx->stream>>>(partial, x, n);
+    else
+        sumsq_partial_kernel<1><<<nblocks, SUMSQ_THREADS, 0, cx->stream>>>(partial, x, n);
+    CUDA_LAUNCH_CHECK(cx->rank, "sumsq_partial_kernel");
+    sumsq_finish_kernel<<<1, 1024, 0, cx->stream>>>(norm2, partial, nblocks);
+    CUDA_LAUNCH_CHECK(cx->rank, "sumsq_finish_kernel");
+}
