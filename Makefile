@@ -1,10 +1,18 @@
 # make             builds ./tp and ./test_tp
 # make test        builds and runs the tests
 # make asan tsan   the tests again, under AddressSanitizer + UndefinedBehaviorSanitizer, and ThreadSanitizer
+# make gpucheck    on a GPU machine: GPU tests, memcheck, GPT-2 124M benchmark; results in gpucheck_out/
 NVCC     ?= /usr/local/cuda/bin/nvcc
 comma    := ,
 HOSTFLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function
-NVFLAGS   = -std=c++17 -O3 -Werror all-warnings -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS))
+# kernels for the GPU of this machine, or with none for A100 (sm_80) and H100/H200 (sm_90)
+GPU_CC   := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '.')
+ifeq ($(GPU_CC),)
+ARCH      = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+else
+ARCH      = -gencode arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
+endif
+NVFLAGS   = -std=c++17 -O3 -Werror all-warnings $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS))
 LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp
 SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh data/grammar.h
 
@@ -38,7 +46,23 @@ test_tp_tsan: test_tp.cu tp.cu $(SOURCES)
 tsan: tp_tsan test_tp_tsan
 	TSAN_OPTIONS=halt_on_error=1 TP_BIN=./tp_tsan ./test_tp_tsan
 
+# The prepared GPU run: one GPU, well under 8 minutes. Every step runs even if one before it failed;
+# gpucheck_out/summary.txt says which passed. TP=2 on one GPU goes through the shared-memory backend.
+GPUOUT ?= gpucheck_out
+RAND    = $(GPUOUT)/random_tokens.bin
+BENCH   = ./tp -e d12 -t 1024 -i $(RAND) -j $(RAND) -x 10 -v 0 -g 0 --device cuda
+gpucheck: tp test_tp
+	@mkdir -p $(GPUOUT); rm -f $(GPUOUT)/summary.txt
+	-nvidia-smi > $(GPUOUT)/nvidia-smi.txt 2>&1
+	-bash -o pipefail -c 'timeout 300 ./test_tp gpu 2>&1 | tee $(GPUOUT)/gpu_tests.txt' && echo "gpu tests: passed" >> $(GPUOUT)/summary.txt || echo "gpu tests: FAILED" >> $(GPUOUT)/summary.txt
+	-bash -o pipefail -c 'timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 ./tp -e L2C64H4 -b 2 -t 32 -x 3 -v 2 -m 1 -g 4 --device cuda --tp 2 2>&1 | tee $(GPUOUT)/memcheck.txt' && echo "memcheck: clean" >> $(GPUOUT)/summary.txt || echo "memcheck: FAILED" >> $(GPUOUT)/summary.txt
+	-bash -o pipefail -c 'timeout 60 ./test_tp bench 2>&1 | tee $(GPUOUT)/bench_ops.txt'
+	python3 -c "import random, struct; n = 1 << 21; r = random.Random(0); open('$(RAND)', 'wb').write(struct.pack('<256i', 20240520, 1, n, *[0] * 253) + struct.pack('<%dH' % n, *[r.randrange(50257) for _ in range(n)]))"
+	-for b in 4 16 32 64; do timeout 90 $(BENCH) -b $$b --tp 1 > $(GPUOUT)/bench_tp1_b$$b.txt 2>&1; echo "d12 T=1024 B=$$b TP=1: $$(grep -E '^average|error' $(GPUOUT)/bench_tp1_b$$b.txt | tail -n 1)" >> $(GPUOUT)/summary.txt; done
+	-timeout 90 $(BENCH) -b 16 --tp 2 > $(GPUOUT)/bench_tp2_b16.txt 2>&1; echo "d12 T=1024 B=16 TP=2 (shared GPU memory): $$(grep -E '^average|error' $(GPUOUT)/bench_tp2_b16.txt | tail -n 1)" >> $(GPUOUT)/summary.txt
+	@cat $(GPUOUT)/summary.txt
+
 clean:
 	rm -f tp test_tp tp_asan test_tp_asan tp_tsan test_tp_tsan
 
-.PHONY: all test asan tsan clean
+.PHONY: all test asan tsan gpucheck clean

@@ -296,27 +296,53 @@ static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, 
 // ----------------------------------------------------------------------------
 // Causal self-attention on this rank's NH heads (NH is the local head count under TP)
 
+// One (b, h) pair's K and V, copied out of qkv once so the inner loops run over contiguous memory:
+// K and V as (T, hs) rows, and transposed as (hs, T) so that a query's scores over all t2 (and in the
+// backward the dot products with V) are vectorised over t2.
+struct HeadPack {
+    std::vector<float> k, v, kt, vt;
+};
+static void head_pack(HeadPack* hp, const float* qkv, int b, int h, int T, int C, int hs, bool transposed_v) {
+    const int C3 = 3 * C;
+    hp->k.resize((size_t)T * hs);
+    hp->v.resize((size_t)T * hs);
+    hp->kt.resize((size_t)hs * T);
+    hp->vt.resize((size_t)hs * T);
+    for (int t = 0; t < T; t++) {
+        const float* k = qkv + ((size_t)b * T + t) * C3 + C + h * hs;
+        const float* v = k + C;
+        for (int i = 0; i < hs; i++) {
+            hp->k[(size_t)t * hs + i] = k[i];
+            hp->v[(size_t)t * hs + i] = v[i];
+            hp->kt[(size_t)i * T + t] = k[i];
+            if (transposed_v) hp->vt[(size_t)i * T + t] = v[i];
+        }
+    }
+}
+
 // qkv (B, T, 3*NH*hs): q, k, v blocks of NH*hs channels each, head h at [h*hs, (h+1)*hs) in each.
 // out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  att (B, NH, T, T) saves the probabilities.
 static void attention_forward_cpu(float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(3) schedule(static)
+    #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
+        for (int h = 0; h < NH; h++) {
+            HeadPack hp;
+            head_pack(&hp, qkv, b, h, T, C, hs, false);
             for (int t = 0; t < T; t++) {
                 const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
                 float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                float maxv = -FLT_MAX;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    float dot = 0.0f;
-                    #pragma omp simd reduction(+ : dot)
-                    for (int i = 0; i < hs; i++) dot += q[i] * k[i];
-                    dot *= scale;
-                    a[t2] = dot;
-                    if (dot > maxv) maxv = dot;
+                // scores over t2 <= t, one q component at a time: a[t2] = sum_i q[i] K[t2][i]
+                for (int t2 = 0; t2 <= t; t2++) a[t2] = 0.0f;
+                for (int i = 0; i < hs; i++) {
+                    const float* kt = hp.kt.data() + (size_t)i * T;
+                    float qi = q[i];
+                    #pragma omp simd
+                    for (int t2 = 0; t2 <= t; t2++) a[t2] += qi * kt[t2];
                 }
+                float maxv = -FLT_MAX;
+                for (int t2 = 0; t2 <= t; t2++) { a[t2] *= scale; maxv = a[t2] > maxv ? a[t2] : maxv; }
                 float sum = 0.0f;
                 #pragma omp simd reduction(+ : sum)
                 for (int t2 = 0; t2 <= t; t2++) { float e = exp_fast(a[t2] - maxv); a[t2] = e; sum += e; }
@@ -325,11 +351,13 @@ static void attention_forward_cpu(float* out, float* att, const float* qkv, int 
                 float* o = out + ((size_t)b * T + t) * C + h * hs;
                 for (int i = 0; i < hs; i++) o[i] = 0.0f;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
+                    const float* v = hp.v.data() + (size_t)t2 * hs;
                     float p = a[t2];
+                    #pragma omp simd
                     for (int i = 0; i < hs; i++) o[i] += p * v[i];
                 }
             }
+        }
 }
 
 // dqkv (B, T, 3*NH*hs) = gradient of attention_forward given dout (B, T, NH*hs)   (written)
@@ -341,31 +369,41 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
     #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
+            HeadPack hp;
+            head_pack(&hp, qkv, b, h, T, C, hs, true);
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < 3; j++) memset(dqkv + ((size_t)b * T + t) * C3 + j * C + h * hs, 0, hs * sizeof(float));
-            std::vector<float> datt(T);
+            std::vector<float> datt(T), dpre(T);
             for (int t = 0; t < T; t++) {
                 const float* a = att + (((size_t)b * NH + h) * T + t) * T;
                 const float* d = dout + ((size_t)b * T + t) * C + h * hs;
                 const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
                 float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
-                // through out = att . v
-                float dot_ad = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    float* dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    float s = 0.0f;
-                    #pragma omp simd reduction(+ : s)
-                    for (int i = 0; i < hs; i++) { s += d[i] * v[i]; dv[i] += a[t2] * d[i]; }
-                    datt[t2] = s;
-                    dot_ad += a[t2] * s;
+                // through out = att . v: datt[t2] = d . V[t2], and dV[t2] += att[t2] d
+                for (int t2 = 0; t2 <= t; t2++) datt[t2] = 0.0f;
+                for (int i = 0; i < hs; i++) {
+                    const float* vt = hp.vt.data() + (size_t)i * T;
+                    float di = d[i];
+                    #pragma omp simd
+                    for (int t2 = 0; t2 <= t; t2++) datt[t2] += di * vt[t2];
                 }
-                // through the softmax, then the scaled dot products
+                float dot_ad = 0.0f;
+                #pragma omp simd reduction(+ : dot_ad)
+                for (int t2 = 0; t2 <= t; t2++) dot_ad += a[t2] * datt[t2];
+                // through the softmax, then the scaled dot products: dq += dpre[t2] K[t2], dK[t2] += dpre[t2] q
+                #pragma omp simd
+                for (int t2 = 0; t2 <= t; t2++) dpre[t2] = a[t2] * (datt[t2] - dot_ad) * scale;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    float dpre = a[t2] * (datt[t2] - dot_ad) * scale;
-                    const float* k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
+                    const float* k = hp.k.data() + (size_t)t2 * hs;
                     float* dk = dqkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    for (int i = 0; i < hs; i++) { dq[i] += dpre * k[i]; dk[i] += dpre * q[i]; }
+                    float* dv = dk + C;
+                    float p = dpre[t2], at = a[t2];
+                    #pragma omp simd
+                    for (int i = 0; i < hs; i++) {
+                        dq[i] += p * k[i];
+                        dk[i] += p * q[i];
+                        dv[i] += at * d[i];
+                    }
                 }
             }
         }

@@ -677,7 +677,7 @@ static void rank_main(Run* run, int r) {
     comm_barrier(&rk.comm, "start");
     bool lead = r == 0;
     int BT = a->B * a->T;
-    double total_time = 0.0;
+    double total_time = 0.0, total_comm = 0.0;
     int last_saved = run->resuming ? run->start_step : -1;
     // model FLOPs of one step: 6 per parameter per token (forward + backward) plus attention's 12 L T C
     const GPTConfig* c = &run->cfg;
@@ -706,7 +706,10 @@ static void rank_main(Run* run, int r) {
         float loss = gpt_read_loss(&m, &rk);
         float norm = gpt_read_norm(&m, &rk);
         double dt = now_s() - t0;
-        if (step > run->start_step) total_time += dt;  // the first step warms up caches and allocations
+        if (step > run->start_step) {  // the first step warms up caches and allocations
+            total_time += dt;
+            total_comm += rk.comm.seconds - comm0;
+        }
         if (!std::isfinite(loss) || !std::isfinite(norm))
             fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)", step + 1, loss, norm);
         if (lead && run->sweeping && step >= 2) {
@@ -752,8 +755,18 @@ static void rank_main(Run* run, int r) {
     }
     if (a->outdir && !run->sweeping && last_saved != a->max_steps) save_checkpoint(run, &m, &rk, &train, a->max_steps);
     if (lead && !run->sweeping && a->max_steps > run->start_step + 1)
-        printf("average %.1f ms per step, %.0f tok/s (steps %d..%d)\n", total_time / (a->max_steps - run->start_step - 1) * 1e3,
-               (double)BT * (a->max_steps - run->start_step - 1) / total_time, run->start_step + 2, a->max_steps);
+    {
+        int n = a->max_steps - run->start_step - 1;
+        char mfu[32] = "";
+        if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), ", MFU %.1f%%", 100.0 * flops_per_step * n / total_time / (run->peak_flops * std::min(run->P, run->ngpu)));
+        printf("average %.1f ms per step, %.0f tok/s%s, %.1f ms per step in collectives (steps %d..%d)\n", total_time / n * 1e3,
+               (double)BT * n / total_time, mfu, total_comm / n * 1e3, run->start_step + 2, a->max_steps);
+        if (run->device == DEV_CUDA) {
+            size_t free_b = 0, total_b = 0;
+            if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+                printf("GPU 0 memory in use: %.2f GB of %.2f GB (all ranks on it, CUDA context included)\n", (total_b - free_b) / 1e9, total_b / 1e9);
+        }
+    }
     if (a->gen_tokens > 0 && !run->sweeping) print_sample(run, &m, &rk, a->max_steps);
     loader_free(&train);
     loader_free(&val);
