@@ -33,10 +33,8 @@
 #include <nccl.h>
 
 // ----------------------------------------------------------------------------
-// error checks, shared with kernels.cuh (the same block is there; whichever file comes first defines it).
-// A failed call prints one line naming the rank and the call, then ends the process.
-#ifndef TP_CUDA_CHECKS
-#define TP_CUDA_CHECKS
+// error checks, used here and by kernels.cuh. A failed call prints one line naming the rank and the
+// call, then ends the process (ranks are threads; there is nothing to unwind to).
 [[noreturn]] static void tp_cuda_fail(int rank, const char* call, const char* msg, const char* file, int line) {
     fflush(stdout);
     fprintf(stderr, "error: rank %d: %s failed: %s (%s:%d)\n", rank, call, msg, file, line);
@@ -62,7 +60,6 @@
         if (err_ != cudaSuccess)                                                                     \
             tp_cuda_fail((rank), "launch of " kernel, cudaGetErrorString(err_), __FILE__, __LINE__);  \
     } while (0)
-#endif
 
 // an NCCL call of rank c, with NCCL's own last-error text
 #define NCCL_CHECK(c, call)                                                                          \
@@ -223,7 +220,7 @@ static void comm_wait_all(Comm* c, bool check) {
     while (g->generation == gen) {
         if (g->cv.wait_until(lock, deadline) == std::cv_status::timeout && g->generation == gen) {
             char why[128];
-            snprintf(why, sizeof(why), "waited %.0f s for the other ranks (--timeout)", g->timeout_s);
+            snprintf(why, sizeof(why), "waited %g s for the other ranks (--timeout)", g->timeout_s);
             comm_abort(g, c->rank, why);
         }
     }

@@ -24,38 +24,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-// ----------------------------------------------------------------------------
-// error checks: every CUDA and cuBLAS call, and every kernel launch. A failure prints one line naming
-// the rank and the call, then ends the process (ranks are threads; there is nothing to unwind to).
-// comm.cuh carries the same block, so either file can be included first.
-#ifndef TP_CUDA_CHECKS
-#define TP_CUDA_CHECKS
-[[noreturn]] static void tp_cuda_fail(int rank, const char* call, const char* msg, const char* file, int line) {
-    fflush(stdout);
-    fprintf(stderr, "error: rank %d: %s failed: %s (%s:%d)\n", rank, call, msg, file, line);
-    fflush(stderr);
-    _Exit(1);
-}
-#define CUDA_CHECK(rank, call)                                                                       \
-    do {                                                                                             \
-        cudaError_t err_ = (call);                                                                   \
-        if (err_ != cudaSuccess) tp_cuda_fail((rank), #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
-    } while (0)
-// After a kernel launch: a bad launch configuration shows here, not at the next sync. Built with
-// -DTP_CUDA_DEBUG it also waits for the kernel, so a fault (e.g. an illegal address) names its kernel.
-#ifdef TP_CUDA_DEBUG
-#define TP_CUDA_DEBUG_SYNC() cudaDeviceSynchronize()
-#else
-#define TP_CUDA_DEBUG_SYNC() cudaSuccess
-#endif
-#define CUDA_LAUNCH_CHECK(rank, kernel)                                                              \
-    do {                                                                                             \
-        cudaError_t err_ = cudaGetLastError();                                                       \
-        if (err_ == cudaSuccess) err_ = TP_CUDA_DEBUG_SYNC();                                        \
-        if (err_ != cudaSuccess)                                                                     \
-            tp_cuda_fail((rank), "launch of " kernel, cudaGetErrorString(err_), __FILE__, __LINE__);  \
-    } while (0)
-#endif
+// error checks: CUDA_CHECK, CUDA_LAUNCH_CHECK and tp_cuda_fail come from comm.cuh (the collectives need
+// them too); a failure prints one line naming the rank and the call, then ends the process.
+#include "comm.cuh"
 
 #define CUBLAS_CHECK(rank, call)                                                                     \
     do {                                                                                             \

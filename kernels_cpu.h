@@ -371,14 +371,14 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
         for (int h = 0; h < NH; h++) {
             HeadPack hp;
             head_pack(&hp, qkv, b, h, T, C, hs, true);
-            for (int t = 0; t < T; t++)
-                for (int j = 0; j < 3; j++) memset(dqkv + ((size_t)b * T + t) * C3 + j * C + h * hs, 0, hs * sizeof(float));
-            std::vector<float> datt(T), dpre(T);
+            // dK and dV accumulate in contiguous (T, hs) buffers, copied into dqkv at the end
+            std::vector<float> datt(T), dpre(T), dkbuf((size_t)T * hs, 0.0f), dvbuf((size_t)T * hs, 0.0f);
             for (int t = 0; t < T; t++) {
                 const float* a = att + (((size_t)b * NH + h) * T + t) * T;
                 const float* d = dout + ((size_t)b * T + t) * C + h * hs;
                 const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
                 float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                for (int i = 0; i < hs; i++) dq[i] = 0.0f;
                 // through out = att . v: datt[t2] = d . V[t2], and dV[t2] += att[t2] d
                 for (int t2 = 0; t2 <= t; t2++) datt[t2] = 0.0f;
                 for (int i = 0; i < hs; i++) {
@@ -395,8 +395,8 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
                 for (int t2 = 0; t2 <= t; t2++) dpre[t2] = a[t2] * (datt[t2] - dot_ad) * scale;
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float* k = hp.k.data() + (size_t)t2 * hs;
-                    float* dk = dqkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    float* dv = dk + C;
+                    float* dk = dkbuf.data() + (size_t)t2 * hs;
+                    float* dv = dvbuf.data() + (size_t)t2 * hs;
                     float p = dpre[t2], at = a[t2];
                     #pragma omp simd
                     for (int i = 0; i < hs; i++) {
@@ -406,6 +406,11 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
                     }
                 }
             }
+            for (int t = 0; t < T; t++) {
+                float* dk = dqkv + ((size_t)b * T + t) * C3 + C + h * hs;
+                memcpy(dk, dkbuf.data() + (size_t)t * hs, hs * sizeof(float));
+                memcpy(dk + C, dvbuf.data() + (size_t)t * hs, hs * sizeof(float));
+            }
         }
 }
 
@@ -413,9 +418,12 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
 // Vocab-parallel softmax cross-entropy, in three local steps around two all-reduces.
 // logits (N, Vl) are this rank's columns [v0, v0+Vl) of the padded vocab; only columns < V are real.
 
+// how many of a rank's Vl vocab columns, starting at global column v0, are real (< V) rather than padding
+static inline int real_columns(int V, int v0, int Vl) { return V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl; }
+
 // maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none)
 static void crossentropy_max_cpu(float* maxes, const float* logits, int N, int Vl, int v0, int V) {
-    int nv = V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl;  // this rank's real columns
+    int nv = real_columns(V, v0, Vl);
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* l = logits + (size_t)n * Vl;
@@ -429,7 +437,7 @@ static void crossentropy_max_cpu(float* maxes, const float* logits, int N, int V
 //              [1] = the target's logit if this rank owns the target, else 0
 static void crossentropy_sums_cpu(float* sums, const float* logits, const float* maxes, const int* targets,
                                   int N, int Vl, int v0, int V) {
-    int nv = V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl;
+    int nv = real_columns(V, v0, Vl);
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* l = logits + (size_t)n * Vl;
@@ -447,7 +455,7 @@ static void crossentropy_sums_cpu(float* sums, const float* logits, const float*
 // zero in the padded columns: the forward and the backward of the loss fused, as llm.c does.
 static void crossentropy_finish_cpu(float* losses, float* logits, const float* maxes, const float* sums,
                                     const int* targets, int N, int Vl, int v0, int V, float dscale) {
-    int nv = V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl;
+    int nv = real_columns(V, v0, Vl);
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float m = maxes[n], s = sums[2 * n];
