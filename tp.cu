@@ -517,6 +517,12 @@ struct Run {
     std::vector<float> train_losses, val_losses;
 };
 
+// which steps get a line on stdout: all of a short run; of a long one the first 10, every 100th and the
+// last (log.csv in -o has every step)
+static bool print_step(const Args* a, int step) {
+    return a->max_steps <= 200 || step < 10 || (step + 1) % 100 == 0 || step == a->max_steps - 1;
+}
+
 // the learning rate at step (0-based): linear warmup, then cosine decay to lr * final_frac
 static float lr_at(const Args* a, int step) {
     if (step < a->warmup) return a->lr * (step + 1) / a->warmup;
@@ -722,8 +728,8 @@ static void rank_main(Run* run, int r) {
         if (lead && run->log)
             fprintf(run->log, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f\n", step + 1, loss, std::isnan(vl) ? "" : std::to_string(vl).c_str(), lr,
                     dt * 1e3, BT / dt, (rk.comm.seconds - comm0) * 1e3, (rk.comm.values - vals0) * 4);
-        if (lead && !run->sweeping) {
-            run->train_losses.push_back(loss);
+        if (lead && !run->sweeping) run->train_losses.push_back(loss);
+        if (lead && !run->sweeping && print_step(a, step)) {
             char mfu[32] = "";
             if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_step / dt / (run->peak_flops * std::min(run->P, run->ngpu)));
             printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | comm %.1f ms, %.2f MB\n",
@@ -929,12 +935,15 @@ static void print_setup(const Run* run) {
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         const TensorShard* t = &s.t[i];
         char full[48], local[48];
-        if (t->nl > 1) {
-            snprintf(full, sizeof(full), "(%d, %ld, %ld)", t->nl, t->rows, t->cols);
-            snprintf(local, sizeof(local), "(%d, %ld, %ld)", t->nl, t->lrows, t->lcols);
+        // (layers, rows, cols), without the layers for the non-layer tensors and the cols for vectors
+        char nl[16] = "";
+        if (t->nl > 1) snprintf(nl, sizeof(nl), "%d, ", t->nl);
+        if (t->cols > 1) {
+            snprintf(full, sizeof(full), "(%s%ld, %ld)", nl, t->rows, t->cols);
+            snprintf(local, sizeof(local), "(%s%ld, %ld)", nl, t->lrows, t->lcols);
         } else {
-            snprintf(full, sizeof(full), "(%ld, %ld)", t->rows, t->cols);
-            snprintf(local, sizeof(local), "(%ld, %ld)", t->lrows, t->lcols);
+            snprintf(full, sizeof(full), "(%s%ld)", nl, t->rows);
+            snprintf(local, sizeof(local), "(%s%ld)", nl, t->lrows);
         }
         printf("  %-9s %-22s %-22s %s\n", t->name, full, local, t->how);
     }
