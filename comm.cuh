@@ -21,6 +21,7 @@
 //              once, then comm_init and comm_bind_cuda per rank. Collectives are enqueued on the rank's
 //              stream and the host moves on; comm_sync waits for them, polling, within the timeout.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -29,14 +30,25 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+#include <unistd.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 // ----------------------------------------------------------------------------
 // error checks, used here and by kernels.cuh. A failed call prints one line naming the rank and the
 // call, then ends the process (ranks are threads; there is nothing to unwind to).
-[[noreturn]] static void tp_cuda_fail(int rank, const char* call, const char* msg, const char* file, int line) {
+// Every fatal error path starts here: the first thread to fail reports and ends the process; a second
+// rank failing at the same moment (they run the same code on the same data) waits to be ended with it,
+// so the user sees one error line, not P copies.
+static void fatal_begin() {
+    static std::atomic<int> failing{0};
+    if (failing.exchange(1) != 0)
+        for (;;) pause();
     fflush(stdout);
+}
+
+[[noreturn]] static void tp_cuda_fail(int rank, const char* call, const char* msg, const char* file, int line) {
+    fatal_begin();
     fprintf(stderr, "error: rank %d: %s failed: %s (%s:%d)\n", rank, call, msg, file, line);
     fflush(stderr);
     _Exit(1);
@@ -183,6 +195,7 @@ static void comm_describe(const CommCall* k, char* buf, size_t n) {
 // Prints where every rank is and ends the process: the other ranks may be blocked for good, so there is
 // nothing to unwind to.
 static void comm_abort(CommGroup* g, int rank, const char* why) {
+    fatal_begin();
     fprintf(stderr, "error: rank %d: %s; the ranks' collectives:\n", rank, why);
     for (int r = 0; r < g->P; r++) {
         char d[256];

@@ -28,7 +28,7 @@
 
 static void fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void fatal(const char* fmt, ...) {
-    fflush(stdout);
+    fatal_begin();
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "error: ");
