@@ -207,6 +207,11 @@ static void comm_abort(CommGroup* g, int rank, const char* why) {
     _Exit(1);
 }
 
+// two ranks' calls are the same collective: same op, count and place in the model
+static bool comm_same(const CommCall* a, const CommCall* b) {
+    return a->op == b->op && a->count == b->count && a->layer == b->layer && strcmp(a->where, b->where) == 0;
+}
+
 // Waits until all P ranks arrive. The last to arrive checks that every rank is in the same collective.
 static void comm_wait_all(Comm* c, bool check) {
     CommGroup* g = c->g;
@@ -215,13 +220,9 @@ static void comm_wait_all(Comm* c, bool check) {
     g->waiting[c->rank] = true;
     if (++g->arrived == g->P) {
         if (check) {
-            const CommCall* a = &g->call[0];
-            for (int r = 1; r < g->P; r++) {
-                const CommCall* b = &g->call[r];
-                if (a->op != b->op || a->count != b->count || a->seq != b->seq || a->layer != b->layer ||
-                    strcmp(a->where, b->where) != 0)
+            for (int r = 1; r < g->P; r++)
+                if (!comm_same(&g->call[0], &g->call[r]) || g->call[0].seq != g->call[r].seq)
                     comm_abort(g, c->rank, "collective mismatch");
-            }
         }
         g->arrived = 0;
         g->generation++;
@@ -336,20 +337,15 @@ static void comm_bind_cuda(Comm* c, int gpu, cudaStream_t stream) {
 static CommCall comm_nccl_post(Comm* c, int op, long count, const float* ptr, const char* where, int layer) {
     CommGroup* g = c->g;
     std::lock_guard<std::mutex> lock(g->mu);
+    comm_begin(c, op, count, ptr, where, layer);
     CommCall* k = &g->call[c->rank];
-    k->op = op;
-    k->count = count;
-    k->where = where;
-    k->layer = layer;
-    k->seq = c->seq++;
-    k->ptr = ptr;
     long s = k->seq;
     g->log[(size_t)c->rank * COMM_LOG + s % COMM_LOG] = *k;
     g->posted[c->rank] = s + 1;
     for (int r = 0; r < g->P; r++) {
         if (r == c->rank || g->posted[r] <= s || g->posted[r] - s > COMM_LOG) continue;  // not there yet, or too far on
         const CommCall* o = &g->log[(size_t)r * COMM_LOG + s % COMM_LOG];
-        if (o->op != k->op || o->count != k->count || o->layer != k->layer || strcmp(o->where, k->where) != 0) {
+        if (!comm_same(o, k)) {
             char a[256], b[256], why[640];
             comm_describe(k, a, sizeof(a));
             comm_describe(o, b, sizeof(b));

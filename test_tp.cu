@@ -839,16 +839,10 @@ static void test_hangs() {
 // value, and again with TF32 off at 2e-5; other ops at 1e-5 (2e-5 for long sums); ops that reproduce the
 // CPU's order exactly compare bit for bit.
 
-struct Rnd {
-    uint64_t s;
-};
-static uint64_t rnd_u64(Rnd* r) {
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float rnd_uniform(Rnd* r) { return (float)((rnd_u64(r) >> 11) * (1.0 / 9007199254740992.0)); }  // [0, 1)
+// random inputs from gpt.cu's generator
+typedef Rng Rnd;
+static uint64_t rnd_u64(Rnd* r) { return rng_u64(r); }
+static float rnd_uniform(Rnd* r) { return (float)rng_uniform(r); }  // (0, 1)
 static std::vector<float> rnd_vec(Rnd* r, long n, float lo = -1.0f, float hi = 1.0f) {
     std::vector<float> v(n);
     for (auto& x : v) x = lo + (hi - lo) * rnd_uniform(r);
