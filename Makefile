@@ -2,6 +2,7 @@
 # make test        builds and runs the tests
 # make asan tsan   the tests again, under AddressSanitizer + UndefinedBehaviorSanitizer, and ThreadSanitizer
 # make gpucheck    on a GPU machine: GPU tests, memcheck, GPT-2 124M benchmark; results in gpucheck_out/
+MAKEFLAGS += -j$(shell nproc)  # tp and test_tp build side by side
 NVCC     ?= /usr/local/cuda/bin/nvcc
 comma    := ,
 HOSTFLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function
