@@ -102,6 +102,25 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
                 for (int r = 0; r < GEMM_MR; r++) { acc[r][0] += ak[r] * b0; acc[r][1] += ak[r] * b1; }
             }
             int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
+            if (n0 + GEMM_NR <= N) {
+                // a full-width tile: whole vectors (this path matters when K is small, e.g. attention's hs)
+                vec16 b0 = {}, b1 = {};
+                if (bias) { memcpy(&b0, bias + n0, sizeof(vec16)); memcpy(&b1, bias + n0 + 16, sizeof(vec16)); }
+                for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
+                    float* c = Cm + (size_t)(m0 + r) * ldc + n0;
+                    vec16 v0 = acc[r][0] + b0, v1 = acc[r][1] + b1;
+                    if (accumulate) {
+                        vec16 c0, c1;
+                        memcpy(&c0, c, sizeof(vec16));
+                        memcpy(&c1, c + 16, sizeof(vec16));
+                        v0 = c0 + v0;
+                        v1 = c1 + v1;
+                    }
+                    memcpy(c, &v0, sizeof(vec16));
+                    memcpy(c + 16, &v1, sizeof(vec16));
+                }
+                continue;
+            }
             for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
                 float row[GEMM_NR];
                 memcpy(row, &acc[r][0], sizeof(vec16));
@@ -296,29 +315,11 @@ static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, 
 // ----------------------------------------------------------------------------
 // Causal self-attention on this rank's NH heads (NH is the local head count under TP)
 
-// One (b, h) pair's K and V, copied out of qkv once so the inner loops run over contiguous memory:
-// K and V as (T, hs) rows, and transposed as (hs, T) so that a query's scores over all t2 (and in the
-// backward the dot products with V) are vectorised over t2.
-struct HeadPack {
-    std::vector<float> k, v, kt, vt;
-};
-static void head_pack(HeadPack* hp, const float* qkv, int b, int h, int T, int C, int hs, bool transposed_v) {
-    const int C3 = 3 * C;
-    hp->k.resize((size_t)T * hs);
-    hp->v.resize((size_t)T * hs);
-    hp->kt.resize((size_t)hs * T);
-    hp->vt.resize((size_t)hs * T);
-    for (int t = 0; t < T; t++) {
-        const float* k = qkv + ((size_t)b * T + t) * C3 + C + h * hs;
-        const float* v = k + C;
-        for (int i = 0; i < hs; i++) {
-            hp->k[(size_t)t * hs + i] = k[i];
-            hp->v[(size_t)t * hs + i] = v[i];
-            hp->kt[(size_t)i * T + t] = k[i];
-            if (transposed_v) hp->vt[(size_t)i * T + t] = v[i];
-        }
-    }
-}
+// Causal self-attention as matrix products per (b, h) pair, each through gemm_cpu: the scores q k^T and
+// the products with v over the full (T, T) square (the masked half is computed and zeroed, which costs
+// less than giving up the tiled GEMM), the causal softmax row by row in between.
+// Head h's q, k and v are (T, hs) matrices inside qkv with row stride 3C: q at column h*hs, k at C + h*hs,
+// v at 2C + h*hs.
 
 // qkv (B, T, 3*NH*hs): q, k, v blocks of NH*hs channels each, head h at [h*hs, (h+1)*hs) in each.
 // out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  att (B, NH, T, T) saves the probabilities.
@@ -328,35 +329,22 @@ static void attention_forward_cpu(float* out, float* att, const float* qkv, int 
     #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            HeadPack hp;
-            head_pack(&hp, qkv, b, h, T, C, hs, false);
+            const float* q = qkv + (size_t)b * T * C3 + h * hs;
+            const float* k = q + C;
+            const float* v = q + 2 * C;
+            float* a = att + ((size_t)b * NH + h) * T * T;
+            gemm_cpu(T, T, hs, q, C3, 1, k, 1, C3, a, T, false, nullptr);  // a (T, T) = q k^T
             for (int t = 0; t < T; t++) {
-                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                // scores over t2 <= t, one q component at a time: a[t2] = sum_i q[i] K[t2][i]
-                for (int t2 = 0; t2 <= t; t2++) a[t2] = 0.0f;
-                for (int i = 0; i < hs; i++) {
-                    const float* kt = hp.kt.data() + (size_t)i * T;
-                    float qi = q[i];
-                    #pragma omp simd
-                    for (int t2 = 0; t2 <= t; t2++) a[t2] += qi * kt[t2];
-                }
+                float* row = a + (size_t)t * T;
                 float maxv = -FLT_MAX;
-                for (int t2 = 0; t2 <= t; t2++) { a[t2] *= scale; maxv = a[t2] > maxv ? a[t2] : maxv; }
+                for (int t2 = 0; t2 <= t; t2++) { row[t2] *= scale; maxv = row[t2] > maxv ? row[t2] : maxv; }
                 float sum = 0.0f;
                 #pragma omp simd reduction(+ : sum)
-                for (int t2 = 0; t2 <= t; t2++) { float e = exp_fast(a[t2] - maxv); a[t2] = e; sum += e; }
+                for (int t2 = 0; t2 <= t; t2++) { float e = exp_fast(row[t2] - maxv); row[t2] = e; sum += e; }
                 float inv = 1.0f / sum;
-                for (int t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] * inv : 0.0f;
-                float* o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int i = 0; i < hs; i++) o[i] = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = hp.v.data() + (size_t)t2 * hs;
-                    float p = a[t2];
-                    #pragma omp simd
-                    for (int i = 0; i < hs; i++) o[i] += p * v[i];
-                }
+                for (int t2 = 0; t2 < T; t2++) row[t2] = t2 <= t ? row[t2] * inv : 0.0f;
             }
+            gemm_cpu(T, hs, T, a, T, 1, v, C3, 1, out + (size_t)b * T * C + h * hs, C, false, nullptr);  // a v
         }
 }
 
@@ -369,48 +357,26 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
     #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            HeadPack hp;
-            head_pack(&hp, qkv, b, h, T, C, hs, true);
-            // dK and dV accumulate in contiguous (T, hs) buffers, copied into dqkv at the end
-            std::vector<float> datt(T), dpre(T), dkbuf((size_t)T * hs, 0.0f), dvbuf((size_t)T * hs, 0.0f);
+            const float* q = qkv + (size_t)b * T * C3 + h * hs;
+            const float* k = q + C;
+            const float* v = q + 2 * C;
+            const float* a = att + ((size_t)b * NH + h) * T * T;
+            const float* d = dout + (size_t)b * T * C + h * hs;
+            float* dq = dqkv + (size_t)b * T * C3 + h * hs;
+            std::vector<float> datt((size_t)T * T);
+            gemm_cpu(T, T, hs, d, C, 1, v, 1, C3, datt.data(), T, false, nullptr);  // datt = dout v^T
+            gemm_cpu(T, hs, T, a, 1, T, d, C, 1, dq + 2 * C, C3, false, nullptr);   // dv = att^T dout
+            // through the softmax: dpre = att * (datt - sum_t2 att datt) * scale, in place over datt
             for (int t = 0; t < T; t++) {
-                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                const float* d = dout + ((size_t)b * T + t) * C + h * hs;
-                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
-                for (int i = 0; i < hs; i++) dq[i] = 0.0f;
-                // through out = att . v: datt[t2] = d . V[t2], and dV[t2] += att[t2] d
-                for (int t2 = 0; t2 <= t; t2++) datt[t2] = 0.0f;
-                for (int i = 0; i < hs; i++) {
-                    const float* vt = hp.vt.data() + (size_t)i * T;
-                    float di = d[i];
-                    #pragma omp simd
-                    for (int t2 = 0; t2 <= t; t2++) datt[t2] += di * vt[t2];
-                }
-                float dot_ad = 0.0f;
-                #pragma omp simd reduction(+ : dot_ad)
-                for (int t2 = 0; t2 <= t; t2++) dot_ad += a[t2] * datt[t2];
-                // through the softmax, then the scaled dot products: dq += dpre[t2] K[t2], dK[t2] += dpre[t2] q
-                #pragma omp simd
-                for (int t2 = 0; t2 <= t; t2++) dpre[t2] = a[t2] * (datt[t2] - dot_ad) * scale;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = hp.k.data() + (size_t)t2 * hs;
-                    float* dk = dkbuf.data() + (size_t)t2 * hs;
-                    float* dv = dvbuf.data() + (size_t)t2 * hs;
-                    float p = dpre[t2], at = a[t2];
-                    #pragma omp simd
-                    for (int i = 0; i < hs; i++) {
-                        dq[i] += p * k[i];
-                        dk[i] += p * q[i];
-                        dv[i] += at * d[i];
-                    }
-                }
+                const float* ar = a + (size_t)t * T;
+                float* dr = datt.data() + (size_t)t * T;
+                float dot = 0.0f;
+                #pragma omp simd reduction(+ : dot)
+                for (int t2 = 0; t2 <= t; t2++) dot += ar[t2] * dr[t2];
+                for (int t2 = 0; t2 < T; t2++) dr[t2] = t2 <= t ? ar[t2] * (dr[t2] - dot) * scale : 0.0f;
             }
-            for (int t = 0; t < T; t++) {
-                float* dk = dqkv + ((size_t)b * T + t) * C3 + C + h * hs;
-                memcpy(dk, dkbuf.data() + (size_t)t * hs, hs * sizeof(float));
-                memcpy(dk + C, dvbuf.data() + (size_t)t * hs, hs * sizeof(float));
-            }
+            gemm_cpu(T, hs, T, datt.data(), T, 1, k, C3, 1, dq, C3, false, nullptr);      // dq = dpre k
+            gemm_cpu(T, hs, T, datt.data(), 1, T, q, C3, 1, dq + C, C3, false, nullptr);   // dk = dpre^T q
         }
 }
 
