@@ -754,23 +754,37 @@ static void gpt_load_checkpoint(const char* path, GPTConfig* c, std::vector<floa
     fclose(f);
 }
 
-// Writes full parameters as an llm.c version-3 checkpoint, atomically: a temporary file, fsync, rename.
-// A crash at any point leaves either the old file or the new one, never half of one.
-static bool gpt_write_checkpoint(const char* path, const GPTConfig* c, const float* full) {
-    std::string tmp = std::string(path) + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) { fprintf(stderr, "error: cannot write %s: %s\n", tmp.c_str(), strerror(errno)); return false; }
-    int h[256] = {0};
-    h[0] = 20240326; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
-    long n = gpt_num_params(c);
-    bool ok = fwrite(h, sizeof(int), 256, f) == 256 && (long)fwrite(full, sizeof(float), n, f) == n;
+// Files that must never be left half-written are written atomically: to PATH.tmp, then fsync, then
+// rename over PATH. A crash at any point leaves either the old file or the new one, never half of one.
+static FILE* atomic_open(const char* path, std::string* tmp) {
+    *tmp = std::string(path) + ".tmp";
+    FILE* f = fopen(tmp->c_str(), "wb");
+    if (!f) fprintf(stderr, "error: cannot write %s: %s\n", tmp->c_str(), strerror(errno));
+    return f;
+}
+
+// ok: whether every write succeeded. Flushes, syncs, closes and renames; on any failure removes the
+// temporary file and says so.
+static bool atomic_close(FILE* f, bool ok, const std::string& tmp, const char* path) {
     ok = fflush(f) == 0 && ok;
     ok = fsync(fileno(f)) == 0 && ok;
     ok = fclose(f) == 0 && ok;
     if (!ok || rename(tmp.c_str(), path) != 0) {
-        fprintf(stderr, "error: writing checkpoint %s failed: %s\n", path, strerror(errno));
+        fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
         remove(tmp.c_str());
         return false;
     }
     return true;
+}
+
+// Writes full parameters as an llm.c version-3 checkpoint, atomically.
+static bool gpt_write_checkpoint(const char* path, const GPTConfig* c, const float* full) {
+    std::string tmp;
+    FILE* f = atomic_open(path, &tmp);
+    if (!f) return false;
+    int h[256] = {0};
+    h[0] = 20240326; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
+    long n = gpt_num_params(c);
+    bool ok = fwrite(h, sizeof(int), 256, f) == 256 && (long)fwrite(full, sizeof(float), n, f) == n;
+    return atomic_close(f, ok, tmp, path);
 }

@@ -199,21 +199,13 @@ static bool write_all(FILE* f, const void* p, size_t bytes) { return fwrite(p, 1
 
 static bool state_write(const char* path, const StateHeader* h, const float* m, const float* v, const DataLoader* d,
                         const std::string& rng) {
-    std::string tmp = std::string(path) + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) { fprintf(stderr, "error: cannot write %s: %s\n", tmp.c_str(), strerror(errno)); return false; }
+    std::string tmp;
+    FILE* f = atomic_open(path, &tmp);
+    if (!f) return false;
     bool ok = write_all(f, h, sizeof(*h)) && write_all(f, m, h->nparams * 4) && write_all(f, v, h->nparams * 4) &&
               write_all(f, d->shard_order.data(), h->nshards * sizeof(int)) &&
               write_all(f, d->sample_order.data(), h->nsamples * sizeof(long)) && write_all(f, rng.data(), rng.size());
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp.c_str(), path) != 0) {
-        fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
-        remove(tmp.c_str());
-        return false;
-    }
-    return true;
+    return atomic_close(f, ok, tmp, path);
 }
 
 static void read_all(FILE* f, void* p, size_t bytes, const char* path) {
