@@ -344,8 +344,8 @@ static void usage(FILE* out) {
         "  -u N        warmup steps                                             (default 100)\n"
         "  -q F        final learning rate as a fraction of -l, cosine decay    (default 0)\n"
         "  -c WD       weight decay of the matrices (AdamW, decoupled)          (default 0)\n"
-        "  -x N        training steps                                           (default 3800)\n"
-        "  -v N        val loss every N steps, and at the last step (0: never)  (default 950)\n"
+        "  -x N        training steps                                           (default 3500)\n"
+        "  -v N        val loss every N steps, and at the last step (0: never)  (default 875)\n"
         "  -m N        val batches                                              (default 50)\n"
         "  -s N        sample every N steps (0: only at the end)                (default 0)\n"
         "  -g N        tokens to generate per sample                            (default 256)\n"
@@ -414,7 +414,7 @@ static void parse_args(int argc, char** argv, Args* a) {
     // the defaults are the `make && ./tp` run: the L3C128H4 model on the embedded corpus, about 2.5 minutes
     // on 2 CPU cores (for GPT-2 sizes give -l, -u, -q and -x as llm.c does, e.g. -l 6e-4 -u 700 -q 0)
     a->B = 8; a->T = 128; a->lr = 6e-3f; a->warmup = 100; a->final_frac = 0.0f; a->wd = 0.0f;
-    a->max_steps = 3800; a->val_every = 950; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
+    a->max_steps = 3500; a->val_every = 875; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
     a->device = -1; a->timeout = 600;
     a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8;
