@@ -143,6 +143,13 @@ static GPTConfig make_config(int L, int NH, int C, int V, int maxT) {
     return c;
 }
 
+// the full initial weights of a config, as every run starts from them
+static std::vector<float> init_weights(const GPTConfig* cfg, uint64_t seed) {
+    std::vector<float> w(gpt_num_params(cfg));
+    gpt_init_full(cfg, seed, w.data());
+    return w;
+}
+
 static std::vector<int> random_tokens(long n, int V, uint64_t seed) {
     Rng r = {seed};
     std::vector<int> t(n);
@@ -205,8 +212,7 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
     int B = 2, T = 16, steps = 10;
     printf("TP equivalence: L%d NH%d C%d V%d (Vp %d), B%d T%d, %d AdamW steps (lr 1e-3, wd 0.1, clip 1)\n",
            cfg->L, cfg->NH, cfg->C, cfg->V, cfg->Vp, B, T, steps);
-    std::vector<float> init(gpt_num_params(cfg));
-    gpt_init_full(cfg, 7, init.data());
+    std::vector<float> init = init_weights(cfg, 7);
     std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg->V, 99);
     TpResult ref;
     run_tp(cfg, init, 1, steps, data, B, T, 1e-3f, 1.0f, &ref);
@@ -355,8 +361,7 @@ static void test_reference_forward() {
     printf("forward against an independent double-precision GPT-2\n");
     GPTConfig cfg = make_config(2, 4, 32, 200, 16);
     int B = 2, T = 12;
-    std::vector<float> init(gpt_num_params(&cfg));
-    gpt_init_full(&cfg, 11, init.data());
+    std::vector<float> init = init_weights(&cfg, 11);
     for (long i = 0; i < (long)init.size(); i++) init[i] *= 5.0f;  // larger weights: a non-trivial forward
     std::vector<int> tok = random_tokens(B * T + 1, cfg.V, 5);
     double ref = reference_loss(&cfg, init.data(), tok.data(), tok.data() + 1, B, T);
@@ -375,8 +380,7 @@ static void test_gradcheck() {
     printf("gradient check: backward vs central finite differences (tiny model)\n");
     GPTConfig cfg = make_config(1, 2, 16, 20, 8);
     int B = 2, T = 6;
-    std::vector<float> init(gpt_num_params(&cfg));
-    gpt_init_full(&cfg, 3, init.data());
+    std::vector<float> init = init_weights(&cfg, 3);
     for (auto& x : init) x *= 4.0f;  // bigger weights, bigger gradients above float noise
     for (long i = 0; i < (long)(cfg.Vp - cfg.V) * cfg.C; i++) init[(long)cfg.V * cfg.C + i] = 0.0f;
     std::vector<int> tok = random_tokens(B * T + 1, cfg.V, 17);
@@ -480,8 +484,7 @@ static void test_loader() {
 static void test_checkpoint() {
     printf("checkpoint: write, load, shard and gather round-trip exactly\n");
     GPTConfig cfg = make_config(2, 4, 32, 300, 16);
-    std::vector<float> init(gpt_num_params(&cfg));
-    gpt_init_full(&cfg, 5, init.data());
+    std::vector<float> init = init_weights(&cfg, 5);
     std::string path = tmpdir() + "/model.bin";
     check(gpt_write_checkpoint(path.c_str(), &cfg, init.data()), "write %s", path.c_str());
     GPTConfig c2;
@@ -542,8 +545,7 @@ static void test_cli_parity_run() {
     printf("command line: the llm.c-parity command gives the same losses at --tp 1, 2, 4\n");
     std::string d = tmpdir();
     GPTConfig cfg = make_config(2, 4, 32, 256, 64);
-    std::vector<float> init(gpt_num_params(&cfg));
-    gpt_init_full(&cfg, 21, init.data());
+    std::vector<float> init = init_weights(&cfg, 21);
     gpt_write_checkpoint((d + "/ckpt.bin").c_str(), &cfg, init.data());
     write_tokens(d + "/train.bin", random_tokens(4000, 256, 1));
     write_tokens(d + "/val.bin", random_tokens(2000, 256, 2));
@@ -588,8 +590,7 @@ static void test_bad_input() {
     mkdir((d + "/dir.bin").c_str(), 0755);
     // checkpoints: a good one, and broken copies of it
     GPTConfig cfg = make_config(1, 2, 16, 256, 32);
-    std::vector<float> init(gpt_num_params(&cfg));
-    gpt_init_full(&cfg, 1, init.data());
+    std::vector<float> init = init_weights(&cfg, 1);
     gpt_write_checkpoint((d + "/model.bin").c_str(), &cfg, init.data());
     std::string m = d + "/model.bin";
     auto patch = [&](const std::string& name, long offset, int value, long truncate_to) {
@@ -715,8 +716,7 @@ static void test_resume() {
     check(rc == 1 && err.find("output directory") != std::string::npos, "unwritable -o: %s", strtok(&err[0], "\n"));
     // a non-finite loss stops training before anything is saved
     GPTConfig cfg = make_config(2, 4, 64, 256, 1024);
-    std::vector<float> w(gpt_num_params(&cfg));
-    gpt_init_full(&cfg, 3, w.data());
+    std::vector<float> w = init_weights(&cfg, 3);
     w[w.size() - 2 * 64] = NAN;  // lnfw[0]
     gpt_write_checkpoint((d + "/nan.bin").c_str(), &cfg, w.data());
     rc = run_cmd("-e " + d + "/nan.bin -b 4 -t 32 -x 5 -n 1 -v 0 -g 0 --threads 1 --tp 2 -o " + d + "/nan", nullptr, &err);
@@ -1377,8 +1377,7 @@ static void bench(CudaCtx* cx) {
 static void gpu_training_tests(int ndev) {
     GPTConfig cfg = make_config(2, 4, 64, 200, 64);
     int B = 4, T = 32, steps = 10;
-    std::vector<float> init(gpt_num_params(&cfg));
-    gpt_init_full(&cfg, 7, init.data());
+    std::vector<float> init = init_weights(&cfg, 7);
     std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg.V, 99);
     TpResult cpu, gpu1;
     g_device = DEV_CPU;
@@ -1476,8 +1475,7 @@ static void test_corpus() {
 static void test_sampling() {
     printf("sampling: the same tokens at TP=1, 2 and 4 for the same seed and weights\n");
     GPTConfig cfg = make_config(2, 4, 64, 256, 64);
-    std::vector<float> init(gpt_num_params(&cfg));
-    gpt_init_full(&cfg, 9, init.data());
+    std::vector<float> init = init_weights(&cfg, 9);
     for (auto& x : init) x *= 10.0f;  // peaked distributions: samples that say something about the weights
     std::vector<int> prompt = {'T', 'h', 'e'};
     std::vector<std::vector<int>> got(5);
