@@ -1,6 +1,8 @@
 # make             builds ./tp and ./test_tp
 # make test        builds and runs the tests
 # make asan tsan   the tests again, under AddressSanitizer + UndefinedBehaviorSanitizer, and ThreadSanitizer
+# make debug       ./tp_debug and ./test_tp_debug for work on kernels: -O0 -g, device debug info with line
+#                  numbers (-G, for cuda-gdb and compute-sanitizer), every kernel launch waited for
 # make gpucheck    on a GPU machine: GPU tests, memcheck, GPT-2 124M benchmark; results in gpucheck_out/
 MAKEFLAGS += -j$(shell nproc)  # tp and test_tp build side by side
 NVCC     ?= /usr/local/cuda/bin/nvcc
@@ -15,14 +17,15 @@ ARCH      = -gencode arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
 endif
 NVFLAGS   = -std=c++17 -O3 -Werror all-warnings $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS))
 LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp
-SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh data/grammar.h
+SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh common/error.h data/grammar.h data/loader.h data/tokenizer.h \
+            train/checkpoint.h train/logger.h train/sampler.h
 
 all: tp test_tp
 
 tp: tp.cu $(SOURCES)
 	$(NVCC) $(NVFLAGS) -o $@ tp.cu $(LDLIBS)
 
-test_tp: test_tp.cu tp.cu $(SOURCES)
+test_tp: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
 	$(NVCC) $(NVFLAGS) -o $@ test_tp.cu $(LDLIBS)
 
 test: test_tp tp
@@ -35,17 +38,26 @@ TSAN = -Xcompiler -fsanitize=thread -Xlinker -ltsan
 
 tp_asan: tp.cu $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ tp.cu $(LDLIBS)
-test_tp_asan: test_tp.cu tp.cu $(SOURCES)
+test_tp_asan: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ test_tp.cu $(LDLIBS)
 asan: tp_asan test_tp_asan
 	ASAN_OPTIONS=detect_leaks=0 TP_BIN=./tp_asan ./test_tp_asan
 
 tp_tsan: tp.cu $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ tp.cu $(LDLIBS)
-test_tp_tsan: test_tp.cu tp.cu $(SOURCES)
+test_tp_tsan: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ test_tp.cu $(LDLIBS)
 tsan: tp_tsan test_tp_tsan
 	TSAN_OPTIONS=halt_on_error=1 TP_BIN=./tp_tsan ./test_tp_tsan
+
+# for people working on kernels: no optimisation, host and device debug info (-G implies line info), and
+# TP_CUDA_DEBUG, which makes every CUDA_LAUNCH_CHECK wait for its kernel so a fault names the kernel
+DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function
+tp_debug: tp.cu $(SOURCES)
+	$(NVCC) $(DEBUGFLAGS) -o $@ tp.cu $(LDLIBS)
+test_tp_debug: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
+	$(NVCC) $(DEBUGFLAGS) -o $@ test_tp.cu $(LDLIBS)
+debug: tp_debug test_tp_debug
 
 # The prepared GPU run: one GPU, well under 8 minutes. Every step runs even if one before it failed;
 # gpucheck_out/summary.txt says which passed. TP=2 on one GPU goes through the shared-memory backend.
@@ -64,6 +76,6 @@ gpucheck: tp test_tp
 	@cat $(GPUOUT)/summary.txt
 
 clean:
-	rm -f tp test_tp tp_asan test_tp_asan tp_tsan test_tp_tsan
+	rm -f tp test_tp tp_asan test_tp_asan tp_tsan test_tp_tsan tp_debug test_tp_debug
 
-.PHONY: all test asan tsan gpucheck clean
+.PHONY: all test asan tsan debug gpucheck clean

@@ -10,8 +10,8 @@
 // instead of computing garbage, and a rank that waits longer than the timeout reports where every
 // rank is instead of hanging forever (the classic TP failure: one rank skips a collective).
 //
-// One set of calls (comm_allreduce, comm_allgather, comm_broadcast, comm_barrier), three backends, set
-// per rank at setup; the recipe in gpt.cu never knows which one runs:
+// One set of calls (comm_allreduce, comm_reducescatter, comm_allgather, comm_broadcast, comm_barrier),
+// three backends, set per rank at setup; the recipe in gpt.cu never knows which one runs:
 //   COMM_HOST  shared memory, buffers in host memory: ranks on the CPU. comm_init alone.
 //   COMM_CUDA  shared memory, buffers in device memory: ranks that share a GPU. comm_init, then
 //              comm_bind_cuda. A CUDA kernel reads the P ranks' device pointers directly (one process,
@@ -33,64 +33,16 @@
 #include <unistd.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
-
-// ----------------------------------------------------------------------------
-// error checks, used here and by kernels.cuh. A failed call prints one line naming the rank and the
-// call, then ends the process (ranks are threads; there is nothing to unwind to).
-// Every fatal error path starts here: the first thread to fail reports and ends the process; a second
-// rank failing at the same moment (they run the same code on the same data) waits to be ended with it,
-// so the user sees one error line, not P copies.
-static void fatal_begin() {
-    static std::atomic<int> failing{0};
-    if (failing.exchange(1) != 0)
-        for (;;) pause();
-    fflush(stdout);
-}
-
-[[noreturn]] static void tp_cuda_fail(int rank, const char* call, const char* msg, const char* file, int line) {
-    fatal_begin();
-    fprintf(stderr, "error: rank %d: %s failed: %s (%s:%d)\n", rank, call, msg, file, line);
-    fflush(stderr);
-    _Exit(1);
-}
-#define CUDA_CHECK(rank, call)                                                                       \
-    do {                                                                                             \
-        cudaError_t err_ = (call);                                                                   \
-        if (err_ != cudaSuccess) tp_cuda_fail((rank), #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
-    } while (0)
-// After a kernel launch: a bad launch configuration shows here, not at the next sync. Built with
-// -DTP_CUDA_DEBUG it also waits for the kernel, so a fault (e.g. an illegal address) names its kernel.
-#ifdef TP_CUDA_DEBUG
-#define TP_CUDA_DEBUG_SYNC() cudaDeviceSynchronize()
-#else
-#define TP_CUDA_DEBUG_SYNC() cudaSuccess
-#endif
-#define CUDA_LAUNCH_CHECK(rank, kernel)                                                              \
-    do {                                                                                             \
-        cudaError_t err_ = cudaGetLastError();                                                       \
-        if (err_ == cudaSuccess) err_ = TP_CUDA_DEBUG_SYNC();                                        \
-        if (err_ != cudaSuccess)                                                                     \
-            tp_cuda_fail((rank), "launch of " kernel, cudaGetErrorString(err_), __FILE__, __LINE__);  \
-    } while (0)
-
-// an NCCL call of rank c, with NCCL's own last-error text
-#define NCCL_CHECK(c, call)                                                                          \
-    do {                                                                                             \
-        ncclResult_t nr_ = (call);                                                                   \
-        if (nr_ != ncclSuccess) {                                                                    \
-            char m_[512];                                                                            \
-            snprintf(m_, sizeof(m_), "%s (%s)", ncclGetErrorString(nr_), ncclGetLastError((c)->nccl)); \
-            tp_cuda_fail((c)->rank, #call, m_, __FILE__, __LINE__);                                  \
-        }                                                                                            \
-    } while (0)
+#include "common/error.h"
 
 #define COMM_MAXP 64
 #define COMM_LOG 1024    // COMM_NCCL: per rank, the last collectives kept for the cross-rank sequence check
 #define COMM_EVENTS 256  // COMM_NCCL: per rank, collectives that may be in flight between two waits
 
-enum CommOp { COMM_SUM, COMM_MAX, COMM_GATHER, COMM_BCAST, COMM_BARRIER };
+// what a collective does; COMM_SUM and COMM_MAX are the two all-reduces
+enum CommOp { COMM_SUM, COMM_MAX, COMM_SCATTER, COMM_GATHER, COMM_BCAST, COMM_BARRIER };
 static const char* comm_op_name(int op) {
-    static const char* names[] = {"all-reduce(sum)", "all-reduce(max)", "all-gather", "broadcast", "barrier"};
+    static const char* names[] = {"all-reduce(sum)", "all-reduce(max)", "reduce-scatter(sum)", "all-gather", "broadcast", "barrier"};
     return names[op];
 }
 
@@ -150,10 +102,7 @@ struct Comm {
 };
 
 static void comm_group_init(CommGroup* g, int P, double timeout_s) {
-    if (P < 1 || P > COMM_MAXP) {
-        fprintf(stderr, "error: --tp %d is out of range: the shared-memory backend supports 1 to %d ranks\n", P, COMM_MAXP);
-        exit(1);
-    }
+    if (P < 1 || P > COMM_MAXP) fatal("a group of %d ranks is out of range: the collectives support 1 to %d ranks", P, COMM_MAXP);
     g->P = P;
     g->timeout_s = timeout_s;
     g->arrived = 0;
@@ -194,7 +143,7 @@ static void comm_describe(const CommCall* k, char* buf, size_t n) {
 
 // Prints where every rank is and ends the process: the other ranks may be blocked for good, so there is
 // nothing to unwind to.
-static void comm_abort(CommGroup* g, int rank, const char* why) {
+[[noreturn]] static void comm_abort(CommGroup* g, int rank, const char* why) {
     fatal_begin();
     fprintf(stderr, "error: rank %d: %s; the ranks' collectives:\n", rank, why);
     for (int r = 0; r < g->P; r++) {
@@ -203,8 +152,7 @@ static void comm_abort(CommGroup* g, int rank, const char* why) {
         fprintf(stderr, "  rank %d %s %s\n", r, g->waiting[r] ? "waits in" : "last issued", d);
     }
     fprintf(stderr, "error: every rank must issue the same collectives in the same order; this is a bug in the recipe\n");
-    fflush(stderr);
-    _Exit(1);
+    fatal_end();
 }
 
 // two ranks' calls are the same collective: same op, count and place in the model
@@ -263,16 +211,11 @@ static double comm_now() {
 static void comm_nccl_init_all(CommGroup* g, const int* gpus) {
     for (int i = 0; i < g->P; i++)
         for (int j = i + 1; j < g->P; j++)
-            if (gpus[i] == gpus[j]) {
-                fprintf(stderr, "error: ranks %d and %d are both on GPU %d: NCCL needs one GPU per rank (ranks that share "
-                        "a GPU use the shared-memory backend)\n", i, j, gpus[i]);
-                _Exit(1);
-            }
+            if (gpus[i] == gpus[j])
+                fatal("ranks %d and %d are both on GPU %d: NCCL needs one GPU per rank (ranks that share a GPU use the "
+                      "shared-memory backend)", i, j, gpus[i]);
     ncclResult_t r = ncclCommInitAll(g->nccl, g->P, gpus);
-    if (r != ncclSuccess) {
-        fprintf(stderr, "error: ncclCommInitAll for %d ranks failed: %s (%s)\n", g->P, ncclGetErrorString(r), ncclGetLastError(nullptr));
-        _Exit(1);
-    }
+    if (r != ncclSuccess) fatal("ncclCommInitAll for %d ranks failed: %s (%s)", g->P, ncclGetErrorString(r), ncclGetLastError(nullptr));
     g->log.assign((size_t)g->P * COMM_LOG, CommCall());
     for (int i = 0; i < g->P; i++) {
         g->posted[i] = 0;
@@ -314,16 +257,12 @@ static void comm_bind_cuda(Comm* c, int gpu, cudaStream_t stream) {
         if (seen) continue;
         int can = 0;
         CUDA_CHECK(c->rank, cudaDeviceCanAccessPeer(&can, gpu, other));
-        if (!can) {
-            fprintf(stderr, "error: rank %d: GPU %d cannot access the memory of GPU %d (no peer access), so ranks on the two "
-                    "cannot share buffers: use one rank per GPU (--tp up to the number of GPUs), or make one GPU visible\n",
-                    c->rank, gpu, other);
-            fflush(stderr);
-            _Exit(1);
-        }
+        if (!can)
+            fatal("rank %d: GPU %d cannot access the memory of GPU %d (no peer access), so ranks on the two cannot share "
+                  "buffers: use one rank per GPU (--tp up to the number of GPUs), or make one GPU visible", c->rank, gpu, other);
         cudaError_t e = cudaDeviceEnablePeerAccess(other, 0);
         if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();  // another rank on this device did it
-        else if (e != cudaSuccess) tp_cuda_fail(c->rank, "cudaDeviceEnablePeerAccess", cudaGetErrorString(e), __FILE__, __LINE__);
+        else if (e != cudaSuccess) fatal_call(c->rank, "cudaDeviceEnablePeerAccess", cudaGetErrorString(e), __FILE__, __LINE__);
     }
     comm_wait_all(c, false);  // peer access is on everywhere before anyone reduces
 }
@@ -364,7 +303,7 @@ static void comm_nccl_stalled(Comm* c, double deadline, int* spins, const CommCa
     if (pending) comm_describe(pending, d, sizeof(d));
     else snprintf(d, sizeof(d), "the GPU work queued after collective #%ld", c->seq - 1);
     ncclResult_t ar = ncclSuccess;
-    NCCL_CHECK(c, ncclCommGetAsyncError(c->nccl, &ar));
+    NCCL_CHECK(c->rank, c->nccl, ncclCommGetAsyncError(c->nccl, &ar));
     if (ar != ncclSuccess) {
         snprintf(why, sizeof(why), "NCCL failed in %s: %s (%s)", d, ncclGetErrorString(ar), ncclGetLastError(c->nccl));
         std::lock_guard<std::mutex> lock(c->g->mu);
@@ -395,7 +334,7 @@ static void comm_nccl_progress(Comm* c, long upto, bool wait) {
             c->ev_done++;
             continue;
         }
-        if (e != cudaErrorNotReady) tp_cuda_fail(c->rank, "cudaEventQuery after an NCCL collective", cudaGetErrorString(e), __FILE__, __LINE__);
+        if (e != cudaErrorNotReady) fatal_call(c->rank, "cudaEventQuery after an NCCL collective", cudaGetErrorString(e), __FILE__, __LINE__);
         if (!wait) {
             if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
             return;
@@ -420,7 +359,7 @@ static void comm_sync(Comm* c) {
     for (;;) {
         cudaError_t e = cudaStreamQuery(c->stream);
         if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady) tp_cuda_fail(c->rank, "cudaStreamQuery", cudaGetErrorString(e), __FILE__, __LINE__);
+        if (e != cudaErrorNotReady) fatal_call(c->rank, "cudaStreamQuery", cudaGetErrorString(e), __FILE__, __LINE__);
         comm_nccl_stalled(c, deadline, &spins, nullptr);
     }
 }
@@ -453,7 +392,7 @@ static void comm_free(Comm* c) {
             CUDA_CHECK(c->rank, cudaEventDestroy(c->ev_start[i]));
             CUDA_CHECK(c->rank, cudaEventDestroy(c->ev_end[i]));
         }
-        NCCL_CHECK(c, ncclCommDestroy(c->nccl));
+        NCCL_CHECK(c->rank, c->nccl, ncclCommDestroy(c->nccl));
         std::lock_guard<std::mutex> lock(c->g->mu);
         c->g->nccl[c->rank] = nullptr;
         c->nccl = nullptr;
@@ -530,10 +469,37 @@ static void comm_cuda_allreduce(Comm* c, float* buf, long n, int op, const char*
     c->seconds += comm_now() - t0;
 }
 
+// in (P*n) on every rank; out (n) <- slice `rank` of the rank-order sum. out may be in + rank*n.
+static void comm_cuda_reducescatter(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
+    CommGroup* g = c->g;
+    int P = c->P;
+    if (P == 1) {  // the sum over one rank is a copy, on the stream
+        comm_begin(c, COMM_SCATTER, n, in, where, layer);
+        if (n > 0 && in != out)
+            CUDA_CHECK(c->rank, cudaMemcpyAsync(out, in, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+        c->values += n;
+        return;
+    }
+    CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));  // the input is written
+    double t0 = comm_now();
+    comm_begin(c, COMM_SCATTER, (long)P * n, in, where, layer);
+    comm_wait_all(c, true);  // every input is ready
+    if (n > 0) {
+        CommPtrs src;
+        for (int r = 0; r < P; r++) src.p[r] = g->call[r].ptr;
+        comm_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(src, P, (long)c->rank * n, n, COMM_SUM, out);
+        CUDA_LAUNCH_CHECK(c->rank, "comm_reduce_kernel");
+    }
+    CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+    comm_wait_all(c, false);  // no rank may change its input before everyone has read it
+    c->values += (double)P * n;
+    c->seconds += comm_now() - t0;
+}
+
 // in must not overlap out, except as out + rank*n (an in-place gather)
-static void comm_cuda_allgather(Comm* c, float* out, const float* in, long n, const char* where) {
+static void comm_cuda_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
     if (c->P == 1) {  // a copy on the stream, asynchronous
-        comm_begin(c, COMM_GATHER, n, in, where, -1);
+        comm_begin(c, COMM_GATHER, n, in, where, layer);
         if (n > 0 && in != out)
             CUDA_CHECK(c->rank, cudaMemcpyAsync(out, in, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
         c->values += n;
@@ -541,7 +507,7 @@ static void comm_cuda_allgather(Comm* c, float* out, const float* in, long n, co
     }
     CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
     double t0 = comm_now();
-    comm_begin(c, COMM_GATHER, n, in, where, -1);
+    comm_begin(c, COMM_GATHER, n, in, where, layer);
     if (c->P > 1) comm_wait_all(c, true);
     for (int r = 0; r < c->P; r++) {
         const float* src = c->g->call[r].ptr;
@@ -581,15 +547,23 @@ static void comm_cuda_broadcast(Comm* c, float* buf, long n, int root, const cha
 static void comm_nccl_allreduce(Comm* c, float* buf, long n, int op, const char* where, int layer) {
     CommCall k = comm_nccl_post(c, op, n, buf, where, layer);
     int slot = comm_nccl_begin(c, &k);
-    NCCL_CHECK(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, op == COMM_SUM ? ncclSum : ncclMax, c->nccl, c->stream));
+    NCCL_CHECK(c->rank, c->nccl, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, op == COMM_SUM ? ncclSum : ncclMax, c->nccl, c->stream));
     comm_nccl_end(c, slot);
     c->values += n;
 }
 
-static void comm_nccl_allgather(Comm* c, float* out, const float* in, long n, const char* where) {
-    CommCall k = comm_nccl_post(c, COMM_GATHER, n, in, where, -1);
+static void comm_nccl_reducescatter(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
+    CommCall k = comm_nccl_post(c, COMM_SCATTER, (long)c->P * n, in, where, layer);
     int slot = comm_nccl_begin(c, &k);
-    NCCL_CHECK(c, ncclAllGather(in, out, (size_t)n, ncclFloat, c->nccl, c->stream));
+    NCCL_CHECK(c->rank, c->nccl, ncclReduceScatter(in, out, (size_t)n, ncclFloat, ncclSum, c->nccl, c->stream));
+    comm_nccl_end(c, slot);
+    c->values += (double)c->P * n;
+}
+
+static void comm_nccl_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
+    CommCall k = comm_nccl_post(c, COMM_GATHER, n, in, where, layer);
+    int slot = comm_nccl_begin(c, &k);
+    NCCL_CHECK(c->rank, c->nccl, ncclAllGather(in, out, (size_t)n, ncclFloat, c->nccl, c->stream));
     comm_nccl_end(c, slot);
     c->values += (double)n * c->P;
 }
@@ -597,7 +571,7 @@ static void comm_nccl_allgather(Comm* c, float* out, const float* in, long n, co
 static void comm_nccl_broadcast(Comm* c, float* buf, long n, int root, const char* where) {
     CommCall k = comm_nccl_post(c, COMM_BCAST, n, buf, where, -1);
     int slot = comm_nccl_begin(c, &k);
-    NCCL_CHECK(c, ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root, c->nccl, c->stream));
+    NCCL_CHECK(c->rank, c->nccl, ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root, c->nccl, c->stream));
     comm_nccl_end(c, slot);
     c->values += n;
 }
@@ -605,6 +579,19 @@ static void comm_nccl_broadcast(Comm* c, float* buf, long n, int root, const cha
 // ----------------------------------------------------------------------------
 // the collectives the recipe calls. Buffers live where the rank's backend works: host memory for
 // COMM_HOST, the rank's device memory otherwise.
+
+// out (hi - lo) <- elements [lo, hi) of every rank's published buffer, summed (or maxed) in rank order
+// 0, 1, ..., P-1: the one reduction of the host backend, so every result is bit-identical on every rank
+static void comm_host_reduce(const CommGroup* g, long lo, long hi, int op, float* out) {
+    for (long i = lo; i < hi; i++) {
+        float v = g->call[0].ptr[i];
+        for (int r = 1; r < g->P; r++) {
+            float x = g->call[r].ptr[i];
+            v = op == COMM_MAX ? (x > v ? x : v) : v + x;
+        }
+        out[i - lo] = v;
+    }
+}
 
 // buf (n) on every rank <- the elementwise sum (or max) of buf over ranks 0..P-1, in that order
 // (COMM_NCCL: in NCCL's order, the same result on every rank)
@@ -617,21 +604,14 @@ static void comm_allreduce(Comm* c, float* buf, long n, int op, const char* wher
     comm_begin(c, op, n, buf, where, layer);
     if (P > 1) {
         comm_wait_all(c, true);  // every buffer is ready
-        // reduce-scatter in shared memory: rank r reduces slice r of everyone's buffer
+        // a reduce-scatter in shared memory: rank r reduces slice r of everyone's buffer
         long lo = n * c->rank / P, hi = n * (c->rank + 1) / P;
         std::vector<float>& out = g->chunk[c->rank];
         if ((long)out.size() < hi - lo) out.resize(hi - lo);
-        for (long i = lo; i < hi; i++) {
-            float v = g->call[0].ptr[i];
-            for (int r = 1; r < P; r++) {
-                float x = g->call[r].ptr[i];
-                v = op == COMM_SUM ? v + x : (x > v ? x : v);
-            }
-            out[i - lo] = v;
-        }
+        comm_host_reduce(g, lo, hi, op, out.data());
         comm_wait_all(c, false);  // every slice is reduced
-        // all-gather: copy every rank's slice back into our buffer. Nobody writes a slice again before
-        // the next collective's first wait, which all ranks reach only after this copy.
+        // then an all-gather: copy every rank's slice back into our buffer. Nobody writes a slice again
+        // before the next collective's first wait, which all ranks reach only after this copy.
         for (int r = 0; r < P; r++) {
             long rlo = n * r / P, rhi = n * (r + 1) / P;
             if (rhi > rlo) memcpy(buf + rlo, g->chunk[r].data(), (rhi - rlo) * sizeof(float));
@@ -641,12 +621,29 @@ static void comm_allreduce(Comm* c, float* buf, long n, int op, const char* wher
     c->seconds += comm_now() - t0;
 }
 
-// out (P*n) on every rank <- the concatenation of every rank's in (n), rank 0 first
-static void comm_allgather(Comm* c, float* out, const float* in, long n, const char* where) {
-    if (c->backend == COMM_CUDA) { comm_cuda_allgather(c, out, in, n, where); return; }
-    if (c->backend == COMM_NCCL) { comm_nccl_allgather(c, out, in, n, where); return; }
+// in (P*n) on every rank; out (n) on rank r <- slice r (elements [r*n, (r+1)*n)) of the elementwise sum
+// of in over ranks 0..P-1, in that order. out may be in + r*n (in place), as NCCL allows.
+static void comm_reducescatter(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
+    if (c->backend == COMM_CUDA) { comm_cuda_reducescatter(c, out, in, n, where, layer); return; }
+    if (c->backend == COMM_NCCL) { comm_nccl_reducescatter(c, out, in, n, where, layer); return; }
     double t0 = comm_now();
-    comm_begin(c, COMM_GATHER, n, in, where, -1);
+    int P = c->P;
+    comm_begin(c, COMM_SCATTER, (long)P * n, in, where, layer);
+    if (P > 1) comm_wait_all(c, true);  // every input is ready
+    // element i of the slice reads every rank's element i before this rank writes out[i]; other ranks
+    // read only their own slices of this rank's input, so writing in place is safe
+    comm_host_reduce(c->g, (long)c->rank * n, (long)(c->rank + 1) * n, COMM_SUM, out);
+    if (P > 1) comm_wait_all(c, false);  // no rank may change its input before everyone has read it
+    c->values += (double)P * n;
+    c->seconds += comm_now() - t0;
+}
+
+// out (P*n) on every rank <- the concatenation of every rank's in (n), rank 0 first
+static void comm_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
+    if (c->backend == COMM_CUDA) { comm_cuda_allgather(c, out, in, n, where, layer); return; }
+    if (c->backend == COMM_NCCL) { comm_nccl_allgather(c, out, in, n, where, layer); return; }
+    double t0 = comm_now();
+    comm_begin(c, COMM_GATHER, n, in, where, layer);
     if (c->P > 1) comm_wait_all(c, true);
     for (int r = 0; r < c->P; r++) memmove(out + (long)r * n, c->g->call[r].ptr, n * sizeof(float));
     if (c->P > 1) comm_wait_all(c, false);  // no rank may change its input before everyone copied it

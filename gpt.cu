@@ -2,42 +2,32 @@
 // shard plan, the parameters, and the forward pass, backward pass and AdamW update of one rank.
 //
 // This file is the tensor-parallel recipe, written once. It calls ops (layernorm_forward, matmul_backward,
-// ...) that exist for the CPU (kernels_cpu.h) and for CUDA (kernels.cuh) with the same signatures, and
-// collectives from comm.cuh. Every collective of a training step is in gpt_forward and gpt_backward
-// below, each with a comment saying which Megatron operator it is and why the sum is needed there:
-//   forward:  embedding all-reduce, per layer attproj and fcproj all-reduces (g), loss max + sums
-//   backward: lm-head all-reduce, per layer fc and qkv input-gradient all-reduces (f)
-// That is (4L + 2) B T C floats per step, plus 3 B T for the loss and 1 for the gradient norm.
+// ...) through OP(), which runs the CPU version (kernels_cpu.h) or the CUDA version (kernels.cuh) of the
+// op with the same arguments, and collectives from comm.cuh on the rank's tensor-parallel group rk->tp.
+// Every collective of tp is in this file, each with a comment saying which Megatron operator it is and
+// why the sum is needed there:
+//   gpt_forward:    the embedding all-reduce; per layer the attproj and fcproj all-reduces (g); the
+//                   loss's all-reduce(max) of the row maxima and all-reduce(sum) of the exp-sums and
+//                   target logits
+//   gpt_backward:   the lm-head all-reduce; per layer the fc and qkv input-gradient all-reduces (f)
+//   gpt_update:     the all-reduce of the sharded tensors' squared gradient norm (one float), for clipping
+//   gpt_logits_row: an all-gather of one position's logits (sampling only, never in training)
+// A training step moves (4L + 2) B T C floats, plus 3 B T for the loss and 1 for the gradient norm.
+// Outside this file ranks only line up (comm_barrier: around checkpoints, and to stop together on
+// Ctrl-C); no data moves between them anywhere else.
 #pragma once
-#include <cerrno>
 #include <cmath>
-#include <cstdarg>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
-#include <unistd.h>
+#include "common/error.h"
 #include "comm.cuh"
 #include "kernels_cpu.h"
 #include "kernels.cuh"
-
-// ----------------------------------------------------------------------------
-// errors: one clear line on stderr and a non-zero exit. Ranks are threads, so exit the whole process.
-
-static void fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void fatal(const char* fmt, ...) {
-    fatal_begin();
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    fflush(stderr);
-    _Exit(1);
-}
 
 // ----------------------------------------------------------------------------
 // config
@@ -150,18 +140,37 @@ static void shard_copy(const TensorShard* t, int rank, float* full, float* local
 }
 
 // ----------------------------------------------------------------------------
-// a rank: one thread, its device and its communicator
+// a rank: one thread, its device and its communicators
 
 enum Device { DEV_CPU, DEV_CUDA };
 
 struct Rank {
-    int rank, P;
-    int device;   // DEV_CPU or DEV_CUDA
-    int gpu;      // CUDA device ordinal
-    int threads;  // OpenMP threads of this rank (CPU backend)
-    Comm comm;
-    CudaCtx cuda;  // DEV_CUDA: the rank's stream, cuBLAS handles and scratch (cuda_ctx_init in the rank's thread)
+    int rank, P;   // this rank's place in its tensor-parallel group of P ranks
+    int device;    // DEV_CPU or DEV_CUDA
+    int gpu;       // CUDA device ordinal (DEV_CUDA)
+    Comm tp;       // the tensor-parallel group: every collective of the recipe goes through it
+    CudaCtx cuda;  // DEV_CUDA: the rank's stream, cuBLAS handles and scratch
 };
+
+// Starts rank r of a tensor-parallel group in the calling thread: its OpenMP threads (CPU), its CUDA
+// context (GPU), and its handle on the group. Ranks on distinct GPUs talk through NCCL when the group
+// has NCCL communicators (comm_nccl_init_all), ranks sharing a GPU through shared device memory.
+static void rank_init(Rank* rk, CommGroup* tp_group, int r, int device, int gpu, int threads) {
+    rk->rank = r;
+    rk->P = tp_group->P;
+    rk->device = device;
+    rk->gpu = device == DEV_CUDA ? gpu : -1;
+    omp_set_num_threads(threads);
+    if (device == DEV_CUDA) cuda_ctx_init(&rk->cuda, r, gpu);
+    comm_init(&rk->tp, tp_group, r);
+    if (device == DEV_CUDA) comm_bind_cuda(&rk->tp, gpu, rk->cuda.stream);
+}
+
+static void rank_free(Rank* rk) {
+    if (rk->device != DEV_CUDA) return;
+    comm_free(&rk->tp);
+    cuda_ctx_free(&rk->cuda);
+}
 
 // memory on the rank's device
 static float* dev_alloc(Rank* rk, long n) {
@@ -187,7 +196,7 @@ static void dev_upload(Rank* rk, void* dst, const void* src, size_t bytes) {
 // waits for the rank's queued work first; comm_sync does that with the collective timeout (NCCL)
 static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) {
-        comm_sync(&rk->comm);
+        comm_sync(&rk->tp);
         cuda_download(&rk->cuda, dst, src, bytes);
     } else {
         memcpy(dst, src, bytes);
@@ -195,90 +204,11 @@ static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) {
 }
 
 // ----------------------------------------------------------------------------
-// ops: one name, two backends. The recipe below calls these and never a backend directly.
-
-#define ON_GPU(rk) ((rk)->device == DEV_CUDA)
-
-static void encoder_forward(Rank* rk, float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
-    if (ON_GPU(rk)) encoder_forward_cuda(&rk->cuda, out, tokens, wte, v0, Vl, N, C);
-    else encoder_forward_cpu(out, tokens, wte, v0, Vl, N, C);
-}
-static void position_forward(Rank* rk, float* x, const float* wpe, int B, int T, int C) {
-    if (ON_GPU(rk)) position_forward_cuda(&rk->cuda, x, wpe, B, T, C);
-    else position_forward_cpu(x, wpe, B, T, C);
-}
-static void encoder_backward(Rank* rk, float* dwte, float* dwpe, const float* dout, const int* tokens, int v0, int Vl, int B, int T, int C) {
-    if (ON_GPU(rk)) encoder_backward_cuda(&rk->cuda, dwte, dwpe, dout, tokens, v0, Vl, B, T, C);
-    else encoder_backward_cpu(dwte, dwpe, dout, tokens, v0, Vl, B, T, C);
-}
-static void layernorm_forward(Rank* rk, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) {
-    if (ON_GPU(rk)) layernorm_forward_cuda(&rk->cuda, out, mean, rstd, inp, w, b, N, C);
-    else layernorm_forward_cpu(out, mean, rstd, inp, w, b, N, C);
-}
-static void layernorm_backward(Rank* rk, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                               const float* mean, const float* rstd, int N, int C) {
-    if (ON_GPU(rk)) layernorm_backward_cuda(&rk->cuda, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-    else layernorm_backward_cpu(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-}
-static void matmul_forward(Rank* rk, float* out, const float* inp, const float* w, const float* bias, int N, int IC, int OC) {
-    if (ON_GPU(rk)) matmul_forward_cuda(&rk->cuda, out, inp, w, bias, N, IC, OC);
-    else matmul_forward_cpu(out, inp, w, bias, N, IC, OC);
-}
-static void matmul_backward(Rank* rk, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                            int N, int IC, int OC) {
-    if (ON_GPU(rk)) matmul_backward_cuda(&rk->cuda, dinp, dw, dbias, dout, inp, w, N, IC, OC);
-    else matmul_backward_cpu(dinp, dw, dbias, dout, inp, w, N, IC, OC);
-}
-static void residual_forward(Rank* rk, float* out, const float* res, const float* x, const float* bias, int N, int C) {
-    if (ON_GPU(rk)) residual_forward_cuda(&rk->cuda, out, res, x, bias, N, C);
-    else residual_forward_cpu(out, res, x, bias, N, C);
-}
-static void gelu_forward(Rank* rk, float* out, const float* inp, long N) {
-    if (ON_GPU(rk)) gelu_forward_cuda(&rk->cuda, out, inp, N);
-    else gelu_forward_cpu(out, inp, N);
-}
-static void gelu_backward(Rank* rk, float* dinp, const float* inp, const float* dout, long N) {
-    if (ON_GPU(rk)) gelu_backward_cuda(&rk->cuda, dinp, inp, dout, N);
-    else gelu_backward_cpu(dinp, inp, dout, N);
-}
-static void attention_forward(Rank* rk, float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
-    if (ON_GPU(rk)) attention_forward_cuda(&rk->cuda, out, att, qkv, B, T, NH, hs);
-    else attention_forward_cpu(out, att, qkv, B, T, NH, hs);
-}
-static void attention_backward(Rank* rk, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int hs) {
-    if (ON_GPU(rk)) attention_backward_cuda(&rk->cuda, dqkv, dout, qkv, att, B, T, NH, hs);
-    else attention_backward_cpu(dqkv, dout, qkv, att, B, T, NH, hs);
-}
-static void crossentropy_max(Rank* rk, float* maxes, const float* logits, int N, int Vl, int v0, int V) {
-    if (ON_GPU(rk)) crossentropy_max_cuda(&rk->cuda, maxes, logits, N, Vl, v0, V);
-    else crossentropy_max_cpu(maxes, logits, N, Vl, v0, V);
-}
-static void crossentropy_sums(Rank* rk, float* sums, const float* logits, const float* maxes, const int* targets, int N, int Vl, int v0, int V) {
-    if (ON_GPU(rk)) crossentropy_sums_cuda(&rk->cuda, sums, logits, maxes, targets, N, Vl, v0, V);
-    else crossentropy_sums_cpu(sums, logits, maxes, targets, N, Vl, v0, V);
-}
-static void crossentropy_finish(Rank* rk, float* losses, float* logits, const float* maxes, const float* sums, const int* targets,
-                                int N, int Vl, int v0, int V, float dscale) {
-    if (ON_GPU(rk)) crossentropy_finish_cuda(&rk->cuda, losses, logits, maxes, sums, targets, N, Vl, v0, V, dscale);
-    else crossentropy_finish_cpu(losses, logits, maxes, sums, targets, N, Vl, v0, V, dscale);
-}
-// norm2 (1) += sum of squares of x (n)
-static void sumsq(Rank* rk, float* norm2, const float* x, long n) {
-    if (ON_GPU(rk)) sumsq_cuda(&rk->cuda, norm2, x, n);
-    else norm2[0] += (float)sumsq_cpu(x, n);
-}
-// AdamW on one tensor; norm2 (2) holds the squared gradient norm as [sharded part, replicated part],
-// from which the clipping scale is derived on the backend (no host round trip on a GPU)
-static void adamw(Rank* rk, float* p, const float* g, float* m, float* v, long n, float lr, float beta1, float beta2,
-                  float eps, float wd, int t, const float* norm2, float clip) {
-    if (ON_GPU(rk)) {
-        adamw_cuda(&rk->cuda, p, g, m, v, n, lr, beta1, beta2, eps, wd, t, norm2, clip);
-        return;
-    }
-    float norm = sqrtf(norm2[0] + norm2[1]);
-    float scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
-    adamw_cpu(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, scale);
-}
+// ops: one name, two backends. OP(rk, layernorm_forward, args...) calls layernorm_forward_cuda(&rk->cuda,
+// args...) on a GPU and layernorm_forward_cpu(args...) on the CPU. The two take literally the same
+// arguments after the context, so every call below checks the two backends against each other at
+// compile time. The recipe calls ops only through OP, never a backend directly.
+#define OP(rk, op, ...) ((rk)->device == DEV_CUDA ? op##_cuda(&(rk)->cuda, __VA_ARGS__) : op##_cpu(__VA_ARGS__))
 
 // ----------------------------------------------------------------------------
 // the model of one rank
@@ -297,29 +227,78 @@ static void params_point(Params* p, float* mem, const ShardPlan* s) {
     }
 }
 
-// activations of one rank for one (B, T); Cl, C4l, Vl are the rank's local widths
+// The activations of one rank for batches of (B, T); Cl, C4l, Vl are the rank's local widths. The sizes
+// are in one place, acts_layout; LayerActs is layer l's view of the per-layer buffers.
 struct Acts {
-    float* encoded;                 // (B, T, C) embedding output, the first layer's residual input
-    float *ln1, *ln1_mean, *ln1_rstd;  // (L, B, T, C), (L, B, T) x2
-    float* qkv;                     // (L, B, T, 3 Cl) q, k, v of the local heads
-    float* atty;                    // (L, B, T, Cl) attention output of the local heads
-    float* att;                     // (L, B, NHl, T, T) attention probabilities
-    float* residual2;               // (L, B, T, C) after the attention block
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu;          // (L, B, T, 4 Cl) the local slice of the MLP
-    float* residual3;               // (L, B, T, C) after the MLP block: the layer's output
-    float *lnf, *lnf_mean, *lnf_rstd;  // (B, T, C), (B, T) x2
-    float* logits;                  // (B, T, Vl) the local vocab slice; dlogits after a training forward
+    float* encoded;                    // (B, T, C) embedding output, the first layer's residual input
+    float *ln1, *ln1_mean, *ln1_rstd;  // per layer: (B, T, C), (B, T), (B, T)
+    float* qkv;                        // per layer: (B, T, 3 Cl) q, k, v of the local heads
+    float* atty;                       // per layer: (B, T, Cl) attention output of the local heads
+    float* att;                        // per layer: (B, NHl, T, T) attention probabilities
+    float* residual2;                  // per layer: (B, T, C) after the attention block
+    float *ln2, *ln2_mean, *ln2_rstd;  // per layer: (B, T, C), (B, T), (B, T)
+    float *fch, *fch_gelu;             // per layer: (B, T, 4 Cl) the local slice of the MLP
+    float* residual3;                  // per layer: (B, T, C) after the MLP block: the layer's output
+    float *lnf, *lnf_mean, *lnf_rstd;  // (B, T, C), (B, T), (B, T)
+    float* logits;                     // (B, T, Vl) the local vocab slice; dlogits after a training forward
     float *ce_max, *ce_sums, *losses;  // (B, T), (B, T, 2), (B, T)
-    float* partial;                 // (B, T, C) a row-parallel layer's partial output, summed in place
+    float* partial;                    // (B, T, C) a row-parallel layer's partial output, summed in place
     // backward scratch
     float *dres, *dln, *datty, *dqkv, *dfch;  // (B,T,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
+};
+#define NUM_ACTS ((int)(sizeof(Acts) / sizeof(float*)))
+
+// For each buffer of Acts, in its order: floats per copy, and copies (L for the per-layer buffers, else 1).
+struct ActsLayout {
+    long size[NUM_ACTS];
+    int copies[NUM_ACTS];
+};
+
+static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, ActsLayout* lay) {
+    long L = c->L, C = c->C, BT = (long)B * T;
+    struct { long size; long copies; } t[] = {
+        {BT * C, 1},                                                           // encoded
+        {BT * C, L}, {BT, L}, {BT, L},                                         // ln1, ln1_mean, ln1_rstd
+        {BT * 3 * s->Cl, L},                                                   // qkv
+        {BT * s->Cl, L},                                                       // atty
+        {B * s->NHl * (long)T * T, L},                                         // att
+        {BT * C, L},                                                           // residual2
+        {BT * C, L}, {BT, L}, {BT, L},                                         // ln2, ln2_mean, ln2_rstd
+        {BT * s->C4l, L}, {BT * s->C4l, L},                                    // fch, fch_gelu
+        {BT * C, L},                                                           // residual3
+        {BT * C, 1}, {BT, 1}, {BT, 1},                                         // lnf, lnf_mean, lnf_rstd
+        {BT * s->Vl, 1},                                                       // logits
+        {BT, 1}, {2 * BT, 1}, {BT, 1},                                         // ce_max, ce_sums, losses
+        {BT * C, 1},                                                           // partial
+        {BT * C, 1}, {BT * C, 1}, {BT * s->Cl, 1}, {BT * 3 * s->Cl, 1}, {BT * s->C4l, 1},  // dres, dln, datty, dqkv, dfch
+    };
+    static_assert(sizeof(t) / sizeof(t[0]) == NUM_ACTS, "Acts and acts_layout disagree");
+    for (int i = 0; i < NUM_ACTS; i++) {
+        lay->size[i] = t[i].size;
+        lay->copies[i] = (int)t[i].copies;
+    }
+}
+
+// the activation floats of one rank: what gpt_alloc_acts allocates
+static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T) {
+    ActsLayout lay;
+    acts_layout(c, s, B, T, &lay);
+    long n = 0;
+    for (int i = 0; i < NUM_ACTS; i++) n += lay.size[i] * lay.copies[i];
+    return n;
+}
+
+// layer l's view of the per-layer activations
+struct LayerActs {
+    float* residual;  // (B, T, C) the layer's input: encoded for layer 0, else the previous layer's residual3
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
 };
 
 struct GPT {
     GPTConfig cfg;
     ShardPlan plan;
-    int hs;  // head size
+    int hs;        // head size
     long nparams;  // this rank's parameter count
     float* params_mem;
     float* grads_mem;
@@ -329,12 +308,34 @@ struct GPT {
     // activations, allocated for one (B, T)
     int B, T;
     float* acts_mem;
-    long nacts;
     Acts acts;
+    ActsLayout layout;
     int *tokens, *targets;  // (B, T) on the rank's device
     int t;                  // AdamW steps taken
     float* row;             // (Vp) one position's gathered logits, for sampling
 };
+
+// layer l's copy of the per-layer buffer `name` of Acts
+#define LAYER_BUF(m, name, l) ((m)->acts.name + (long)(l) * (m)->layout.size[offsetof(Acts, name) / sizeof(float*)])
+
+static LayerActs layer_acts(const GPT* m, int l) {
+    LayerActs la;
+    la.residual = l == 0 ? m->acts.encoded : LAYER_BUF(m, residual3, l - 1);
+    la.ln1 = LAYER_BUF(m, ln1, l);
+    la.ln1_mean = LAYER_BUF(m, ln1_mean, l);
+    la.ln1_rstd = LAYER_BUF(m, ln1_rstd, l);
+    la.qkv = LAYER_BUF(m, qkv, l);
+    la.atty = LAYER_BUF(m, atty, l);
+    la.att = LAYER_BUF(m, att, l);
+    la.residual2 = LAYER_BUF(m, residual2, l);
+    la.ln2 = LAYER_BUF(m, ln2, l);
+    la.ln2_mean = LAYER_BUF(m, ln2_mean, l);
+    la.ln2_rstd = LAYER_BUF(m, ln2_rstd, l);
+    la.fch = LAYER_BUF(m, fch, l);
+    la.fch_gelu = LAYER_BUF(m, fch_gelu, l);
+    la.residual3 = LAYER_BUF(m, residual3, l);
+    return la;
+}
 
 // the parameter count of the full model, as llm.c counts it
 static long gpt_num_params(const GPTConfig* c) {
@@ -409,53 +410,19 @@ static void gpt_free(GPT* m, Rank* rk) {
     if (m->targets) dev_free(rk, m->targets);
 }
 
-// The sizes (in floats) of the buffers of Acts for batches of (B, T), in the struct's order; returns
-// how many there are. The activation memory of a rank is their sum.
-#define NUM_ACTS 27
-static int acts_sizes(const GPTConfig* c, const ShardPlan* s, int B, int T, long* out) {
-    long L = c->L, C = c->C, BT = (long)B * T;
-    // sizes in the order of the Acts struct
-    long sizes[] = {
-        BT * C,                                               // encoded
-        L * BT * C, L * BT, L * BT,                           // ln1, mean, rstd
-        L * BT * 3 * s->Cl,                                   // qkv
-        L * BT * s->Cl,                                       // atty
-        L * B * s->NHl * (long)T * T,                         // att
-        L * BT * C,                                           // residual2
-        L * BT * C, L * BT, L * BT,                           // ln2, mean, rstd
-        L * BT * s->C4l, L * BT * s->C4l,                     // fch, fch_gelu
-        L * BT * C,                                           // residual3
-        BT * C, BT, BT,                                       // lnf, mean, rstd
-        BT * s->Vl,                                           // logits
-        BT, 2 * BT, BT,                                       // ce_max, ce_sums, losses
-        BT * C,                                               // partial
-        BT * C, BT * C, BT * s->Cl, BT * 3 * s->Cl, BT * s->C4l,  // dres, dln, datty, dqkv, dfch
-    };
-    const int n = sizeof(sizes) / sizeof(sizes[0]);
-    static_assert(sizeof(Acts) == n * sizeof(float*) && n == NUM_ACTS, "Acts and its size table disagree");
-    memcpy(out, sizes, sizeof(sizes));
-    return n;
-}
-
-static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T) {
-    long sizes[NUM_ACTS], n = 0;
-    for (int i = 0, k = acts_sizes(c, s, B, T, sizes); i < k; i++) n += sizes[i];
-    return n;
-}
-
 // (Re)allocates the activations for batches of (B, T).
 static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
     if (m->acts_mem && m->B == B && m->T == T) return;
     if (m->acts_mem) dev_free(rk, m->acts_mem);
     if (m->tokens) { dev_free(rk, m->tokens); dev_free(rk, m->targets); }
-    long sizes[NUM_ACTS];
-    int n = acts_sizes(&m->cfg, &m->plan, B, T, sizes);
-    m->nacts = 0;
-    for (int i = 0; i < n; i++) m->nacts += sizes[i];
-    m->acts_mem = dev_alloc(rk, m->nacts);
+    acts_layout(&m->cfg, &m->plan, B, T, &m->layout);
+    m->acts_mem = dev_alloc(rk, acts_floats(&m->cfg, &m->plan, B, T));
     float** ptrs = (float**)&m->acts;
     float* p = m->acts_mem;
-    for (int i = 0; i < n; i++) { ptrs[i] = p; p += sizes[i]; }
+    for (int i = 0; i < NUM_ACTS; i++) {
+        ptrs[i] = p;
+        p += m->layout.size[i] * m->layout.copies[i];
+    }
     m->tokens = (int*)dev_alloc(rk, (long)B * T);
     m->targets = (int*)dev_alloc(rk, (long)B * T);
     m->B = B;
@@ -475,7 +442,7 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     gpt_alloc_acts(m, rk, B, T);
     Acts* a = &m->acts;
     Params* p = &m->params;
-    Comm* cm = &rk->comm;
+    Comm* tp = &rk->tp;
     int L = c->L, C = c->C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, hs = m->hs;
     int BT = B * T;
     dev_upload(rk, m->tokens, tokens, BT * sizeof(int));
@@ -484,66 +451,53 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     // Vocab-parallel embedding: each rank holds wte rows [v0, v0+Vl) and looks up only the tokens it
     // owns, writing zeros for the rest. Summing over ranks puts every token's row in place (the other
     // ranks add exact zeros, so this is bit-identical to TP=1). Then the replicated wpe is added.
-    encoder_forward(rk, a->encoded, m->tokens, p->wte, s->v0, Vl, BT, C);
-    comm_allreduce(cm, a->encoded, (long)BT * C, COMM_SUM, "embedding fwd", -1);
-    position_forward(rk, a->encoded, p->wpe, B, T, C);
+    OP(rk, encoder_forward, a->encoded, m->tokens, p->wte, s->v0, Vl, BT, C);
+    comm_allreduce(tp, a->encoded, (long)BT * C, COMM_SUM, "embedding fwd", -1);
+    OP(rk, position_forward, a->encoded, p->wpe, B, T, C);
 
     for (int l = 0; l < L; l++) {
-        float* residual = l == 0 ? a->encoded : a->residual3 + (long)(l - 1) * BT * C;
-        float* ln1 = a->ln1 + (long)l * BT * C;
-        float* ln1_mean = a->ln1_mean + (long)l * BT;
-        float* ln1_rstd = a->ln1_rstd + (long)l * BT;
-        float* qkv = a->qkv + (long)l * BT * 3 * Cl;
-        float* atty = a->atty + (long)l * BT * Cl;
-        float* att = a->att + (long)l * B * NHl * T * T;
-        float* residual2 = a->residual2 + (long)l * BT * C;
-        float* ln2 = a->ln2 + (long)l * BT * C;
-        float* ln2_mean = a->ln2_mean + (long)l * BT;
-        float* ln2_rstd = a->ln2_rstd + (long)l * BT;
-        float* fch = a->fch + (long)l * BT * C4l;
-        float* fch_gelu = a->fch_gelu + (long)l * BT * C4l;
-        float* residual3 = a->residual3 + (long)l * BT * C;
+        LayerActs la = layer_acts(m, l);
 
         // attention block. ln1 is replicated: every rank normalises the same residual stream.
-        layernorm_forward(rk, ln1, ln1_mean, ln1_rstd, residual, p->ln1w + l * C, p->ln1b + l * C, BT, C);
+        OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, BT, C);
         // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only
-        matmul_forward(rk, qkv, ln1, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
+        OP(rk, matmul_forward, la.qkv, la.ln1, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
         // heads are independent, so attention needs nothing from the other ranks
-        attention_forward(rk, atty, att, qkv, B, T, NHl, hs);
+        OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
         // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
         // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
         // the heads of all ranks into the full projection, the same on every rank.
-        matmul_forward(rk, a->partial, atty, p->attprojw + (long)l * C * Cl, nullptr, BT, Cl, C);
-        comm_allreduce(cm, a->partial, (long)BT * C, COMM_SUM, "attproj fwd", l);
-        residual_forward(rk, residual2, residual, a->partial, p->attprojb + l * C, BT, C);  // bias once, after the sum
+        OP(rk, matmul_forward, a->partial, la.atty, p->attprojw + (long)l * C * Cl, nullptr, BT, Cl, C);
+        comm_allreduce(tp, a->partial, (long)BT * C, COMM_SUM, "attproj fwd", l);
+        OP(rk, residual_forward, la.residual2, la.residual, a->partial, p->attprojb + l * C, BT, C);  // bias once, after the sum
 
         // MLP block: fc is column-parallel (this rank's 4C/P hidden units), GELU is elementwise on them,
         // fcproj is row-parallel over the same units: again a partial sum, again g: all-reduce.
-        layernorm_forward(rk, ln2, ln2_mean, ln2_rstd, residual2, p->ln2w + l * C, p->ln2b + l * C, BT, C);
-        matmul_forward(rk, fch, ln2, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l);
-        gelu_forward(rk, fch_gelu, fch, (long)BT * C4l);
-        matmul_forward(rk, a->partial, fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C);
-        comm_allreduce(cm, a->partial, (long)BT * C, COMM_SUM, "fcproj fwd", l);
-        residual_forward(rk, residual3, residual2, a->partial, p->fcprojb + l * C, BT, C);
+        OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, BT, C);
+        OP(rk, matmul_forward, la.fch, la.ln2, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l);
+        OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
+        OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C);
+        comm_allreduce(tp, a->partial, (long)BT * C, COMM_SUM, "fcproj fwd", l);
+        OP(rk, residual_forward, la.residual3, la.residual2, a->partial, p->fcprojb + l * C, BT, C);
     }
 
     // final layernorm (replicated), then the LM head on this rank's vocab slice: logits (B, T, Vl).
     // The full (B, T, Vp) logits never exist on one rank.
-    float* last = a->residual3 + (long)(L - 1) * BT * C;
-    layernorm_forward(rk, a->lnf, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, BT, C);
-    matmul_forward(rk, a->logits, a->lnf, p->wte, nullptr, BT, C, Vl);
+    float* last = LAYER_BUF(m, residual3, L - 1);
+    OP(rk, layernorm_forward, a->lnf, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, BT, C);
+    OP(rk, matmul_forward, a->logits, a->lnf, p->wte, nullptr, BT, C, Vl);
     if (!targets) return;
 
     // Vocab-parallel cross-entropy. softmax needs the max and the sum of exps over the whole vocab:
     // all-reduce(max) of the local row maxima, then all-reduce(sum) of the local exp-sums and of the
     // target's logit (only its owner contributes it). After that every rank computes the same loss and
     // its own slice of dlogits.
-    crossentropy_max(rk, a->ce_max, a->logits, BT, Vl, s->v0, c->V);
-    comm_allreduce(cm, a->ce_max, BT, COMM_MAX, "loss max", -1);
-    crossentropy_sums(rk, a->ce_sums, a->logits, a->ce_max, m->targets, BT, Vl, s->v0, c->V);
-    comm_allreduce(cm, a->ce_sums, 2L * BT, COMM_SUM, "loss sums", -1);
-    crossentropy_finish(rk, a->losses, a->logits, a->ce_max, a->ce_sums, m->targets, BT, Vl, s->v0, c->V,
-                        training ? 1.0f / BT : 0.0f);
+    OP(rk, crossentropy_max, a->ce_max, a->logits, BT, Vl, s->v0, c->V);
+    comm_allreduce(tp, a->ce_max, BT, COMM_MAX, "loss max", -1);
+    OP(rk, crossentropy_sums, a->ce_sums, a->logits, a->ce_max, m->targets, BT, Vl, s->v0, c->V);
+    comm_allreduce(tp, a->ce_sums, 2L * BT, COMM_SUM, "loss sums", -1);
+    OP(rk, crossentropy_finish, a->losses, a->logits, a->ce_max, a->ce_sums, m->targets, BT, Vl, s->v0, c->V,
+       training ? 1.0f / BT : 0.0f);
 }
 
 // the mean loss of the last forward with targets (the one read of the step from the device)
@@ -565,7 +519,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
     Acts* a = &m->acts;
     Params* p = &m->params;
     Params* g = &m->grads;
-    Comm* cm = &rk->comm;
+    Comm* tp = &rk->tp;
     int B = m->B, T = m->T, L = c->L, C = c->C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, hs = m->hs;
     int BT = B * T;
 
@@ -573,77 +527,77 @@ static void gpt_backward(GPT* m, Rank* rk) {
     // vocab(column)-parallel matmul, so this is Megatron's f operator: identity forward, all-reduce
     // backward. Every rank then holds the same dlnf, and from here on the residual-stream gradient
     // dres is identical on every rank, which is why replicated parameters need no communication.
-    matmul_backward(rk, a->dln, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);
-    comm_allreduce(cm, a->dln, (long)BT * C, COMM_SUM, "lm head bwd", -1);
+    OP(rk, matmul_backward, a->dln, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);
+    comm_allreduce(tp, a->dln, (long)BT * C, COMM_SUM, "lm head bwd", -1);
     dev_zero(rk, a->dres, (long)BT * C);
-    float* last = a->residual3 + (long)(L - 1) * BT * C;
-    layernorm_backward(rk, a->dres, g->lnfw, g->lnfb, a->dln, last, p->lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
+    float* last = LAYER_BUF(m, residual3, L - 1);
+    OP(rk, layernorm_backward, a->dres, g->lnfw, g->lnfb, a->dln, last, p->lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
 
     for (int l = L - 1; l >= 0; l--) {
-        float* residual = l == 0 ? a->encoded : a->residual3 + (long)(l - 1) * BT * C;
-        float* ln1 = a->ln1 + (long)l * BT * C;
-        float* qkv = a->qkv + (long)l * BT * 3 * Cl;
-        float* atty = a->atty + (long)l * BT * Cl;
-        float* att = a->att + (long)l * B * NHl * T * T;
-        float* residual2 = a->residual2 + (long)l * BT * C;
-        float* ln2 = a->ln2 + (long)l * BT * C;
-        float* fch = a->fch + (long)l * BT * C4l;
-        float* fch_gelu = a->fch_gelu + (long)l * BT * C4l;
+        LayerActs la = layer_acts(m, l);
 
         // dres is d(layer output). The residual passes it straight through to the block inputs.
         // fcproj is row-parallel: its input gradient dfch is local (this rank's hidden units), so no
         // communication (g's backward is the identity). Its bias was added once after the all-reduce,
         // and its gradient, the column sum of dres, comes out the same on every rank.
-        matmul_backward(rk, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, a->dres, fch_gelu,
-                        p->fcprojw + (long)l * C * C4l, BT, C4l, C);
-        gelu_backward(rk, a->dfch, fch, a->dfch, (long)BT * C4l);
+        OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, a->dres, la.fch_gelu,
+           p->fcprojw + (long)l * C * C4l, BT, C4l, C);
+        OP(rk, gelu_backward, a->dfch, la.fch, a->dfch, (long)BT * C4l);
         // fc is column-parallel: its input ln2 is replicated, and each rank's dln2 covers only its
         // hidden units. f operator: all-reduce backward sums them into the full dln2.
-        matmul_backward(rk, a->dln, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2,
-                        p->fcw + (long)l * C4l * C, BT, C, C4l);
-        comm_allreduce(cm, a->dln, (long)BT * C, COMM_SUM, "fc bwd", l);
-        layernorm_backward(rk, a->dres, g->ln2w + l * C, g->ln2b + l * C, a->dln, residual2, p->ln2w + l * C,
-                           a->ln2_mean + (long)l * BT, a->ln2_rstd + (long)l * BT, BT, C);
+        OP(rk, matmul_backward, a->dln, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, la.ln2,
+           p->fcw + (long)l * C4l * C, BT, C, C4l);
+        comm_allreduce(tp, a->dln, (long)BT * C, COMM_SUM, "fc bwd", l);
+        OP(rk, layernorm_backward, a->dres, g->ln2w + l * C, g->ln2b + l * C, a->dln, la.residual2, p->ln2w + l * C,
+           la.ln2_mean, la.ln2_rstd, BT, C);
 
         // attention block, the same pattern: attproj row-parallel (no communication), attention on
         // local heads, qkv column-parallel with the f all-reduce of dln1.
-        matmul_backward(rk, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, a->dres, atty,
-                        p->attprojw + (long)l * C * Cl, BT, Cl, C);
-        attention_backward(rk, a->dqkv, a->datty, qkv, att, B, T, NHl, hs);
-        matmul_backward(rk, a->dln, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1,
-                        p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);
-        comm_allreduce(cm, a->dln, (long)BT * C, COMM_SUM, "qkv bwd", l);
-        layernorm_backward(rk, a->dres, g->ln1w + l * C, g->ln1b + l * C, a->dln, residual, p->ln1w + l * C,
-                           a->ln1_mean + (long)l * BT, a->ln1_rstd + (long)l * BT, BT, C);
+        OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, a->dres, la.atty,
+           p->attprojw + (long)l * C * Cl, BT, Cl, C);
+        OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);
+        OP(rk, matmul_backward, a->dln, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, la.ln1,
+           p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);
+        comm_allreduce(tp, a->dln, (long)BT * C, COMM_SUM, "qkv bwd", l);
+        OP(rk, layernorm_backward, a->dres, g->ln1w + l * C, g->ln1b + l * C, a->dln, la.residual, p->ln1w + l * C,
+           la.ln1_mean, la.ln1_rstd, BT, C);
     }
 
     // embedding: its forward all-reduce was a g operator, so each rank's lookup receives the full dres
     // and scatters it into the wte rows it owns; wpe (replicated) gets the same sum on every rank.
-    encoder_backward(rk, g->wte, g->wpe, a->dres, m->tokens, s->v0, Vl, B, T, C);
+    OP(rk, encoder_backward, g->wte, g->wpe, a->dres, m->tokens, s->v0, Vl, B, T, C);
 }
+
+// AdamW's settings for one step
+struct AdamW {
+    float lr, beta1, beta2, eps;
+    float wd;    // decoupled weight decay of the matrices
+    float clip;  // global gradient-norm clipping (0: off)
+};
 
 // which tensors get weight decay: the matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw), not the
 // layernorm weights or the biases
 static bool param_decays(int i) { return i == 0 || i == 1 || i == 4 || i == 6 || i == 10 || i == 12; }
 
-// One AdamW step (t counts from 1) with global-norm clipping at clip (0: off).
-// The norm counts every parameter once: the squares of sharded tensors are summed over ranks (an
-// all-reduce of one float); replicated tensors are identical on every rank and counted locally.
-static void gpt_update(GPT* m, Rank* rk, float lr, float beta1, float beta2, float eps, float wd, float clip) {
+// One AdamW step (t counts from 1) with global-norm clipping, over the group `cm` that shards the
+// parameters (the tensor-parallel group). The norm counts every parameter once: the squares of sharded
+// tensors are summed over the group's ranks (an all-reduce of one float); replicated tensors are
+// identical on every rank and counted locally.
+static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
     m->t++;
     dev_zero(rk, m->norm2, 2);
     float** grads = (float**)&m->grads;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         const TensorShard* t = &m->plan.t[i];
-        sumsq(rk, m->norm2 + (t->split == SPLIT_NONE ? 1 : 0), grads[i], shard_local_size(t));
+        OP(rk, sumsq, m->norm2 + (t->split == SPLIT_NONE ? 1 : 0), grads[i], shard_local_size(t));
     }
-    comm_allreduce(&rk->comm, m->norm2, 1, COMM_SUM, "grad norm", -1);
+    comm_allreduce(cm, m->norm2, 1, COMM_SUM, "grad norm", -1);
     float** params = (float**)&m->params;
     long off = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         long n = shard_local_size(&m->plan.t[i]);
-        adamw(rk, params[i], grads[i], m->m_mem + off, m->v_mem + off, n, lr, beta1, beta2, eps,
-              param_decays(i) ? wd : 0.0f, m->t, m->norm2, clip);
+        OP(rk, adamw, params[i], grads[i], m->m_mem + off, m->v_mem + off, n, opt->lr, opt->beta1, opt->beta2, opt->eps,
+           param_decays(i) ? opt->wd : 0.0f, m->t, m->norm2, opt->clip);
         off += n;
     }
 }
@@ -655,7 +609,7 @@ static void gpt_logits_row(GPT* m, Rank* rk, int b, int t, float* out) {
     int Vl = m->plan.Vl;
     if (!m->row) m->row = dev_alloc(rk, (long)m->cfg.Vp);
     float* mine = m->acts.logits + ((long)b * m->T + t) * Vl;
-    comm_allgather(&rk->comm, m->row, mine, Vl, "sample logits");
+    comm_allgather(&rk->tp, m->row, mine, Vl, "sample logits", -1);
     dev_download(rk, out, m->row, (size_t)m->cfg.Vp * sizeof(float));
 }
 
@@ -732,59 +686,4 @@ static bool gpt_descriptor(const char* s, GPTConfig* c, int V, int maxT) {
     c->Vp = round_up(V, 128);
     c->maxT = maxT;
     return true;
-}
-
-// Reads an llm.c version-3 (fp32) checkpoint's header into c and its tensors into full (allocated here).
-static void gpt_load_checkpoint(const char* path, GPTConfig* c, std::vector<float>* full) {
-    FILE* f = fopen(path, "rb");
-    if (!f) fatal("cannot open checkpoint %s: %s (give an llm.c model file or a descriptor like d12 to -e)", path, strerror(errno));
-    int h[256];
-    if (fread(h, sizeof(int), 256, f) != 256) fatal("checkpoint %s is shorter than its 1024-byte header: not an llm.c model file", path);
-    if (h[0] != 20240326) fatal("checkpoint %s has magic %d, not 20240326: not an llm.c model file", path, h[0]);
-    if (h[1] != 3) fatal("checkpoint %s has version %d; tp reads fp32 version 3 (export with llm.c's fp32 writer)", path, h[1]);
-    c->maxT = h[2]; c->V = h[3]; c->L = h[4]; c->NH = h[5]; c->C = h[6]; c->Vp = h[7];
-    if (c->maxT <= 0 || c->V <= 0 || c->L <= 0 || c->NH <= 0 || c->C <= 0 || c->Vp < c->V || c->C % c->NH != 0)
-        fatal("checkpoint %s has an invalid header (maxT %d V %d L %d NH %d C %d Vp %d)", path, c->maxT, c->V, c->L, c->NH, c->C, c->Vp);
-    long n = gpt_num_params(c);
-    full->resize(n);
-    size_t got = fread(full->data(), sizeof(float), n, f);
-    if ((long)got != n) fatal("checkpoint %s is truncated: %zu of %ld parameters present", path, got, n);
-    char extra;
-    if (fread(&extra, 1, 1, f) == 1) fatal("checkpoint %s is longer than its header says (%ld parameters)", path, n);
-    fclose(f);
-}
-
-// Files that must never be left half-written are written atomically: to PATH.tmp, then fsync, then
-// rename over PATH. A crash at any point leaves either the old file or the new one, never half of one.
-static FILE* atomic_open(const char* path, std::string* tmp) {
-    *tmp = std::string(path) + ".tmp";
-    FILE* f = fopen(tmp->c_str(), "wb");
-    if (!f) fprintf(stderr, "error: cannot write %s: %s\n", tmp->c_str(), strerror(errno));
-    return f;
-}
-
-// ok: whether every write succeeded. Flushes, syncs, closes and renames; on any failure removes the
-// temporary file and says so.
-static bool atomic_close(FILE* f, bool ok, const std::string& tmp, const char* path) {
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp.c_str(), path) != 0) {
-        fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
-        remove(tmp.c_str());
-        return false;
-    }
-    return true;
-}
-
-// Writes full parameters as an llm.c version-3 checkpoint, atomically.
-static bool gpt_write_checkpoint(const char* path, const GPTConfig* c, const float* full) {
-    std::string tmp;
-    FILE* f = atomic_open(path, &tmp);
-    if (!f) return false;
-    int h[256] = {0};
-    h[0] = 20240326; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
-    long n = gpt_num_params(c);
-    bool ok = fwrite(h, sizeof(int), 256, f) == 256 && (long)fwrite(full, sizeof(float), n, f) == n;
-    return atomic_close(f, ok, tmp, path);
 }

@@ -1,7 +1,8 @@
 // kernels.cuh: the CUDA backend. Every op of kernels_cpu.h again, for one rank's GPU.
 //
-// Each op `foo_cuda(CudaCtx* cx, ...)` has the argument list of `foo_cpu(...)` behind the context and
-// the same semantics: the same buffer layouts, the same written-versus-accumulated (+=) outputs, the same
+// Each op `foo_cuda(CudaCtx* cx, ...)` has literally the argument list of `foo_cpu(...)` after the
+// context (gpt.cu's OP() calls both with the same arguments, so the compiler holds us to it) and the same
+// semantics: the same buffer layouts, the same written-versus-accumulated (+=) outputs, the same
 // zeros (upper triangle of att, padded vocab columns). All pointers are device pointers. An op only
 // enqueues work on the rank's stream: no host loop over elements and no host round trip.
 //
@@ -24,15 +25,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-// error checks: CUDA_CHECK, CUDA_LAUNCH_CHECK and tp_cuda_fail come from comm.cuh (the collectives need
-// them too); a failure prints one line naming the rank and the call, then ends the process.
-#include "comm.cuh"
-
-#define CUBLAS_CHECK(rank, call)                                                                     \
-    do {                                                                                             \
-        cublasStatus_t st_ = (call);                                                                 \
-        if (st_ != CUBLAS_STATUS_SUCCESS) tp_cuda_fail((rank), #call, cublasGetStatusString(st_), __FILE__, __LINE__); \
-    } while (0)
+#include "common/error.h"  // CUDA_CHECK, CUDA_LAUNCH_CHECK, CUBLAS_CHECK: one line naming the rank and the call
+#include "kernels_cpu.h"    // the reference ops; this file shares their shape helper real_columns and GELU_SCALE
 
 // ----------------------------------------------------------------------------
 // the context of one rank: its device, stream, library handles and scratch
@@ -66,12 +60,9 @@ static void* cuda_scratch(CudaCtx* cx, void** p, size_t* have, size_t bytes) {
     }
     bytes = (bytes + 255) / 256 * 256;
     cudaError_t e = cudaMalloc(p, bytes);
-    if (e != cudaSuccess) {
-        fprintf(stderr, "error: rank %d: cudaMalloc of %.1f MiB of scratch failed: %s (use a smaller -b or -t, or more --tp ranks)\n",
-                cx->rank, bytes / 1048576.0, cudaGetErrorString(e));
-        fflush(stderr);
-        _Exit(1);
-    }
+    if (e != cudaSuccess)
+        fatal("rank %d: cudaMalloc of %.1f MiB of scratch failed: %s (use a smaller -b or -t, or more --tp ranks)",
+              cx->rank, bytes / 1048576.0, cudaGetErrorString(e));
     *have = bytes;
     return *p;
 }
@@ -124,12 +115,9 @@ static float* cuda_alloc(CudaCtx* cx, long n) {
     size_t bytes = ((size_t)(n > 0 ? n : 1) * sizeof(float) + 255) / 256 * 256;
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) {
-        fprintf(stderr, "error: rank %d: cudaMalloc of %.1f MiB failed: %s (use a smaller -b or -t, or more --tp ranks)\n",
-                cx->rank, bytes / 1048576.0, cudaGetErrorString(e));
-        fflush(stderr);
-        _Exit(1);
-    }
+    if (e != cudaSuccess)
+        fatal("rank %d: cudaMalloc of %.1f MiB failed: %s (use a smaller -b or -t, or more --tp ranks)", cx->rank,
+              bytes / 1048576.0, cudaGetErrorString(e));
     CUDA_CHECK(cx->rank, cudaMemsetAsync(p, 0, bytes, cx->stream));
     CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
     return (float*)p;
@@ -160,26 +148,26 @@ static void cuda_download(CudaCtx* cx, void* dst, const void* src, size_t bytes)
 // ----------------------------------------------------------------------------
 // device helpers
 
-// V consecutive floats, loaded or stored as one float4 when V == 4 (the caller guarantees 16-byte
-// alignment), else one by one
-template <int V> struct Fv { float v[V]; };
-template <int V> __device__ __forceinline__ Fv<V> ldv(const float* p) {
-    Fv<V> r;
-    if constexpr (V == 4) {
+// VEC consecutive floats, loaded or stored as one float4 when VEC == 4 (the caller guarantees 16-byte
+// alignment), else one by one. (VEC is a vector width; V is the vocab size everywhere in tp.)
+template <int VEC> struct Fv { float v[VEC]; };
+template <int VEC> __device__ __forceinline__ Fv<VEC> ldv(const float* p) {
+    Fv<VEC> r;
+    if constexpr (VEC == 4) {
         float4 t = *reinterpret_cast<const float4*>(p);
         r.v[0] = t.x; r.v[1] = t.y; r.v[2] = t.z; r.v[3] = t.w;
     } else {
         #pragma unroll
-        for (int k = 0; k < V; k++) r.v[k] = p[k];
+        for (int k = 0; k < VEC; k++) r.v[k] = p[k];
     }
     return r;
 }
-template <int V> __device__ __forceinline__ void stv(float* p, const Fv<V>& r) {
-    if constexpr (V == 4) {
+template <int VEC> __device__ __forceinline__ void stv(float* p, const Fv<VEC>& r) {
+    if constexpr (VEC == 4) {
         *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
     } else {
         #pragma unroll
-        for (int k = 0; k < V; k++) p[k] = r.v[k];
+        for (int k = 0; k < VEC; k++) p[k] = r.v[k];
     }
 }
 
@@ -242,7 +230,7 @@ static unsigned ceil_div(long a, long b) { return (unsigned)((a + b - 1) / b); }
 // Row kernels use one warp per row, 8 rows per block of 256 threads.
 #define ROW_THREADS 256
 #define ROWS_PER_BLOCK (ROW_THREADS / 32)
-// Flat elementwise kernels: 256 threads, each V elements.
+// Flat elementwise kernels: 256 threads, each VEC elements.
 #define FLAT_THREADS 256
 
 // ----------------------------------------------------------------------------
@@ -391,10 +379,7 @@ __global__ void colsum_finish_kernel(float* dst0, const float* p0, float* dst1, 
 // grid for the partial kernels: splits on x (up to 2^31), 32-column groups on y (up to 65535: 2M columns)
 static dim3 colsum_grid(CudaCtx* cx, int N, int n) {
     unsigned ys = ceil_div(n, 32);
-    if (ys > 65535) {
-        fprintf(stderr, "error: rank %d: a column reduction over %d columns exceeds the kernel's grid\n", cx->rank, n);
-        _Exit(1);
-    }
+    if (ys > 65535) fatal("rank %d: a column reduction over %d columns exceeds the kernel's grid", cx->rank, n);
     return dim3(ceil_div(N, COLSUM_ROWS), ys);
 }
 
@@ -440,7 +425,7 @@ static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float
 // Embedding (vocab-parallel: this rank holds wte rows [v0, v0+Vl))
 
 // out (N, C) = wte[tok - v0] for tokens this rank owns, zeros for the others; a warp per row
-template <int V>
+template <int VEC>
 __global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
@@ -449,12 +434,12 @@ __global__ void encoder_forward_kernel(float* out, const int* tokens, const floa
     bool own = row >= 0 && row < Vl;
     const float* src = wte + (long)(own ? row : 0) * C;
     float* o = out + n * C;
-    for (int i = lane * V; i < C; i += 32 * V) {
-        Fv<V> x;
-        if (own) x = ldv<V>(src + i);
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        Fv<VEC> x;
+        if (own) x = ldv<VEC>(src + i);
         else
-            for (int k = 0; k < V; k++) x.v[k] = 0.0f;
-        stv<V>(o + i, x);
+            for (int k = 0; k < VEC; k++) x.v[k] = 0.0f;
+        stv<VEC>(o + i, x);
     }
 }
 
@@ -469,17 +454,17 @@ static void encoder_forward_cuda(CudaCtx* cx, float* out, const int* tokens, con
 }
 
 // x (B, T, C) += wpe (T, C) broadcast over the batch; a warp per (b, t) row
-template <int V>
+template <int VEC>
 __global__ void position_forward_kernel(float* x, const float* wpe, int N, int T, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     int lane = threadIdx.x % 32;
     const float* p = wpe + (n % T) * C;
     float* o = x + n * C;
-    for (int i = lane * V; i < C; i += 32 * V) {
-        Fv<V> a = ldv<V>(o + i), b = ldv<V>(p + i);
-        for (int k = 0; k < V; k++) a.v[k] += b.v[k];
-        stv<V>(o + i, a);
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        Fv<VEC> a = ldv<VEC>(o + i), b = ldv<VEC>(p + i);
+        for (int k = 0; k < VEC; k++) a.v[k] += b.v[k];
+        stv<VEC>(o + i, a);
     }
 }
 
@@ -575,7 +560,7 @@ static void encoder_backward_cuda(CudaCtx* cx, float* dwte, float* dwpe, const f
 
 // out (N, C) = (inp - mean) * rstd * w + b; mean (N), rstd (N). A warp per row, two passes over the row
 // (mean, then the variance about it) as the CPU op, then the output.
-template <int V>
+template <int VEC>
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
                                          const float* b, int N, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -583,23 +568,23 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     int lane = threadIdx.x % 32;
     const float* x = inp + n * C;
     float s = 0.0f;
-    for (int i = lane * V; i < C; i += 32 * V) {
-        Fv<V> a = ldv<V>(x + i);
-        for (int k = 0; k < V; k++) s += a.v[k];
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        Fv<VEC> a = ldv<VEC>(x + i);
+        for (int k = 0; k < VEC; k++) s += a.v[k];
     }
     float m = warp_sum(s) / C;
     float var = 0.0f;
-    for (int i = lane * V; i < C; i += 32 * V) {
-        Fv<V> a = ldv<V>(x + i);
-        for (int k = 0; k < V; k++) { float d = a.v[k] - m; var += d * d; }
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        Fv<VEC> a = ldv<VEC>(x + i);
+        for (int k = 0; k < VEC; k++) { float d = a.v[k] - m; var += d * d; }
     }
     var = warp_sum(var) / C;
     float r = 1.0f / sqrtf(var + 1e-5f);
     float* o = out + n * C;
-    for (int i = lane * V; i < C; i += 32 * V) {
-        Fv<V> a = ldv<V>(x + i), wv = ldv<V>(w + i), bv = ldv<V>(b + i);
-        for (int k = 0; k < V; k++) a.v[k] = (r * (a.v[k] - m)) * wv.v[k] + bv.v[k];
-        stv<V>(o + i, a);
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        Fv<VEC> a = ldv<VEC>(x + i), wv = ldv<VEC>(w + i), bv = ldv<VEC>(b + i);
+        for (int k = 0; k < VEC; k++) a.v[k] = (r * (a.v[k] - m)) * wv.v[k] + bv.v[k];
+        stv<VEC>(o + i, a);
     }
     if (lane == 0) {
         mean[n] = m;
@@ -619,7 +604,7 @@ static void layernorm_forward_cuda(CudaCtx* cx, float* out, float* mean, float* 
 }
 
 // dinp (N, C) += ((dnorm - mean(dnorm)) - xhat * mean(dnorm * xhat)) * rstd, dnorm = w * dout; a warp per row
-template <int V>
+template <int VEC>
 __global__ void layernorm_backward_kernel(float* dinp, const float* dout, const float* inp, const float* w,
                                           const float* mean, const float* rstd, int N, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -629,9 +614,9 @@ __global__ void layernorm_backward_kernel(float* dinp, const float* dout, const 
     const float* d = dout + n * C;
     float m = mean[n], s = rstd[n];
     float dm = 0.0f, dnm = 0.0f;
-    for (int i = lane * V; i < C; i += 32 * V) {
-        Fv<V> xv = ldv<V>(x + i), dv = ldv<V>(d + i), wv = ldv<V>(w + i);
-        for (int k = 0; k < V; k++) {
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        Fv<VEC> xv = ldv<VEC>(x + i), dv = ldv<VEC>(d + i), wv = ldv<VEC>(w + i);
+        for (int k = 0; k < VEC; k++) {
             float xhat = (xv.v[k] - m) * s;
             float dnorm = wv.v[k] * dv.v[k];
             dm += dnorm;
@@ -641,14 +626,14 @@ __global__ void layernorm_backward_kernel(float* dinp, const float* dout, const 
     dm = warp_sum(dm) / C;
     dnm = warp_sum(dnm) / C;
     float* di = dinp + n * C;
-    for (int i = lane * V; i < C; i += 32 * V) {
-        Fv<V> xv = ldv<V>(x + i), dv = ldv<V>(d + i), wv = ldv<V>(w + i), g = ldv<V>(di + i);
-        for (int k = 0; k < V; k++) {
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        Fv<VEC> xv = ldv<VEC>(x + i), dv = ldv<VEC>(d + i), wv = ldv<VEC>(w + i), g = ldv<VEC>(di + i);
+        for (int k = 0; k < VEC; k++) {
             float xhat = (xv.v[k] - m) * s;
             float dnorm = wv.v[k] * dv.v[k];
             g.v[k] += ((dnorm - dm) - xhat * dnm) * s;
         }
-        stv<V>(di + i, g);
+        stv<VEC>(di + i, g);
     }
 }
 
@@ -676,16 +661,16 @@ static void layernorm_backward_cuda(CudaCtx* cx, float* dinp, float* dw, float* 
 // Residual + bias, GELU
 
 // out (N, C) = res + (x + bias): the row-parallel layer's bias, added once after its all-reduce
-template <int V>
+template <int VEC>
 __global__ void residual_forward_kernel(float* out, const float* res, const float* x, const float* bias, int N, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     int lane = threadIdx.x % 32;
     long off = n * C;
-    for (int i = lane * V; i < C; i += 32 * V) {
-        Fv<V> r = ldv<V>(res + off + i), a = ldv<V>(x + off + i), b = ldv<V>(bias + i);
-        for (int k = 0; k < V; k++) r.v[k] = r.v[k] + (a.v[k] + b.v[k]);
-        stv<V>(out + off + i, r);
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        Fv<VEC> r = ldv<VEC>(res + off + i), a = ldv<VEC>(x + off + i), b = ldv<VEC>(bias + i);
+        for (int k = 0; k < VEC; k++) r.v[k] = r.v[k] + (a.v[k] + b.v[k]);
+        stv<VEC>(out + off + i, r);
     }
 }
 
@@ -699,10 +684,6 @@ static void residual_forward_cuda(CudaCtx* cx, float* out, const float* res, con
     CUDA_LAUNCH_CHECK(cx->rank, "residual_forward_kernel");
 }
 
-#ifndef GELU_SCALE
-#define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
-#endif
-
 // e^(2u) for u = sqrt(2/pi) (x + 0.044715 x^3), with the exponent clamped as the CPU's exp_fast does:
 // e stays finite, so e / (e + 1) below never becomes inf / inf
 __device__ __forceinline__ float gelu_exp2u(float x) {
@@ -711,27 +692,27 @@ __device__ __forceinline__ float gelu_exp2u(float x) {
 }
 
 // out (N) = 0.5 x (1 + tanh(u)); tanh(u) = 1 - 2 / (e^2u + 1), the CPU op's formula
-template <int V>
+template <int VEC>
 __global__ void gelu_forward_kernel(float* out, const float* inp, long N) {
-    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= N) return;
-    Fv<V> a = ldv<V>(inp + i);
-    for (int k = 0; k < V; k++) {
+    Fv<VEC> a = ldv<VEC>(inp + i);
+    for (int k = 0; k < VEC; k++) {
         float x = a.v[k];
         float e = gelu_exp2u(x);
         a.v[k] = 0.5f * x * (1.0f + (1.0f - 2.0f / (e + 1.0f)));
     }
-    stv<V>(out + i, a);
+    stv<VEC>(out + i, a);
 }
 
 // dinp (N) = gelu'(inp) * dout (written; dinp may be dout: each element is read before it is written,
 // by the same thread). sech^2(u) = 4e / (e + 1)^2.
-template <int V>
+template <int VEC>
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, long N) {
-    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= N) return;
-    Fv<V> a = ldv<V>(inp + i), d = ldv<V>(dout + i);
-    for (int k = 0; k < V; k++) {
+    Fv<VEC> a = ldv<VEC>(inp + i), d = ldv<VEC>(dout + i);
+    for (int k = 0; k < VEC; k++) {
         float x = a.v[k];
         float e = gelu_exp2u(x);
         float tanh_out = 1.0f - 2.0f / (e + 1.0f);
@@ -739,7 +720,7 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
         float grad = 0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         d.v[k] = grad * d.v[k];
     }
-    stv<V>(dinp + i, d);
+    stv<VEC>(dinp + i, d);
 }
 
 static void gelu_forward_cuda(CudaCtx* cx, float* out, const float* inp, long N) {
@@ -796,7 +777,7 @@ __global__ void heads_merge_kernel(float* dst, const float* src, int T, int NH, 
 // att (R, T) in place, R = B*NH*T rows; row r is query t = r % T and holds the scaled scores q.k.
 // att[r][i] = exp(att[r][i] - max) / sum for i <= t (max and sum over i <= t), 0 for i > t.
 // A warp per row: max, then the sum of exps, then the probabilities, as the CPU op computes them.
-template <int V>
+template <int VEC>
 __global__ void softmax_causal_forward_kernel(float* att, long R, int T) {
     long r = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (r >= R) return;
@@ -804,30 +785,30 @@ __global__ void softmax_causal_forward_kernel(float* att, long R, int T) {
     int t = (int)(r % T);
     float* x = att + r * T;
     float m = -FLT_MAX;
-    for (int i = lane * V; i <= t; i += 32 * V) {
-        Fv<V> a = ldv<V>(x + i);  // with V = 4, T % 4 == 0, so i + 3 < T even where i + 3 > t
-        for (int k = 0; k < V; k++)
+    for (int i = lane * VEC; i <= t; i += 32 * VEC) {
+        Fv<VEC> a = ldv<VEC>(x + i);  // with VEC = 4, T % 4 == 0, so i + 3 < T even where i + 3 > t
+        for (int k = 0; k < VEC; k++)
             if (i + k <= t) m = fmaxf(m, a.v[k]);
     }
     m = warp_max(m);
     float s = 0.0f;
-    for (int i = lane * V; i <= t; i += 32 * V) {
-        Fv<V> a = ldv<V>(x + i);
-        for (int k = 0; k < V; k++)
+    for (int i = lane * VEC; i <= t; i += 32 * VEC) {
+        Fv<VEC> a = ldv<VEC>(x + i);
+        for (int k = 0; k < VEC; k++)
             if (i + k <= t) s += expf(a.v[k] - m);
     }
     float inv = 1.0f / warp_sum(s);
-    for (int i = lane * V; i < T; i += 32 * V) {
-        Fv<V> a;
-        if (i <= t) a = ldv<V>(x + i);
-        for (int k = 0; k < V; k++) a.v[k] = i + k <= t ? expf(a.v[k] - m) * inv : 0.0f;
-        stv<V>(x + i, a);
+    for (int i = lane * VEC; i < T; i += 32 * VEC) {
+        Fv<VEC> a;
+        if (i <= t) a = ldv<VEC>(x + i);
+        for (int k = 0; k < VEC; k++) a.v[k] = i + k <= t ? expf(a.v[k] - m) * inv : 0.0f;
+        stv<VEC>(x + i, a);
     }
 }
 
 // datt (R, T) in place -> d(scaled scores): for i <= t, att[i] * (datt[i] - sum_{j<=t} att[j] datt[j]) * scale;
 // 0 for i > t. A warp per row.
-template <int V>
+template <int VEC>
 __global__ void softmax_causal_backward_kernel(float* datt, const float* att, long R, int T, float scale) {
     long r = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (r >= R) return;
@@ -836,17 +817,17 @@ __global__ void softmax_causal_backward_kernel(float* datt, const float* att, lo
     float* d = datt + r * T;
     const float* a = att + r * T;
     float dot = 0.0f;
-    for (int i = lane * V; i <= t; i += 32 * V) {
-        Fv<V> av = ldv<V>(a + i), dv = ldv<V>(d + i);
-        for (int k = 0; k < V; k++)
+    for (int i = lane * VEC; i <= t; i += 32 * VEC) {
+        Fv<VEC> av = ldv<VEC>(a + i), dv = ldv<VEC>(d + i);
+        for (int k = 0; k < VEC; k++)
             if (i + k <= t) dot += av.v[k] * dv.v[k];
     }
     dot = warp_sum(dot);
-    for (int i = lane * V; i < T; i += 32 * V) {
-        Fv<V> av, dv;
-        if (i <= t) { av = ldv<V>(a + i); dv = ldv<V>(d + i); }
-        for (int k = 0; k < V; k++) dv.v[k] = i + k <= t ? av.v[k] * (dv.v[k] - dot) * scale : 0.0f;
-        stv<V>(d + i, dv);
+    for (int i = lane * VEC; i < T; i += 32 * VEC) {
+        Fv<VEC> av, dv;
+        if (i <= t) { av = ldv<VEC>(a + i); dv = ldv<VEC>(d + i); }
+        for (int k = 0; k < VEC; k++) dv.v[k] = i + k <= t ? av.v[k] * (dv.v[k] - dot) * scale : 0.0f;
+        stv<VEC>(d + i, dv);
     }
 }
 
@@ -915,17 +896,15 @@ static void attention_backward_cuda(CudaCtx* cx, float* dqkv, const float* dout,
 
 #define CE_THREADS 512
 
-static int ce_real_columns(int Vl, int v0, int V) { return V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl; }
-
 // maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none)
-template <int V>
+template <int VEC>
 __global__ void crossentropy_max_kernel(float* maxes, const float* logits, int Vl, int nv) {
     long n = blockIdx.x;
     const float* l = logits + n * Vl;
     float m = -FLT_MAX;
-    for (int i = threadIdx.x * V; i < nv; i += blockDim.x * V) {
-        Fv<V> a = ldv<V>(l + i);  // with V = 4, Vl % 4 == 0, so i + 3 < Vl
-        for (int k = 0; k < V; k++)
+    for (int i = threadIdx.x * VEC; i < nv; i += blockDim.x * VEC) {
+        Fv<VEC> a = ldv<VEC>(l + i);  // with VEC = 4, Vl % 4 == 0, so i + 3 < Vl
+        for (int k = 0; k < VEC; k++)
             if (i + k < nv) m = fmaxf(m, a.v[k]);
     }
     m = block_reduce<true>(m);
@@ -934,15 +913,15 @@ __global__ void crossentropy_max_kernel(float* maxes, const float* logits, int V
 
 // sums (N, 2): [0] = sum of exp(logit - max) over the real columns, [1] = the target's logit if this
 // rank owns the target's column, else 0
-template <int V>
+template <int VEC>
 __global__ void crossentropy_sums_kernel(float* sums, const float* logits, const float* maxes, const int* targets,
                                          int Vl, int v0, int nv) {
     long n = blockIdx.x;
     const float* l = logits + n * Vl;
     float m = maxes[n], s = 0.0f;
-    for (int i = threadIdx.x * V; i < nv; i += blockDim.x * V) {
-        Fv<V> a = ldv<V>(l + i);
-        for (int k = 0; k < V; k++)
+    for (int i = threadIdx.x * VEC; i < nv; i += blockDim.x * VEC) {
+        Fv<VEC> a = ldv<VEC>(l + i);
+        for (int k = 0; k < VEC; k++)
             if (i + k < nv) s += expf(a.v[k] - m);
     }
     s = block_reduce<false>(s);
@@ -955,7 +934,7 @@ __global__ void crossentropy_sums_kernel(float* sums, const float* logits, const
 
 // losses (N) = log(sum) - (target logit - max). If dscale != 0, logits become, in place,
 // dlogits = (softmax - onehot(target)) * dscale, zero in the padded columns.
-template <int V>
+template <int VEC>
 __global__ void crossentropy_finish_kernel(float* losses, float* logits, const float* maxes, const float* sums,
                                            const int* targets, int Vl, int v0, int nv, float dscale) {
     long n = blockIdx.x;
@@ -965,19 +944,19 @@ __global__ void crossentropy_finish_kernel(float* losses, float* logits, const f
     float* l = logits + n * Vl;
     float inv = 1.0f / s;
     int col = targets[n] - v0;
-    for (int i = threadIdx.x * V; i < Vl; i += blockDim.x * V) {
-        Fv<V> a = ldv<V>(l + i);
-        for (int k = 0; k < V; k++) {
+    for (int i = threadIdx.x * VEC; i < Vl; i += blockDim.x * VEC) {
+        Fv<VEC> a = ldv<VEC>(l + i);
+        for (int k = 0; k < VEC; k++) {
             float p = i + k < nv ? expf(a.v[k] - m) * inv : 0.0f;
             a.v[k] = (p - (i + k == col ? 1.0f : 0.0f)) * dscale;
         }
-        stv<V>(l + i, a);
+        stv<VEC>(l + i, a);
     }
 }
 
 static void crossentropy_max_cuda(CudaCtx* cx, float* maxes, const float* logits, int N, int Vl, int v0, int V) {
     if (N <= 0) return;
-    int nv = ce_real_columns(Vl, v0, V);
+    int nv = real_columns(Vl, v0, V);
     if (Vl % 4 == 0 && aligned16(logits))
         crossentropy_max_kernel<4><<<N, CE_THREADS, 0, cx->stream>>>(maxes, logits, Vl, nv);
     else
@@ -988,7 +967,7 @@ static void crossentropy_max_cuda(CudaCtx* cx, float* maxes, const float* logits
 static void crossentropy_sums_cuda(CudaCtx* cx, float* sums, const float* logits, const float* maxes, const int* targets,
                                    int N, int Vl, int v0, int V) {
     if (N <= 0) return;
-    int nv = ce_real_columns(Vl, v0, V);
+    int nv = real_columns(Vl, v0, V);
     if (Vl % 4 == 0 && aligned16(logits))
         crossentropy_sums_kernel<4><<<N, CE_THREADS, 0, cx->stream>>>(sums, logits, maxes, targets, Vl, v0, nv);
     else
@@ -999,7 +978,7 @@ static void crossentropy_sums_cuda(CudaCtx* cx, float* sums, const float* logits
 static void crossentropy_finish_cuda(CudaCtx* cx, float* losses, float* logits, const float* maxes, const float* sums,
                                      const int* targets, int N, int Vl, int v0, int V, float dscale) {
     if (N <= 0) return;
-    int nv = ce_real_columns(Vl, v0, V);
+    int nv = real_columns(Vl, v0, V);
     if (Vl % 4 == 0 && aligned16(logits))
         crossentropy_finish_kernel<4><<<N, CE_THREADS, 0, cx->stream>>>(losses, logits, maxes, sums, targets, Vl, v0, nv, dscale);
     else
@@ -1011,16 +990,16 @@ static void crossentropy_finish_cuda(CudaCtx* cx, float* losses, float* logits, 
 // Optimizer
 
 // AdamW as adamw_cpu, with the global-norm clipping scale derived on the device from norm2 (2) =
-// [sharded part, replicated part] of the squared gradient norm, exactly as gpt.cu's CPU wrapper does.
-template <int V>
+// [sharded part, replicated part] of the squared gradient norm, with adamw_cpu's expression.
+template <int VEC>
 __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, long n, float lr, float beta1,
                              float beta2, float eps, float wd, float bc1, float bc2, const float* norm2, float clip) {
-    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) return;
     float norm = sqrtf(norm2[0] + norm2[1]);
     float grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
-    Fv<V> p = ldv<V>(params + i), g = ldv<V>(grads + i), mv = ldv<V>(m + i), vv = ldv<V>(v + i);
-    for (int k = 0; k < V; k++) {
+    Fv<VEC> p = ldv<VEC>(params + i), g = ldv<VEC>(grads + i), mv = ldv<VEC>(m + i), vv = ldv<VEC>(v + i);
+    for (int k = 0; k < VEC; k++) {
         float gk = g.v[k] * grad_scale;
         float mi = beta1 * mv.v[k] + (1.0f - beta1) * gk;
         float vi = beta2 * vv.v[k] + (1.0f - beta2) * gk * gk;
@@ -1029,9 +1008,9 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
         float mhat = mi / bc1, vhat = vi / bc2;
         p.v[k] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p.v[k]);
     }
-    stv<V>(params + i, p);
-    stv<V>(m + i, mv);
-    stv<V>(v + i, vv);
+    stv<VEC>(params + i, p);
+    stv<VEC>(m + i, mv);
+    stv<VEC>(v + i, vv);
 }
 
 // params, m, v (n) updated in place from grads (n); t counts from 1; clip 0 turns clipping off
@@ -1052,20 +1031,20 @@ static void adamw_cuda(CudaCtx* cx, float* params, const float* grads, float* m,
 // Sum of squares in double, deterministically: pass 1 has a grid fixed by n alone (so the same on every
 // GPU); thread j of the grid adds elements j, j + stride, ... in order, the block adds its threads in a
 // fixed tree: partial (grid). Pass 2, one block, adds the partials in a fixed order and does
-// norm2[0] += (float)total, as gpt.cu's CPU wrapper does with sumsq_cpu.
+// norm2[0] += (float)total, as sumsq_cpu does.
 #define SUMSQ_THREADS 256
 #define SUMSQ_MAX_BLOCKS 1024
 
-template <int V>
+template <int VEC>
 __global__ void sumsq_partial_kernel(double* partial, const float* x, long n) {
     long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
-    long nvec = n / V;
+    long nvec = n / VEC;
     double acc = 0.0;
     for (long j = tid; j < nvec; j += stride) {
-        Fv<V> a = ldv<V>(x + j * V);
-        for (int k = 0; k < V; k++) acc += (double)a.v[k] * (double)a.v[k];
+        Fv<VEC> a = ldv<VEC>(x + j * VEC);
+        for (int k = 0; k < VEC; k++) acc += (double)a.v[k] * (double)a.v[k];
     }
-    for (long i = nvec * V + tid; i < n; i += stride) acc += (double)x[i] * (double)x[i];  // the < V tail
+    for (long i = nvec * VEC + tid; i < n; i += stride) acc += (double)x[i] * (double)x[i];  // the < VEC tail
     acc = block_sum_d(acc);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }

@@ -6,6 +6,9 @@
 // one thread in a fixed order, so results are bit-identical for any number of threads per rank.
 // (`omp simd reduction` lets the compiler vectorise a sum; its order is fixed at compile time.)
 //
+// Every op here has a CUDA twin in kernels.cuh, foo_cuda(CudaCtx*, ...), with literally the same argument
+// list after the context (README: "Adding an op").
+//
 // Shapes use llm.c's letters: B batch, T time, C channels, N = B*T rows, OC/IC a linear layer's
 // output/input features. Weights are (OC, IC): out = inp . W^T + b. Under TP the shapes passed in are
 // the rank's local ones (local heads, local vocab rows); these ops know nothing about ranks.
@@ -385,11 +388,12 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
 // logits (N, Vl) are this rank's columns [v0, v0+Vl) of the padded vocab; only columns < V are real.
 
 // how many of a rank's Vl vocab columns, starting at global column v0, are real (< V) rather than padding
-static inline int real_columns(int V, int v0, int Vl) { return V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl; }
+// (the argument order of the ops: Vl, v0, V; kernels.cuh uses it too)
+static inline int real_columns(int Vl, int v0, int V) { return V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl; }
 
 // maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none)
 static void crossentropy_max_cpu(float* maxes, const float* logits, int N, int Vl, int v0, int V) {
-    int nv = real_columns(V, v0, Vl);
+    int nv = real_columns(Vl, v0, V);
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* l = logits + (size_t)n * Vl;
@@ -403,7 +407,7 @@ static void crossentropy_max_cpu(float* maxes, const float* logits, int N, int V
 //              [1] = the target's logit if this rank owns the target, else 0
 static void crossentropy_sums_cpu(float* sums, const float* logits, const float* maxes, const int* targets,
                                   int N, int Vl, int v0, int V) {
-    int nv = real_columns(V, v0, Vl);
+    int nv = real_columns(Vl, v0, V);
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* l = logits + (size_t)n * Vl;
@@ -421,7 +425,7 @@ static void crossentropy_sums_cpu(float* sums, const float* logits, const float*
 // zero in the padded columns: the forward and the backward of the loss fused, as llm.c does.
 static void crossentropy_finish_cpu(float* losses, float* logits, const float* maxes, const float* sums,
                                     const int* targets, int N, int Vl, int v0, int V, float dscale) {
-    int nv = real_columns(V, v0, Vl);
+    int nv = real_columns(Vl, v0, V);
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float m = maxes[n], s = sums[2 * n];
@@ -440,10 +444,13 @@ static void crossentropy_finish_cpu(float* losses, float* logits, const float* m
 // ----------------------------------------------------------------------------
 // Optimizer
 
-// AdamW as llm.c: bias-corrected moments, decoupled weight decay; grads are multiplied by grad_scale
-// first (global-norm clipping). t counts from 1.
+// AdamW as llm.c: bias-corrected moments, decoupled weight decay. t counts from 1. Global-norm clipping:
+// norm2 (2) holds the squared gradient norm as [sharded part, replicated part]; when clip > 0 and the
+// norm exceeds it, the gradients are scaled by clip / norm first (clip 0: off).
 static void adamw_cpu(float* params, const float* grads, float* m, float* v, long n, float lr, float beta1,
-                      float beta2, float eps, float wd, int t, float grad_scale) {
+                      float beta2, float eps, float wd, int t, const float* norm2, float clip) {
+    float norm = sqrtf(norm2[0] + norm2[1]);
+    float grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     #pragma omp parallel for schedule(static)
     for (long i = 0; i < n; i++) {
@@ -457,9 +464,9 @@ static void adamw_cpu(float* params, const float* grads, float* m, float* v, lon
     }
 }
 
-// sum of squares of x (n), in double, over fixed 4096-element blocks summed in order: the result
-// does not depend on the thread count
-static double sumsq_cpu(const float* x, long n) {
+// norm2 (1) += the sum of squares of x (n), summed in double over fixed 4096-element blocks added in
+// order: the result does not depend on the thread count
+static void sumsq_cpu(float* norm2, const float* x, long n) {
     const long BS = 4096;
     long nb = (n + BS - 1) / BS;
     std::vector<double> part(nb);
@@ -471,5 +478,5 @@ static double sumsq_cpu(const float* x, long n) {
     }
     double s = 0.0;
     for (long b = 0; b < nb; b++) s += part[b];
-    return s;
+    norm2[0] += (float)s;
 }

@@ -1,296 +1,22 @@
-// tp.cu: main. Flags, one thread per rank, the data loader, the training loop, evaluation and logging.
-// The model and its tensor-parallel recipe are in gpt.cu; the collectives in comm.cuh.
+// tp.cu: main. The flags, the run setup, one thread per rank, the training loop and the sweep.
+// The model and its tensor-parallel recipe are in gpt.cu, the collectives in comm.cuh, the ops in
+// kernels_cpu.h (CPU) and kernels.cuh (CUDA); token files and the loader are in data/, checkpoints,
+// sampling and the log in train/.
 //
 //   make && ./tp                       train the default model on the embedded corpus
 //   ./tp -e d12 -i 'train*.bin' -j val.bin --tp 4     GPT-2 124M over 4 ranks
 #include <algorithm>
 #include <atomic>
 #include <csignal>
-#include <glob.h>
-#include <random>
-#include <sstream>
 #include <sys/stat.h>
 #include <thread>
 #include "gpt.cu"
 #include "data/grammar.h"
-
-// ----------------------------------------------------------------------------
-// data: llm.c token files (256 int32 header: magic 20240520, version 1, token count; then uint16 tokens)
-
-struct TokenShard {
-    std::string path;
-    long ntok;
-};
-
-// Yields batches of B x T inputs and targets (the inputs shifted by one), as llm.c's loader does:
-// sample s of a shard is the B*T+1 tokens starting at token s*B*T. In order, or shuffled: each epoch
-// permutes the shards and each shard its samples (Fisher-Yates with MT19937 seeded 42, as llm.c).
-struct DataLoader {
-    const char* what;  // "train" or "val", for messages
-    int B, T, V;
-    bool shuffle;
-    std::vector<TokenShard> shards;
-    const std::vector<uint16_t>* mem;  // an in-memory shard (the embedded corpus) instead of files
-    std::vector<int> shard_order;
-    std::vector<long> sample_order;
-    int shard_pos;   // index into shard_order
-    long sample_pos; // index into the current shard's samples
-    long nsamples;   // samples in the current shard
-    std::mt19937 rng;
-    FILE* f;
-    std::vector<uint16_t> buf;
-    std::vector<int> inputs, targets;  // (B, T)
-};
-
-// Checks a token file's header and size; returns its token count.
-static long token_file_check(const char* path, const char* what, long need) {
-    struct stat st;
-    if (stat(path, &st) != 0) fatal("cannot open %s data %s: %s", what, path, strerror(errno));
-    if (S_ISDIR(st.st_mode)) fatal("%s data %s is a directory; give a token file or a glob like 'dir/*_train.bin'", what, path);
-    FILE* f = fopen(path, "rb");
-    if (!f) fatal("cannot open %s data %s: %s", what, path, strerror(errno));
-    int h[256];
-    if (fread(h, sizeof(int), 256, f) != 256)
-        fatal("%s data %s is shorter than the 1024-byte header of an llm.c token file (make one with data/prepare.py)", what, path);
-    fclose(f);
-    if (h[0] != 20240520) fatal("%s data %s has magic %d, not 20240520: not an llm.c token file (make one with data/prepare.py)", what, path, h[0]);
-    if (h[1] != 1) fatal("%s data %s has version %d; tp reads version 1 token files (uint16 tokens)", what, path, h[1]);
-    long ntok = h[2];
-    if (ntok < 0 || (long)st.st_size != 1024 + 2 * ntok)
-        fatal("%s data %s is %ld bytes but its header promises %ld tokens (%ld bytes): the file is truncated or corrupt",
-              what, path, (long)st.st_size, ntok, 1024 + 2 * ntok);
-    if (ntok < need)
-        fatal("%s data %s has %ld tokens, fewer than one batch needs (B*T+1 = %ld): use a smaller -b or -t", what, path, ntok, need);
-    return ntok;
-}
-
-static void loader_load_shard(DataLoader* d) {
-    long ntok = d->mem ? (long)d->mem->size() : d->shards[d->shard_order[d->shard_pos]].ntok;
-    d->nsamples = (ntok - 1) / ((long)d->B * d->T);
-    d->sample_pos = 0;
-    if (d->f) { fclose(d->f); d->f = nullptr; }
-    if (!d->mem) {
-        const char* path = d->shards[d->shard_order[d->shard_pos]].path.c_str();
-        d->f = fopen(path, "rb");
-        if (!d->f) fatal("cannot open %s data %s: %s", d->what, path, strerror(errno));
-    }
-    if (d->shuffle) {
-        d->sample_order.resize(d->nsamples);
-        for (long i = 0; i < d->nsamples; i++) d->sample_order[i] = i;
-        for (long i = d->nsamples - 1; i > 0; i--) std::swap(d->sample_order[i], d->sample_order[d->rng() % (i + 1)]);
-    }
-}
-
-// back to the first batch; when shuffling, a new epoch: a new shard order
-static void loader_reset(DataLoader* d) {
-    d->shard_pos = 0;
-    int ns = (int)d->shard_order.size();
-    if (d->shuffle)
-        for (int i = ns - 1; i > 0; i--) std::swap(d->shard_order[i], d->shard_order[d->rng() % (i + 1)]);
-    loader_load_shard(d);
-}
-
-// pattern: a token file or a glob of shards. mem: tokens to serve from memory instead (pattern unused).
-static void loader_init(DataLoader* d, const char* what, const char* pattern, const std::vector<uint16_t>* mem,
-                        int B, int T, int V, bool shuffle) {
-    *d = DataLoader();
-    d->what = what;
-    d->B = B;
-    d->T = T;
-    d->V = V;
-    d->shuffle = shuffle;
-    d->f = nullptr;
-    d->rng.seed(42);
-    long need = (long)B * T + 1;
-    if (mem) {
-        if ((long)mem->size() < need)
-            fatal("the %s split has %zu tokens, fewer than one batch needs (B*T+1 = %ld): use a smaller -b or -t", what, mem->size(), need);
-        d->mem = mem;
-        d->shard_order = {0};
-    } else {
-        glob_t g;
-        int rc = glob(pattern, 0, nullptr, &g);
-        if (rc != 0 || g.gl_pathc == 0) {
-            if (rc == 0) globfree(&g);
-            fatal("no %s data matches '%s': give an llm.c token file or a glob of shards (make them with data/prepare.py)", what, pattern);
-        }
-        for (size_t i = 0; i < g.gl_pathc; i++) {
-            long n = token_file_check(g.gl_pathv[i], what, need);
-            d->shards.push_back({g.gl_pathv[i], n});
-            d->shard_order.push_back((int)i);
-        }
-        globfree(&g);
-    }
-    d->buf.resize(need);
-    d->inputs.resize((long)B * T);
-    d->targets.resize((long)B * T);
-    loader_reset(d);
-}
-
-static void loader_free(DataLoader* d) {
-    if (d->f) fclose(d->f);
-    d->f = nullptr;
-}
-
-// the next batch into d->inputs and d->targets
-static void loader_next(DataLoader* d) {
-    if (d->sample_pos >= d->nsamples) {
-        if (d->shard_pos + 1 >= (int)d->shard_order.size()) loader_reset(d);  // end of the epoch
-        else { d->shard_pos++; loader_load_shard(d); }
-    }
-    long s = d->shuffle ? d->sample_order[d->sample_pos] : d->sample_pos;
-    d->sample_pos++;
-    long n = (long)d->B * d->T + 1, start = s * (long)d->B * d->T;
-    if (d->mem) memcpy(d->buf.data(), d->mem->data() + start, n * sizeof(uint16_t));
-    else {
-        if (fseek(d->f, 1024 + start * 2, SEEK_SET) != 0 || (long)fread(d->buf.data(), 2, n, d->f) != n)
-            fatal("reading %s data %s failed at token %ld", d->what, d->shards[d->shard_order[d->shard_pos]].path.c_str(), start);
-    }
-    for (long i = 0; i < n; i++)
-        if (d->buf[i] >= d->V)
-            fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: use a model whose vocab covers the data (--vocab)",
-                  d->what, d->mem ? "(embedded)" : d->shards[d->shard_order[d->shard_pos]].path.c_str(), d->buf[i], start + i, d->V);
-    for (long i = 0; i < n - 1; i++) {
-        d->inputs[i] = d->buf[i];
-        d->targets[i] = d->buf[i + 1];
-    }
-}
-
-// ----------------------------------------------------------------------------
-// checkpoints: DIR/model_NNNNNNNN.bin (llm.c's fp32 format, full tensors) and DIR/state_NNNNNNNN.bin
-// (what an exact resume needs besides the weights: the step, AdamW's t, m and v as full tensors, and
-// the train loader's position and random state). Both are written to a temporary name, fsynced and
-// renamed, the state last: a step counts as saved only when its state file exists.
-
-#define STATE_MAGIC 20261130
-struct StateHeader {
-    int64_t magic, version, step, adam_t, nparams, P;
-    int64_t maxT, V, Vp, L, NH, C, B, T;
-    int64_t shard_pos, sample_pos, nshards, nsamples, rng_bytes;
-};
-
-static std::string ckpt_path(const char* dir, const char* kind, int step) {
-    char name[64];
-    snprintf(name, sizeof(name), "/%s_%08d.bin", kind, step);
-    return std::string(dir) + name;
-}
-
-// the saved steps in dir, oldest first: every N with both model_N.bin and state_N.bin
-static std::vector<int> ckpt_steps(const char* dir) {
-    std::vector<int> steps;
-    glob_t g;
-    std::string pat = std::string(dir) + "/state_*.bin";
-    if (glob(pat.c_str(), 0, nullptr, &g) == 0) {
-        for (size_t i = 0; i < g.gl_pathc; i++) {
-            int step, len = 0;
-            struct stat st;
-            const char* base = strrchr(g.gl_pathv[i], '/') + 1;
-            if (sscanf(base, "state_%d.bin%n", &step, &len) == 1 && base[len] == '\0' &&
-                stat(ckpt_path(dir, "model", step).c_str(), &st) == 0)
-                steps.push_back(step);
-        }
-        globfree(&g);
-    }
-    std::sort(steps.begin(), steps.end());
-    return steps;
-}
-
-static bool write_all(FILE* f, const void* p, size_t bytes) { return fwrite(p, 1, bytes, f) == bytes; }
-
-static bool state_write(const char* path, const StateHeader* h, const float* m, const float* v, const DataLoader* d,
-                        const std::string& rng) {
-    std::string tmp;
-    FILE* f = atomic_open(path, &tmp);
-    if (!f) return false;
-    bool ok = write_all(f, h, sizeof(*h)) && write_all(f, m, h->nparams * 4) && write_all(f, v, h->nparams * 4) &&
-              write_all(f, d->shard_order.data(), h->nshards * sizeof(int)) &&
-              write_all(f, d->sample_order.data(), h->nsamples * sizeof(long)) && write_all(f, rng.data(), rng.size());
-    return atomic_close(f, ok, tmp, path);
-}
-
-static void read_all(FILE* f, void* p, size_t bytes, const char* path) {
-    if (fread(p, 1, bytes, f) != bytes) fatal("state file %s is truncated: delete it to resume from the checkpoint before it", path);
-}
-
-// ----------------------------------------------------------------------------
-// tokenizer (for printing samples): bytes for a byte-level vocab, or llm.c's gpt2_tokenizer.bin
-
-struct Tokenizer {
-    std::vector<std::string> pieces;  // empty: byte-level
-    int eot;
-};
-
-static void tokenizer_load(Tokenizer* tk, const char* path, int V) {
-    FILE* f = fopen(path, "rb");
-    if (!f) fatal("cannot open tokenizer %s: %s", path, strerror(errno));
-    uint32_t h[256];
-    if (fread(h, 4, 256, f) != 256 || h[0] != 20240328)
-        fatal("tokenizer %s is not an llm.c tokenizer file (magic 20240328)", path);
-    if (h[1] != 1 && h[1] != 2) fatal("tokenizer %s has version %u; tp reads versions 1 and 2", path, h[1]);
-    int n = (int)h[2];
-    tk->eot = h[1] == 2 ? (int)h[3] : 50256;
-    if (n < V) fatal("tokenizer %s has %d tokens but the model's vocab has %d: use the model's tokenizer", path, n, V);
-    tk->pieces.resize(n);
-    for (int i = 0; i < n; i++) {
-        unsigned char len;
-        if (fread(&len, 1, 1, f) != 1 || len == 0) fatal("tokenizer %s is truncated or corrupt at token %d", path, i);
-        tk->pieces[i].resize(len);
-        if (fread(&tk->pieces[i][0], 1, len, f) != len) fatal("tokenizer %s is truncated at token %d", path, i);
-    }
-    fclose(f);
-}
-
-static std::string tokenizer_decode(const Tokenizer* tk, int id) {
-    if (tk->pieces.empty()) return std::string(1, (char)id);
-    return tk->pieces[id];
-}
-
-// ----------------------------------------------------------------------------
-// sampling
-
-// One token from logits (the first V of them are real): greedy at temperature 0, else from
-// softmax(logits / temperature) restricted to the topk largest (0: all), by inverse CDF.
-static int sample_token(const float* logits, int V, float temperature, int topk, Rng* rng) {
-    int best = 0;
-    for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
-    if (temperature <= 0.0f) return best;
-    float cut = -FLT_MAX;
-    if (topk > 0 && topk < V) {
-        std::vector<float> v(logits, logits + V);
-        std::nth_element(v.begin(), v.begin() + (topk - 1), v.end(), std::greater<float>());
-        cut = v[topk - 1];
-    }
-    std::vector<double> p(V);
-    double z = 0.0;
-    for (int i = 0; i < V; i++) {
-        p[i] = logits[i] >= cut ? exp((double)(logits[i] - logits[best]) / temperature) : 0.0;
-        z += p[i];
-    }
-    double u = rng_uniform(rng) * z, c = 0.0;
-    for (int i = 0; i < V; i++) {
-        c += p[i];
-        if (u < c) return i;
-    }
-    return best;
-}
-
-// Autoregressive generation through the vocab-parallel head: n tokens after prompt. Each step runs the
-// model on the last T tokens (batch 1) and all-gathers the logits of the last position; every rank
-// then draws from the same generator, so all ranks agree on every token.
-static std::vector<int> generate(GPT* m, Rank* rk, const std::vector<int>& prompt, int n, int T, float temperature,
-                                 int topk, uint64_t seed) {
-    std::vector<int> out = prompt, window(T, 0);
-    std::vector<float> logits(m->cfg.Vp);
-    Rng rng = {seed};
-    for (int i = 0; i < n; i++) {
-        int len = std::min((int)out.size(), T);
-        std::copy(out.end() - len, out.end(), window.begin());
-        gpt_forward(m, rk, window.data(), nullptr, 1, T, false);  // causal: the padding after len changes nothing
-        gpt_logits_row(m, rk, 0, len - 1, logits.data());
-        out.push_back(sample_token(logits.data(), m->cfg.V, temperature, topk, &rng));
-    }
-    return std::vector<int>(out.begin() + prompt.size(), out.end());
-}
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/logger.h"
+#include "train/sampler.h"
 
 // ----------------------------------------------------------------------------
 // flags
@@ -374,13 +100,11 @@ static void usage(FILE* out) {
 }
 
 // a bad command line: the usage on stdout, one line on stderr saying what is wrong, exit 1
-static void bad_flag(const char* fmt, const char* a, const char* b) {
+[[noreturn]] static void bad_flag(const char* fmt, const char* a, const char* b) {
     usage(stdout);
-    fflush(stdout);
-    fprintf(stderr, "error: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, " (./tp --help lists the flags)\n");
-    exit(1);
+    char what[512];
+    snprintf(what, sizeof(what), fmt, a, b);
+    fatal("%s (./tp --help lists the flags)", what);
 }
 
 static long parse_int(const char* flag, const char* v, long lo, long hi) {
@@ -478,35 +202,24 @@ static void parse_args(int argc, char** argv, Args* a) {
 struct Run {
     Args args;
     GPTConfig cfg;
-    int P;
-    int device;
-    int threads;                  // per rank (CPU)
+    int P;                        // tensor-parallel ranks
+    int device;                   // DEV_CPU or DEV_CUDA
+    int threads;                  // OpenMP threads per rank (CPU)
     int ngpu;                     // CUDA devices visible; rank r runs on GPU r % ngpu
     double peak_flops;            // dense TF32 peak of one GPU, for MFU (0: unknown)
-    std::string gpu_name;
-    CommGroup group;
-    std::vector<float> init;      // the full initial parameters, each rank slices its shard
-    std::vector<float> full;      // gather buffer for checkpoints
+    CommGroup group;              // the tensor-parallel group of the P ranks
+    std::vector<float> init;      // the full initial parameters: each rank slices its shard out of them,
+                                  // and later gathers its shard back into them to write a checkpoint
     std::vector<uint16_t> corpus_train, corpus_val;  // the embedded corpus, when no -i/-j
     double floor_nats;            // its entropy per byte, the loss floor (0 if unknown)
     Tokenizer tokenizer;
     std::vector<int> prompt;
-    // checkpoints: gather buffers, and what a resume restores
-    std::vector<float> full_m, full_v;
+    Checkpoints ckpt;             // -o DIR
+    bool resuming;                // -y 1 found a checkpoint: start from it
     int start_step;
-    bool resuming;
-    StateHeader state;
-    std::vector<int> state_shard_order;
-    std::vector<long> state_sample_order;
-    std::string state_rng;
-    bool stop_now;  // written by rank 0 between two barriers, read by all
-    // --sweep: rank 0's timings of the current P (steps after the first two)
-    bool sweeping;
-    double sweep_s, sweep_comm_s;
-    int sweep_n;
-    FILE* log;      // -o: DIR/log.csv, one row per step
-    // what rank 0 reports back (tests read these)
-    std::vector<float> train_losses, val_losses;
+    TrainState state;             // what the resume restores besides the weights
+    Logger log;                   // -o DIR: DIR/log.csv
+    bool stop_now;                // written by rank 0 between two barriers, read by all
 };
 
 // which steps get a line on stdout: all of a short run; of a long one the first 10, every 100th and the
@@ -527,6 +240,66 @@ static float lr_at(const Args* a, int step) {
 
 static double now_s() { return comm_now(); }
 
+// ----------------------------------------------------------------------------
+// one rank
+
+// what one rank thread works with: its rank (device, communicator), its shard of the model, its loaders
+struct RankRun {
+    Rank rk;
+    GPT m;
+    DataLoader train, val;
+};
+
+// A rank's thread begins here: the rank on its device, its shard of the initial model, its loaders.
+static void rank_run_start(RankRun* rr, Run* run, int r) {
+    const Args* a = &run->args;
+    rank_init(&rr->rk, &run->group, r, run->device, run->device == DEV_CUDA ? r % run->ngpu : 0, run->threads);
+    gpt_build(&rr->m, &rr->rk, &run->cfg, run->init.data());
+    bool files = a->train != nullptr;
+    loader_init(&rr->train, "train", a->train, files ? nullptr : &run->corpus_train, a->B, a->T, run->cfg.V, a->shuffle);
+    loader_init(&rr->val, "val", a->val, files ? nullptr : &run->corpus_val, a->B, a->T, run->cfg.V, false);
+}
+
+static void rank_run_end(RankRun* rr) {
+    loader_free(&rr->train);
+    loader_free(&rr->val);
+    gpt_free(&rr->m, &rr->rk);
+    rank_free(&rr->rk);
+}
+
+// what one training step measured on one rank
+struct StepStats {
+    float loss, norm, lr;
+    double seconds;       // the whole step
+    double comm_seconds;  // of it, inside collectives
+    double comm_values;   // floats the rank's collectives moved
+};
+
+// One training step of one rank: the next batch, forward, backward and the AdamW update.
+static StepStats train_step(Run* run, RankRun* rr, int step) {
+    const Args* a = &run->args;
+    Rank* rk = &rr->rk;
+    GPT* m = &rr->m;
+    StepStats st;
+    double t0 = now_s(), comm0 = rk->tp.seconds, values0 = rk->tp.values;
+    loader_next(&rr->train);
+    gpt_forward(m, rk, rr->train.inputs.data(), rr->train.targets.data(), a->B, a->T, true);
+    gpt_zero_grad(m, rk);
+    gpt_backward(m, rk);
+    st.lr = lr_at(a, step);
+    AdamW opt = {st.lr, a->beta1, a->beta2, 1e-8f, a->wd, a->clip};
+    gpt_update(m, rk, &rk->tp, &opt);
+    st.loss = gpt_read_loss(m, rk);
+    st.norm = gpt_read_norm(m, rk);
+    st.seconds = now_s() - t0;
+    st.comm_seconds = rk->tp.seconds - comm0;
+    st.comm_values = rk->tp.values - values0;
+    if (!std::isfinite(st.loss) || !std::isfinite(st.norm))
+        fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)",
+              step + 1, st.loss, st.norm);
+    return st;
+}
+
 // mean loss over the first n val batches, the same on every rank
 static float evaluate(GPT* m, Rank* rk, DataLoader* val, int n) {
     loader_reset(val);
@@ -539,61 +312,16 @@ static float evaluate(GPT* m, Rank* rk, DataLoader* val, int n) {
     return (float)(s / n);
 }
 
-static void print_sample(Run* run, GPT* m, Rank* rk, int step) {
+// every rank generates (they take part in the all-gathers); rank 0 prints
+static void print_sample(Run* run, RankRun* rr, int step) {
     const Args* a = &run->args;
-    std::vector<int> out = generate(m, rk, run->prompt, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed);
-    if (rk->rank != 0) return;
+    std::vector<int> out = generate(&rr->m, &rr->rk, run->prompt, a->gen_tokens, a->T, a->temperature, a->topk,
+                                    (uint64_t)a->sample_seed);
+    if (rr->rk.rank != 0) return;
     printf("sample after %d steps (temperature %g%s):\n---\n", step, a->temperature, a->topk ? ", top-k" : "");
-    bool text = !run->tokenizer.pieces.empty() || run->cfg.V <= 256;
-    if (a->prompt) printf("%s", a->prompt);
-    for (int t : out) {
-        if (text) printf("%s", tokenizer_decode(&run->tokenizer, t).c_str());
-        else printf("%d ", t);
-    }
+    print_tokens(out, &run->tokenizer, run->cfg.V, a->prompt);
     printf("\n---\n");
     fflush(stdout);
-}
-
-// Reads the state of `step` in dir into the run; the model file of that step becomes the initial weights.
-static void resume_read(Run* run, const char* dir, int step) {
-    std::string path = ckpt_path(dir, "state", step);
-    FILE* f = fopen(path.c_str(), "rb");
-    if (!f) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
-    StateHeader* h = &run->state;
-    read_all(f, h, sizeof(*h), path.c_str());
-    if (h->magic != STATE_MAGIC || h->version != 1) fatal("%s is not a tp state file (magic %lld)", path.c_str(), (long long)h->magic);
-    if (h->nparams != (int64_t)run->init.size()) fatal("state file %s does not match its model file", path.c_str());
-    if (h->nshards < 0 || h->nsamples < 0 || h->rng_bytes < 0 || h->rng_bytes > 1 << 20)
-        fatal("state file %s is corrupt", path.c_str());
-    run->full_m.resize(h->nparams);
-    run->full_v.resize(h->nparams);
-    run->state_shard_order.resize(h->nshards);
-    run->state_sample_order.resize(h->nsamples);
-    run->state_rng.resize(h->rng_bytes);
-    read_all(f, run->full_m.data(), h->nparams * 4, path.c_str());
-    read_all(f, run->full_v.data(), h->nparams * 4, path.c_str());
-    read_all(f, run->state_shard_order.data(), h->nshards * sizeof(int), path.c_str());
-    read_all(f, run->state_sample_order.data(), h->nsamples * sizeof(long), path.c_str());
-    read_all(f, &run->state_rng[0], h->rng_bytes, path.c_str());
-    fclose(f);
-}
-
-// Puts the train loader where the state file says it was.
-static void loader_restore(DataLoader* d, const Run* run) {
-    const StateHeader* h = &run->state;
-    if (h->B != d->B || h->T != d->T)
-        fatal("the checkpoint was trained with -b %lld -t %lld: resume with the same batch shape", (long long)h->B, (long long)h->T);
-    if (h->nshards != (int64_t)d->shard_order.size() || h->shard_pos >= h->nshards)
-        fatal("the training data changed since the checkpoint (%lld shards then, %zu now)", (long long)h->nshards, d->shard_order.size());
-    d->shard_order = run->state_shard_order;
-    d->shard_pos = (int)h->shard_pos;
-    loader_load_shard(d);  // opens the shard (and draws a permutation that the next lines replace)
-    if (d->shuffle && h->nsamples != d->nsamples)
-        fatal("the training data changed since the checkpoint (%lld samples per shard then, %ld now)", (long long)h->nsamples, d->nsamples);
-    if (d->shuffle) d->sample_order = run->state_sample_order;
-    d->sample_pos = h->sample_pos;
-    std::istringstream rng(run->state_rng);
-    rng >> d->rng;
 }
 
 // Ctrl-C / SIGTERM: finish the step, save, exit 0. The handler only sets a flag; a second signal kills.
@@ -601,80 +329,19 @@ static void loader_restore(DataLoader* d, const Run* run) {
 static std::atomic<int> g_signal{0};
 static void on_signal(int sig) { g_signal.store(sig); }
 
-// All ranks save the same step together: each writes its shards into the full host buffers (params,
-// AdamW m and v), then rank 0 writes the files, then everyone goes on.
-static void save_checkpoint(Run* run, GPT* m, Rank* rk, const DataLoader* train, int step) {
-    const Args* a = &run->args;
-    gpt_gather(m, rk, m->params_mem, run->init.data());
-    gpt_gather(m, rk, m->m_mem, run->full_m.data());
-    gpt_gather(m, rk, m->v_mem, run->full_v.data());
-    comm_barrier(&rk->comm, "checkpoint gathered");
-    if (rk->rank == 0) {
-        std::string model = ckpt_path(a->outdir, "model", step), state = ckpt_path(a->outdir, "state", step);
-        const GPTConfig* c = &run->cfg;
-        std::ostringstream rng;
-        rng << train->rng;
-        StateHeader h = {STATE_MAGIC, 1, step, m->t, (int64_t)run->init.size(), run->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
-                         a->B, a->T, train->shard_pos, train->sample_pos, (int64_t)train->shard_order.size(),
-                         (int64_t)train->sample_order.size(), (int64_t)rng.str().size()};
-        if (!gpt_write_checkpoint(model.c_str(), c, run->init.data()) ||
-            !state_write(state.c_str(), &h, run->full_m.data(), run->full_v.data(), train, rng.str()))
-            fatal("saving the checkpoint of step %d in %s failed; the earlier checkpoints are intact", step, a->outdir);
-        // keep the newest --keep steps; the state file goes first, so a half-removed pair never looks saved
-        std::vector<int> steps = ckpt_steps(a->outdir);
-        for (int i = 0; i + a->keep < (int)steps.size(); i++) {
-            remove(ckpt_path(a->outdir, "state", steps[i]).c_str());
-            remove(ckpt_path(a->outdir, "model", steps[i]).c_str());
-        }
-        printf("saved checkpoint %s (step %d)\n", model.c_str(), step);
-        fflush(stdout);
-    }
-    comm_barrier(&rk->comm, "checkpoint written");
-}
-
-// A rank's thread begins here: its device, its stream and handles (GPU), its communicator.
-static void rank_start(Rank* rk, Run* run, int r) {
-    rk->rank = r;
-    rk->P = run->P;
-    rk->device = run->device;
-    rk->gpu = run->device == DEV_CUDA ? r % run->ngpu : -1;
-    rk->threads = run->threads;
-    omp_set_num_threads(rk->threads);
-    if (rk->device == DEV_CUDA) cuda_ctx_init(&rk->cuda, r, rk->gpu);
-    comm_init(&rk->comm, &run->group, r);
-    // ranks on distinct GPUs talk through NCCL, ranks sharing a GPU through shared device memory
-    if (rk->device == DEV_CUDA) comm_bind_cuda(&rk->comm, rk->gpu, rk->cuda.stream);
-}
-
-static void rank_end(Rank* rk) {
-    if (rk->device == DEV_CUDA) {
-        comm_free(&rk->comm);
-        cuda_ctx_free(&rk->cuda);
-    }
-}
-
 static void rank_main(Run* run, int r) {
     const Args* a = &run->args;
-    Rank rk;
-    rank_start(&rk, run, r);
-
-    GPT m;
-    gpt_build(&m, &rk, &run->cfg, run->init.data());
-    DataLoader train, val;
-    if (a->train) {
-        loader_init(&train, "train", a->train, nullptr, a->B, a->T, run->cfg.V, a->shuffle);
-        loader_init(&val, "val", a->val, nullptr, a->B, a->T, run->cfg.V, false);
-    } else {
-        loader_init(&train, "train", nullptr, &run->corpus_train, a->B, a->T, run->cfg.V, a->shuffle);
-        loader_init(&val, "val", nullptr, &run->corpus_val, a->B, a->T, run->cfg.V, false);
-    }
+    RankRun rr;
+    rank_run_start(&rr, run, r);
+    Rank* rk = &rr.rk;
+    GPT* m = &rr.m;
     if (run->resuming) {
-        gpt_scatter(&m, &rk, run->full_m.data(), m.m_mem);
-        gpt_scatter(&m, &rk, run->full_v.data(), m.v_mem);
-        m.t = (int)run->state.adam_t;
-        loader_restore(&train, run);
+        gpt_scatter(m, rk, run->state.m.data(), m->m_mem);
+        gpt_scatter(m, rk, run->state.v.data(), m->v_mem);
+        m->t = (int)run->state.h.adam_t;
+        loader_restore(&rr.train, &run->state);
     }
-    comm_barrier(&rk.comm, "start");
+    comm_barrier(&rk->tp, "start");
     bool lead = r == 0;
     int BT = a->B * a->T;
     double total_time = 0.0, total_comm = 0.0;
@@ -686,76 +353,51 @@ static void rank_main(Run* run, int r) {
         bool last = step == a->max_steps - 1;
         float vl = NAN;
         if (a->val_every > 0 && (step % a->val_every == 0 || last)) {
-            vl = evaluate(&m, &rk, &val, a->val_batches);
+            vl = evaluate(m, rk, &rr.val, a->val_batches);
             if (lead) {
-                run->val_losses.push_back(vl);
                 if (run->floor_nats > 0) printf("val loss %.6f  (floor %.4f, %.1f%% above)\n", vl, run->floor_nats, 100.0 * (vl / run->floor_nats - 1.0));
                 else printf("val loss %.6f\n", vl);
                 fflush(stdout);
             }
         }
-        if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) print_sample(run, &m, &rk, step);
-        double t0 = now_s();
-        double comm0 = rk.comm.seconds, vals0 = rk.comm.values;
-        loader_next(&train);
-        gpt_forward(&m, &rk, train.inputs.data(), train.targets.data(), a->B, a->T, true);
-        gpt_zero_grad(&m, &rk);
-        gpt_backward(&m, &rk);
-        float lr = lr_at(a, step);
-        gpt_update(&m, &rk, lr, a->beta1, a->beta2, 1e-8f, a->wd, a->clip);
-        float loss = gpt_read_loss(&m, &rk);
-        float norm = gpt_read_norm(&m, &rk);
-        double dt = now_s() - t0;
+        if (a->sample_every > 0 && step > 0 && step % a->sample_every == 0) print_sample(run, &rr, step);
+        StepStats st = train_step(run, &rr, step);
         if (step > run->start_step) {  // the first step warms up caches and allocations
-            total_time += dt;
-            total_comm += rk.comm.seconds - comm0;
+            total_time += st.seconds;
+            total_comm += st.comm_seconds;
         }
-        if (!std::isfinite(loss) || !std::isfinite(norm))
-            fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)", step + 1, loss, norm);
-        if (lead && run->sweeping && step >= 2) {
-            run->sweep_s += dt;
-            run->sweep_comm_s += rk.comm.seconds - comm0;
-            run->sweep_n++;
-        }
-        if (lead && run->log)
-            fprintf(run->log, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f\n", step + 1, loss, std::isnan(vl) ? "" : std::to_string(vl).c_str(), lr,
-                    dt * 1e3, BT / dt, (rk.comm.seconds - comm0) * 1e3, (rk.comm.values - vals0) * 4);
-        if (lead && !run->sweeping) run->train_losses.push_back(loss);
-        if (lead && !run->sweeping && print_step(a, step)) {
+        if (lead) logger_step(&run->log, step + 1, st.loss, vl, st.lr, st.seconds, BT, st.comm_seconds, st.comm_values * 4);
+        if (lead && print_step(a, step)) {
             char mfu[32] = "";
-            if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_step / dt / (run->peak_flops * std::min(run->P, run->ngpu)));
+            if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_step / st.seconds / (run->peak_flops * std::min(run->P, run->ngpu)));
             printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | comm %.1f ms, %.2f MB\n",
-                   step + 1, a->max_steps, loss, lr, norm, dt * 1e3, BT / dt, mfu, (rk.comm.seconds - comm0) * 1e3,
-                   (rk.comm.values - vals0) * 4 / 1e6);
+                   step + 1, a->max_steps, st.loss, st.lr, st.norm, st.seconds * 1e3, BT / st.seconds, mfu, st.comm_seconds * 1e3,
+                   st.comm_values * 4 / 1e6);
             fflush(stdout);
         }
-        if (a->outdir && !run->sweeping && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
-            save_checkpoint(run, &m, &rk, &train, step + 1);
+        if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
+            checkpoint_save(&run->ckpt, run->init.data(), m, rk, &rr.train, step + 1);
             last_saved = step + 1;
         }
         // Stop on a signal, all ranks at the same step: rank 0 reads the flag between two barriers and
         // everyone reads its decision after the second (a rank deciding alone would leave the others
         // waiting in the next step's first collective).
-        comm_barrier(&rk.comm, "signal check");
+        comm_barrier(&rk->tp, "signal check");
         if (lead) run->stop_now = g_signal.load() != 0;
-        comm_barrier(&rk.comm, "signal check");
+        comm_barrier(&rk->tp, "signal check");
         if (run->stop_now) {
-            if (a->outdir && last_saved != step + 1) save_checkpoint(run, &m, &rk, &train, step + 1);
+            if (a->outdir && last_saved != step + 1) checkpoint_save(&run->ckpt, run->init.data(), m, rk, &rr.train, step + 1);
             if (lead) {
                 if (a->outdir) printf("interrupted after step %d: saved in %s; continue with -y 1\n", step + 1, a->outdir);
                 else printf("interrupted after step %d (no -o, nothing saved)\n", step + 1);
                 fflush(stdout);
             }
-            loader_free(&train);
-            loader_free(&val);
-            gpt_free(&m, &rk);
-            rank_end(&rk);
+            rank_run_end(&rr);
             return;
         }
     }
-    if (a->outdir && !run->sweeping && last_saved != a->max_steps) save_checkpoint(run, &m, &rk, &train, a->max_steps);
-    if (lead && !run->sweeping && a->max_steps > run->start_step + 1)
-    {
+    if (a->outdir && last_saved != a->max_steps) checkpoint_save(&run->ckpt, run->init.data(), m, rk, &rr.train, a->max_steps);
+    if (lead && a->max_steps > run->start_step + 1) {
         int n = a->max_steps - run->start_step - 1;
         char mfu[32] = "";
         if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), ", MFU %.1f%%", 100.0 * flops_per_step * n / total_time / (run->peak_flops * std::min(run->P, run->ngpu)));
@@ -767,17 +409,14 @@ static void rank_main(Run* run, int r) {
                 printf("GPU 0 memory in use: %.2f GB of %.2f GB (all ranks on it, CUDA context included)\n", (total_b - free_b) / 1e9, total_b / 1e9);
         }
     }
-    if (a->gen_tokens > 0 && !run->sweeping) print_sample(run, &m, &rk, a->max_steps);
-    loader_free(&train);
-    loader_free(&val);
-    gpt_free(&m, &rk);
-    rank_end(&rk);
+    if (a->gen_tokens > 0) print_sample(run, &rr, a->max_steps);
+    rank_run_end(&rr);
 }
 
 // ----------------------------------------------------------------------------
 // setup
 
-// threads per rank and the communicators, for run->P ranks
+// threads per rank and the tensor-parallel group, for run->P ranks
 static void ranks_setup(Run* run) {
     int cores = (int)std::max(1u, std::thread::hardware_concurrency());
     run->threads = run->args.threads ? run->args.threads : std::max(1, cores / run->P);
@@ -822,15 +461,15 @@ static void run_setup(Run* run) {
     if (a->resume && saved.empty()) printf("tp: -y 1 but no checkpoint in %s yet: starting from scratch\n", a->outdir);
     if (!saved.empty()) {
         std::string model = ckpt_path(a->outdir, "model", saved.back());
-        gpt_load_checkpoint(model.c_str(), c, &run->init);
+        model_read(model.c_str(), c, &run->init);
         GPTConfig want;
         if (a->model && gpt_descriptor(a->model, &want, c->V, c->maxT) &&
             (want.L != c->L || want.NH != c->NH || want.C != c->C || (a->vocab && a->vocab != c->V)))
             fatal("-e %s disagrees with the checkpoint in %s (%d layers, %d heads, %d channels, vocab %d): drop -e to resume it",
                   a->model, a->outdir, c->L, c->NH, c->C, c->V);
-        resume_read(run, a->outdir, saved.back());
+        state_read(a->outdir, saved.back(), (long)run->init.size(), &run->state);
         run->resuming = true;
-        run->start_step = (int)run->state.step;
+        run->start_step = (int)run->state.h.step;
         if (run->start_step >= a->max_steps)
             fatal("the checkpoint in %s is at step %d already: give -x larger than %d to train further", a->outdir, run->start_step, run->start_step);
         printf("tp: resuming from %s at step %d\n", model.c_str(), run->start_step);
@@ -842,14 +481,16 @@ static void run_setup(Run* run) {
         if (stat(a->model, &st) != 0)
             fatal("-e %s is neither a readable checkpoint file nor a descriptor (d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", a->model);
         if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", a->model);
-        gpt_load_checkpoint(a->model, c, &run->init);
+        model_read(a->model, c, &run->init);
         if (a->vocab && a->vocab != c->V)
             fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, a->model, c->V);
     }
     if (a->T > c->maxT) fatal("sequence length -t %d exceeds the model's maximum %d: use -t %d or less", a->T, c->maxT, c->maxT);
     if (a->outdir) {
-        run->full_m.resize(run->init.size());
-        run->full_v.resize(run->init.size());
+        run->ckpt.dir = a->outdir;
+        run->ckpt.keep = a->keep;
+        run->ckpt.m.resize(run->init.size());
+        run->ckpt.v.resize(run->init.size());
     }
     // data: token files, or the embedded corpus, generated here (16 MB of train text, the same for any
     // flags, so that a resumed run sees the same data)
@@ -887,7 +528,6 @@ static void run_setup(Run* run) {
     if (run->device == DEV_CUDA) {
         cudaDeviceProp prop;
         if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
-            run->gpu_name = prop.name;
             // dense TF32 tensor-core peaks (the fp32 training here runs its matmuls in TF32)
             if (strstr(prop.name, "H100") || strstr(prop.name, "H200") || strstr(prop.name, "H800")) run->peak_flops = 494.7e12;
             else if (strstr(prop.name, "A100") || strstr(prop.name, "A800")) run->peak_flops = 156e12;
@@ -957,14 +597,34 @@ static void print_setup(const Run* run) {
     fflush(stdout);
 }
 
+// ----------------------------------------------------------------------------
 // --sweep: every valid P for a few steps on the same model and data; one table of the scaling
+
+// rank 0's time over the timed steps of one P
+struct SweepTime {
+    double seconds, comm_seconds;
+    int steps;
+};
+
+// one rank of one P: --sweep-steps training steps, the first 2 not timed (they warm up caches and allocations)
+static void sweep_rank(Run* run, int r, SweepTime* out) {
+    RankRun rr;
+    rank_run_start(&rr, run, r);
+    comm_barrier(&rr.rk.tp, "start");
+    for (int step = 0; step < run->args.sweep_steps; step++) {
+        StepStats st = train_step(run, &rr, step);
+        if (r == 0 && step >= 2) {
+            out->seconds += st.seconds;
+            out->comm_seconds += st.comm_seconds;
+            out->steps++;
+        }
+    }
+    rank_run_end(&rr);
+}
+
 static void sweep(Run* run) {
-    Args* a = &run->args;
+    const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
-    a->max_steps = a->sweep_steps;
-    a->val_every = 0;
-    a->gen_tokens = 0;
-    run->sweeping = true;
     int cores = (int)std::max(1u, std::thread::hardware_concurrency());
     printf("\nsweep: %d steps per P (the first 2 not timed), batch %d x %d, on the %s\n", a->sweep_steps, a->B, a->T,
            run->device == DEV_CUDA ? "GPU" : "CPU");
@@ -982,17 +642,16 @@ static void sweep(Run* run) {
         if (!tp_valid(c, P)) continue;
         run->P = P;
         ranks_setup(run);
-        run->sweep_s = run->sweep_comm_s = 0;
-        run->sweep_n = 0;
+        SweepTime time = {0, 0, 0};
         std::vector<std::thread> threads;
-        for (int r = 0; r < P; r++) threads.emplace_back(rank_main, run, r);
+        for (int r = 0; r < P; r++) threads.emplace_back(sweep_rank, run, r, &time);
         for (auto& t : threads) t.join();
-        double ms = run->sweep_s / run->sweep_n * 1e3, tps = a->B * a->T / (ms / 1e3);
+        double ms = time.seconds / time.steps * 1e3, tps = a->B * a->T / (ms / 1e3);
         // efficiency: speedup over P=1 divided by the growth in compute units used (cores on the CPU,
         // GPUs on CUDA); on a CPU every P uses the same cores, so the ideal speedup there is 1
         int units = run->device == DEV_CUDA ? std::min(P, run->ngpu) : std::min(P * run->threads, cores);
         if (P == 1) { base = ms; units1 = units; }
-        double speedup = base / ms, eff = speedup / ((double)units / units1), share = run->sweep_comm_s / run->sweep_s;
+        double speedup = base / ms, eff = speedup / ((double)units / units1), share = time.comm_seconds / time.seconds;
         double mp, mg, ma;
         rank_memory(c, P, a->B, a->T, &mp, &mg, &ma);
         double mb = (mp + mg + ma) / 1e6;
@@ -1008,28 +667,21 @@ static int tp_main(int argc, char** argv) {
     parse_args(argc, argv, &run->args);
     run_setup(run);
     print_setup(run);
-    struct sigaction sa = {};
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops at once
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
     if (run->args.sweep) {
         sweep(run);
         delete run;
         return 0;
     }
-    if (run->args.outdir) {
-        // the per-step log; a resumed run appends to it
-        std::string path = std::string(run->args.outdir) + "/log.csv";
-        bool fresh = !run->resuming;
-        run->log = fopen(path.c_str(), fresh ? "w" : "a");
-        if (!run->log) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
-        if (fresh) fprintf(run->log, "step,loss,val_loss,lr,ms,tok_per_s,comm_ms,comm_bytes\n");
-    }
+    struct sigaction sa = {};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops at once
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    if (run->args.outdir) logger_open(&run->log, run->args.outdir, run->resuming);
     std::vector<std::thread> threads;
     for (int r = 0; r < run->P; r++) threads.emplace_back(rank_main, run, r);
     for (auto& t : threads) t.join();
-    if (run->log) fclose(run->log);
+    logger_close(&run->log);
     delete run;
     return 0;
 }

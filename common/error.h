@@ -1,0 +1,87 @@
+// common/error.h: the one way out on an error. Bad input, a failed CUDA, cuBLAS or NCCL call, a
+// collective that hangs: everything that ends tp with an error leaves through fatal (or, for the
+// multi-line hang report in comm.cuh, through fatal_begin ... fatal_end), with one line on stderr
+// that says what is wrong and how to fix it, and exit status 1.
+//
+// Ranks are threads of one process running the same code on the same data, so several of them can
+// fail at the same moment with the same error. fatal_begin lets the first one through and parks the
+// others until the first ends the process: the user reads one error, not P copies of it.
+#pragma once
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+// The first caller returns (with stdout flushed, so the error follows what was already printed);
+// every later caller waits here until the first one ends the process.
+static void fatal_begin() {
+    static std::atomic<int> failing{0};
+    if (failing.exchange(1) != 0)
+        for (;;) pause();
+    fflush(stdout);
+}
+
+[[noreturn]] static void fatal_end() {
+    fflush(stderr);
+    _Exit(1);  // ranks are threads that may be blocked in a collective: there is nothing to unwind to
+}
+
+// "error: <message>" on stderr and exit status 1
+[[noreturn]] static void fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fatal(const char* fmt, ...) {
+    fatal_begin();
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fatal_end();
+}
+
+// A library call of rank `rank` failed: name the rank, the call, the library's message and the place.
+[[noreturn]] static void fatal_call(int rank, const char* call, const char* msg, const char* file, int line) {
+    fatal("rank %d: %s failed: %s (%s:%d)", rank, call, msg, file, line);
+}
+
+#define CUDA_CHECK(rank, call)                                                                       \
+    do {                                                                                             \
+        cudaError_t err_ = (call);                                                                   \
+        if (err_ != cudaSuccess) fatal_call((rank), #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
+    } while (0)
+
+// After a kernel launch: a bad launch configuration shows here, not at the next sync. Built with
+// -DTP_CUDA_DEBUG (make debug) it also waits for the kernel, so a fault (an illegal address) names
+// the kernel that caused it.
+#ifdef TP_CUDA_DEBUG
+#define TP_CUDA_DEBUG_SYNC() cudaDeviceSynchronize()
+#else
+#define TP_CUDA_DEBUG_SYNC() cudaSuccess
+#endif
+#define CUDA_LAUNCH_CHECK(rank, kernel)                                                              \
+    do {                                                                                             \
+        cudaError_t err_ = cudaGetLastError();                                                       \
+        if (err_ == cudaSuccess) err_ = TP_CUDA_DEBUG_SYNC();                                        \
+        if (err_ != cudaSuccess) fatal_call((rank), "launch of " kernel, cudaGetErrorString(err_), __FILE__, __LINE__); \
+    } while (0)
+
+#define CUBLAS_CHECK(rank, call)                                                                     \
+    do {                                                                                             \
+        cublasStatus_t st_ = (call);                                                                 \
+        if (st_ != CUBLAS_STATUS_SUCCESS) fatal_call((rank), #call, cublasGetStatusString(st_), __FILE__, __LINE__); \
+    } while (0)
+
+// an NCCL call of rank `rank` on communicator `comm`, with NCCL's own text for the last error
+#define NCCL_CHECK(rank, comm, call)                                                                 \
+    do {                                                                                             \
+        ncclResult_t nr_ = (call);                                                                   \
+        if (nr_ != ncclSuccess) {                                                                    \
+            char m_[512];                                                                            \
+            snprintf(m_, sizeof(m_), "%s (%s)", ncclGetErrorString(nr_), ncclGetLastError(comm));    \
+            fatal_call((rank), #call, m_, __FILE__, __LINE__);                                       \
+        }                                                                                            \
+    } while (0)

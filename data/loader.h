@@ -1,0 +1,156 @@
+// data/loader.h: llm.c token files and the data loader that serves batches from them.
+//
+// A token file (llm.c's format, written by data/prepare.py): a header of 256 int32 (magic 20240520,
+// version 1, token count), then the tokens as uint16. A split is one file or a glob of shards.
+// The loader yields batches as llm.c's does: sample s of a shard is the B*T+1 tokens starting at token
+// s*B*T; inputs are the first B*T, targets the same shifted by one. In order, or shuffled: each epoch
+// permutes the shards and each shard its samples (Fisher-Yates with MT19937 seeded 42, as llm.c).
+#pragma once
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <glob.h>
+#include <random>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+#include "../common/error.h"
+
+struct TokenShard {
+    std::string path;
+    long ntok;
+};
+
+// Yields batches of B x T inputs and targets (the inputs shifted by one).
+struct DataLoader {
+    const char* what;  // "train" or "val", for messages
+    int B, T, V;
+    bool shuffle;
+    std::vector<TokenShard> shards;
+    const std::vector<uint16_t>* mem;  // an in-memory shard (the embedded corpus) instead of files
+    std::vector<int> shard_order;
+    std::vector<long> sample_order;
+    int shard_pos;   // index into shard_order
+    long sample_pos; // index into the current shard's samples
+    long nsamples;   // samples in the current shard
+    std::mt19937 rng;
+    FILE* f;
+    std::vector<uint16_t> buf;
+    std::vector<int> inputs, targets;  // (B, T)
+};
+
+// Checks a token file's header and size; returns its token count.
+static long token_file_check(const char* path, const char* what, long need) {
+    struct stat st;
+    if (stat(path, &st) != 0) fatal("cannot open %s data %s: %s", what, path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) fatal("%s data %s is a directory; give a token file or a glob like 'dir/*_train.bin'", what, path);
+    FILE* f = fopen(path, "rb");
+    if (!f) fatal("cannot open %s data %s: %s", what, path, strerror(errno));
+    int h[256];
+    if (fread(h, sizeof(int), 256, f) != 256)
+        fatal("%s data %s is shorter than the 1024-byte header of an llm.c token file (make one with data/prepare.py)", what, path);
+    fclose(f);
+    if (h[0] != 20240520) fatal("%s data %s has magic %d, not 20240520: not an llm.c token file (make one with data/prepare.py)", what, path, h[0]);
+    if (h[1] != 1) fatal("%s data %s has version %d; tp reads version 1 token files (uint16 tokens)", what, path, h[1]);
+    long ntok = h[2];
+    if (ntok < 0 || (long)st.st_size != 1024 + 2 * ntok)
+        fatal("%s data %s is %ld bytes but its header promises %ld tokens (%ld bytes): the file is truncated or corrupt",
+              what, path, (long)st.st_size, ntok, 1024 + 2 * ntok);
+    if (ntok < need)
+        fatal("%s data %s has %ld tokens, fewer than one batch needs (B*T+1 = %ld): use a smaller -b or -t", what, path, ntok, need);
+    return ntok;
+}
+
+static void loader_load_shard(DataLoader* d) {
+    long ntok = d->mem ? (long)d->mem->size() : d->shards[d->shard_order[d->shard_pos]].ntok;
+    d->nsamples = (ntok - 1) / ((long)d->B * d->T);
+    d->sample_pos = 0;
+    if (d->f) { fclose(d->f); d->f = nullptr; }
+    if (!d->mem) {
+        const char* path = d->shards[d->shard_order[d->shard_pos]].path.c_str();
+        d->f = fopen(path, "rb");
+        if (!d->f) fatal("cannot open %s data %s: %s", d->what, path, strerror(errno));
+    }
+    if (d->shuffle) {
+        d->sample_order.resize(d->nsamples);
+        for (long i = 0; i < d->nsamples; i++) d->sample_order[i] = i;
+        for (long i = d->nsamples - 1; i > 0; i--) std::swap(d->sample_order[i], d->sample_order[d->rng() % (i + 1)]);
+    }
+}
+
+// back to the first batch; when shuffling, a new epoch: a new shard order
+static void loader_reset(DataLoader* d) {
+    d->shard_pos = 0;
+    int ns = (int)d->shard_order.size();
+    if (d->shuffle)
+        for (int i = ns - 1; i > 0; i--) std::swap(d->shard_order[i], d->shard_order[d->rng() % (i + 1)]);
+    loader_load_shard(d);
+}
+
+// pattern: a token file or a glob of shards. mem: tokens to serve from memory instead (pattern unused).
+static void loader_init(DataLoader* d, const char* what, const char* pattern, const std::vector<uint16_t>* mem,
+                        int B, int T, int V, bool shuffle) {
+    *d = DataLoader();
+    d->what = what;
+    d->B = B;
+    d->T = T;
+    d->V = V;
+    d->shuffle = shuffle;
+    d->f = nullptr;
+    d->rng.seed(42);
+    long need = (long)B * T + 1;
+    if (mem) {
+        if ((long)mem->size() < need)
+            fatal("the %s split has %zu tokens, fewer than one batch needs (B*T+1 = %ld): use a smaller -b or -t", what, mem->size(), need);
+        d->mem = mem;
+        d->shard_order = {0};
+    } else {
+        glob_t g;
+        int rc = glob(pattern, 0, nullptr, &g);
+        if (rc != 0 || g.gl_pathc == 0) {
+            if (rc == 0) globfree(&g);
+            fatal("no %s data matches '%s': give an llm.c token file or a glob of shards (make them with data/prepare.py)", what, pattern);
+        }
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            long n = token_file_check(g.gl_pathv[i], what, need);
+            d->shards.push_back({g.gl_pathv[i], n});
+            d->shard_order.push_back((int)i);
+        }
+        globfree(&g);
+    }
+    d->buf.resize(need);
+    d->inputs.resize((long)B * T);
+    d->targets.resize((long)B * T);
+    loader_reset(d);
+}
+
+static void loader_free(DataLoader* d) {
+    if (d->f) fclose(d->f);
+    d->f = nullptr;
+}
+
+// the next batch into d->inputs and d->targets
+static void loader_next(DataLoader* d) {
+    if (d->sample_pos >= d->nsamples) {
+        if (d->shard_pos + 1 >= (int)d->shard_order.size()) loader_reset(d);  // end of the epoch
+        else { d->shard_pos++; loader_load_shard(d); }
+    }
+    long s = d->shuffle ? d->sample_order[d->sample_pos] : d->sample_pos;
+    d->sample_pos++;
+    long n = (long)d->B * d->T + 1, start = s * (long)d->B * d->T;
+    if (d->mem) memcpy(d->buf.data(), d->mem->data() + start, n * sizeof(uint16_t));
+    else {
+        if (fseek(d->f, 1024 + start * 2, SEEK_SET) != 0 || (long)fread(d->buf.data(), 2, n, d->f) != n)
+            fatal("reading %s data %s failed at token %ld", d->what, d->shards[d->shard_order[d->shard_pos]].path.c_str(), start);
+    }
+    for (long i = 0; i < n; i++)
+        if (d->buf[i] >= d->V)
+            fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: use a model whose vocab covers the data (--vocab)",
+                  d->what, d->mem ? "(embedded)" : d->shards[d->shard_order[d->shard_pos]].path.c_str(), d->buf[i], start + i, d->V);
+    for (long i = 0; i < n - 1; i++) {
+        d->inputs[i] = d->buf[i];
+        d->targets[i] = d->buf[i + 1];
+    }
+}

@@ -1,0 +1,633 @@
+// dev/test_gpu.cuh: the GPU tests of test_tp, included by test_tp.cu (they use its check helpers and
+// run_tp). They run when a CUDA GPU is visible, natively or on the emulated GPU; without one they are
+// reported skipped, never passed.
+#pragma once
+
+// ----------------------------------------------------------------------------
+// GPU: every CUDA op against its CPU op, forward and backward, at awkward shapes; the GPU collectives;
+// determinism; then whole training runs (below). Run only when a GPU is present, else reported skipped.
+// Bounds: matmuls and attention run on TF32 tensor cores, so they compare at 1e-2 of the tensor's largest
+// value, and again with TF32 off at 2e-5; other ops at 1e-5 (2e-5 for long sums); ops that reproduce the
+// CPU's order exactly compare bit for bit.
+
+// random inputs from gpt.cu's generator
+typedef Rng Rnd;
+static uint64_t rnd_u64(Rnd* r) { return rng_u64(r); }
+static float rnd_uniform(Rnd* r) { return (float)rng_uniform(r); }  // (0, 1)
+static std::vector<float> rnd_vec(Rnd* r, long n, float lo = -1.0f, float hi = 1.0f) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = lo + (hi - lo) * rnd_uniform(r);
+    return v;
+}
+static std::vector<int> rnd_ints(Rnd* r, long n, int mod) {
+    std::vector<int> v(n);
+    for (auto& x : v) x = (int)(rnd_u64(r) % (uint64_t)mod);
+    return v;
+}
+
+// device copies. `pad` extra leading floats shift the pointer off 16-byte alignment (pad 1) to force the
+// scalar paths; the returned pointer is the data, the allocation starts pad floats before it.
+struct DevBuf {
+    float* base;
+    float* p;
+};
+static DevBuf dev_up(CudaCtx* cx, const std::vector<float>& h, int pad = 0) {
+    DevBuf b;
+    b.base = cuda_alloc(cx, (long)h.size() + pad);
+    b.p = b.base + pad;
+    cuda_upload(cx, b.p, h.data(), h.size() * sizeof(float));
+    return b;
+}
+static int* dev_up_int(CudaCtx* cx, const std::vector<int>& h) {
+    int* d = (int*)cuda_alloc(cx, (long)h.size());
+    cuda_upload(cx, d, h.data(), h.size() * sizeof(int));
+    return d;
+}
+static std::vector<float> dev_down(CudaCtx* cx, const float* d, long n) {
+    std::vector<float> h(n);
+    cuda_download(cx, h.data(), d, n * sizeof(float));
+    return h;
+}
+
+// max |g - c| / max |c| (the error against the tensor's scale); infinite if g is not finite where c is
+static double gpu_rel_err(const std::vector<float>& g, const std::vector<float>& c) {
+    double scale = 0.0, err = 0.0;
+    for (size_t i = 0; i < c.size(); i++) scale = std::max(scale, (double)fabsf(c[i]));
+    for (size_t i = 0; i < c.size(); i++) {
+        if (std::isfinite(c[i]) && !std::isfinite(g[i])) return INFINITY;
+        err = std::max(err, (double)fabsf(g[i] - c[i]));
+    }
+    return scale > 0.0 ? err / scale : err;
+}
+static long count_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    long n = 0;
+    for (size_t i = 0; i < a.size(); i++) n += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return n;
+}
+
+#define TF32_BOUND 1e-2
+#define FP32_BOUND 1e-5
+#define SUM_BOUND 2e-5
+
+static void expect_close(const char* op, const char* what, const std::vector<float>& g, const std::vector<float>& c,
+                         double bound) {
+    check_le(gpu_rel_err(g, c), bound, "%-22s %-44s max rel err", op, what);
+}
+static void expect_exact(const char* op, const char* what, const std::vector<float>& g, const std::vector<float>& c) {
+    check_le(count_diff(g, c), 0, "%-22s %-44s elements differing of %zu (bit-exact)", op, what, c.size());
+}
+
+// ----------------------------------------------------------------------------
+// linear layers
+
+// with tf32 off (cuda_set_tf32) the matmuls are full fp32 and compare at SUM_BOUND
+static void test_matmul(CudaCtx* cx) {
+    printf("matmul_forward / matmul_backward (%s)\n", cx->tf32 ? "TF32" : "fp32");
+    const double MM_BOUND = cx->tf32 ? TF32_BOUND : SUM_BOUND;
+    Rnd r = {1};
+    struct { int N, IC, OC, pad; bool bias; } cases[] = {
+        {1, 1, 1, 0, true},     {7, 13, 5, 0, true},    {33, 64, 130, 0, true}, {257, 96, 300, 0, true},
+        {64, 768, 2304, 0, true}, {100, 72, 96, 1, true}, {37, 50, 31, 0, false}, {128, 256, 384, 0, false},
+        {65, 129, 257, 1, false},
+    };
+    for (auto& k : cases) {
+        char s[96];
+        snprintf(s, sizeof(s), "N=%d IC=%d OC=%d%s%s", k.N, k.IC, k.OC, k.bias ? " bias" : "", k.pad ? " unaligned" : "");
+        auto inp = rnd_vec(&r, (long)k.N * k.IC), w = rnd_vec(&r, (long)k.OC * k.IC), b = rnd_vec(&r, k.OC);
+        auto dout = rnd_vec(&r, (long)k.N * k.OC);
+        auto dw0 = rnd_vec(&r, (long)k.OC * k.IC), db0 = rnd_vec(&r, k.OC);
+        // CPU
+        std::vector<float> out_c((long)k.N * k.OC), dinp_c((long)k.N * k.IC, 0.0f), dw_c = dw0, db_c = db0;
+        matmul_forward_cpu(out_c.data(), inp.data(), w.data(), k.bias ? b.data() : nullptr, k.N, k.IC, k.OC);
+        matmul_backward_cpu(dinp_c.data(), dw_c.data(), k.bias ? db_c.data() : nullptr, dout.data(), inp.data(), w.data(), k.N, k.IC, k.OC);
+        // GPU (outputs prefilled with garbage where the op writes, with the same values where it adds)
+        DevBuf di = dev_up(cx, inp, k.pad), dwt = dev_up(cx, w, k.pad), dbias = dev_up(cx, b, k.pad), ddout = dev_up(cx, dout, k.pad);
+        DevBuf dout_g = dev_up(cx, rnd_vec(&r, (long)k.N * k.OC, 5, 6), k.pad);
+        DevBuf ddinp = dev_up(cx, rnd_vec(&r, (long)k.N * k.IC, 5, 6), k.pad);
+        DevBuf ddw = dev_up(cx, dw0, k.pad), ddb = dev_up(cx, db0, k.pad);
+        matmul_forward_cuda(cx, dout_g.p, di.p, dwt.p, k.bias ? dbias.p : nullptr, k.N, k.IC, k.OC);
+        matmul_backward_cuda(cx, ddinp.p, ddw.p, k.bias ? ddb.p : nullptr, ddout.p, di.p, dwt.p, k.N, k.IC, k.OC);
+        expect_close("matmul_forward", s, dev_down(cx, dout_g.p, (long)k.N * k.OC), out_c, MM_BOUND);
+        expect_close("matmul_backward dinp", s, dev_down(cx, ddinp.p, (long)k.N * k.IC), dinp_c, MM_BOUND);
+        expect_close("matmul_backward dw", s, dev_down(cx, ddw.p, (long)k.OC * k.IC), dw_c, MM_BOUND);
+        if (k.bias) expect_close("matmul_backward dbias", s, dev_down(cx, ddb.p, k.OC), db_c, SUM_BOUND);
+        // NULL dinp: only the parameter gradients
+        if (k.bias) {
+            std::vector<float> before = dev_down(cx, ddinp.p, (long)k.N * k.IC);
+            matmul_backward_cuda(cx, nullptr, ddw.p, ddb.p, ddout.p, di.p, dwt.p, k.N, k.IC, k.OC);
+            matmul_backward_cpu(nullptr, dw_c.data(), db_c.data(), dout.data(), inp.data(), w.data(), k.N, k.IC, k.OC);
+            expect_close("matmul_backward 2nd", s, dev_down(cx, ddw.p, (long)k.OC * k.IC), dw_c, MM_BOUND);
+            expect_close("matmul_backward 2nd db", s, dev_down(cx, ddb.p, k.OC), db_c, SUM_BOUND);
+            expect_exact("matmul_backward NULL", "dinp untouched", dev_down(cx, ddinp.p, (long)k.N * k.IC), before);
+        }
+        for (DevBuf* d : {&di, &dwt, &dbias, &ddout, &dout_g, &ddinp, &ddw, &ddb}) cuda_free(cx, d->base);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// embedding
+
+static void test_encoder(CudaCtx* cx) {
+    printf("encoder_forward / position_forward / encoder_backward (vocab-parallel)\n");
+    Rnd r = {2};
+    struct { int B, T, C, Vp, P, vocab_used, pad; } cases[] = {
+        {1, 1, 1, 128, 1, 128, 0},   {2, 5, 7, 128, 2, 128, 0},  {3, 17, 64, 256, 4, 256, 0},
+        {4, 64, 96, 384, 3, 5, 0},   // 5 distinct tokens: long runs of repeats, all in shard 0
+        {2, 65, 130, 256, 2, 256, 1}, {8, 128, 768, 1024, 4, 1000, 0},
+    };
+    for (auto& k : cases) {
+        int N = k.B * k.T, Vl = k.Vp / k.P;
+        auto tokens = rnd_ints(&r, N, k.vocab_used);
+        auto wpe = rnd_vec(&r, (long)k.T * k.C);
+        for (int rank = 0; rank < k.P; rank++) {
+            int v0 = rank * Vl;
+            char s[96];
+            snprintf(s, sizeof(s), "B=%d T=%d C=%d Vl=%d v0=%d%s", k.B, k.T, k.C, Vl, v0, k.pad ? " unaligned" : "");
+            auto wte = rnd_vec(&r, (long)Vl * k.C), dout = rnd_vec(&r, (long)N * k.C);
+            auto dwte0 = rnd_vec(&r, (long)Vl * k.C), dwpe0 = rnd_vec(&r, (long)k.T * k.C);
+            std::vector<float> out_c((long)N * k.C), dwte_c = dwte0, dwpe_c = dwpe0;
+            encoder_forward_cpu(out_c.data(), tokens.data(), wte.data(), v0, Vl, N, k.C);
+            std::vector<float> enc_c = out_c;
+            position_forward_cpu(out_c.data(), wpe.data(), k.B, k.T, k.C);
+            encoder_backward_cpu(dwte_c.data(), dwpe_c.data(), dout.data(), tokens.data(), v0, Vl, k.B, k.T, k.C);
+            int* dtok = dev_up_int(cx, tokens);
+            DevBuf dwte = dev_up(cx, wte, k.pad), dwpe = dev_up(cx, wpe, k.pad), ddout = dev_up(cx, dout, k.pad);
+            DevBuf dout_g = dev_up(cx, rnd_vec(&r, (long)N * k.C, 5, 6), k.pad);
+            DevBuf ddwte = dev_up(cx, dwte0, k.pad), ddwpe = dev_up(cx, dwpe0, k.pad);
+            encoder_forward_cuda(cx, dout_g.p, dtok, dwte.p, v0, Vl, N, k.C);
+            expect_exact("encoder_forward", s, dev_down(cx, dout_g.p, (long)N * k.C), enc_c);
+            position_forward_cuda(cx, dout_g.p, dwpe.p, k.B, k.T, k.C);
+            expect_exact("position_forward", s, dev_down(cx, dout_g.p, (long)N * k.C), out_c);
+            encoder_backward_cuda(cx, ddwte.p, ddwpe.p, ddout.p, dtok, v0, Vl, k.B, k.T, k.C);
+            expect_exact("encoder_backward dwte", s, dev_down(cx, ddwte.p, (long)Vl * k.C), dwte_c);
+            expect_exact("encoder_backward dwpe", s, dev_down(cx, ddwpe.p, (long)k.T * k.C), dwpe_c);
+            cuda_free(cx, dtok);
+            for (DevBuf* d : {&dwte, &dwpe, &ddout, &dout_g, &ddwte, &ddwpe}) cuda_free(cx, d->base);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// layernorm, residual, gelu
+
+static void test_layernorm(CudaCtx* cx) {
+    printf("layernorm_forward / layernorm_backward, residual_forward\n");
+    Rnd r = {3};
+    struct { int N, C, pad; } cases[] = {{1, 1, 0}, {3, 3, 0}, {5, 64, 0}, {33, 100, 0}, {257, 768, 0}, {130, 770, 0},
+                                         {64, 96, 1}, {1000, 33, 0}, {4096, 768, 0}};
+    for (auto& k : cases) {
+        char s[64];
+        snprintf(s, sizeof(s), "N=%d C=%d%s", k.N, k.C, k.pad ? " unaligned" : "");
+        long NC = (long)k.N * k.C;
+        auto inp = rnd_vec(&r, NC, -2, 3), w = rnd_vec(&r, k.C, 0.5f, 1.5f), b = rnd_vec(&r, k.C);
+        auto dout = rnd_vec(&r, NC), dinp0 = rnd_vec(&r, NC), dw0 = rnd_vec(&r, k.C), db0 = rnd_vec(&r, k.C);
+        std::vector<float> out_c(NC), mean_c(k.N), rstd_c(k.N), dinp_c = dinp0, dw_c = dw0, db_c = db0;
+        layernorm_forward_cpu(out_c.data(), mean_c.data(), rstd_c.data(), inp.data(), w.data(), b.data(), k.N, k.C);
+        layernorm_backward_cpu(dinp_c.data(), dw_c.data(), db_c.data(), dout.data(), inp.data(), w.data(), mean_c.data(),
+                               rstd_c.data(), k.N, k.C);
+        DevBuf di = dev_up(cx, inp, k.pad), dw = dev_up(cx, w, k.pad), db = dev_up(cx, b, k.pad), dd = dev_up(cx, dout, k.pad);
+        DevBuf dout_g = dev_up(cx, std::vector<float>(NC, 7.0f), k.pad), dmean = dev_up(cx, std::vector<float>(k.N, 7.0f), k.pad);
+        DevBuf drstd = dev_up(cx, std::vector<float>(k.N, 7.0f), k.pad);
+        DevBuf ddinp = dev_up(cx, dinp0, k.pad), ddw = dev_up(cx, dw0, k.pad), ddb = dev_up(cx, db0, k.pad);
+        layernorm_forward_cuda(cx, dout_g.p, dmean.p, drstd.p, di.p, dw.p, db.p, k.N, k.C);
+        expect_close("layernorm_forward out", s, dev_down(cx, dout_g.p, NC), out_c, FP32_BOUND);
+        expect_close("layernorm_forward mean", s, dev_down(cx, dmean.p, k.N), mean_c, FP32_BOUND);
+        expect_close("layernorm_forward rstd", s, dev_down(cx, drstd.p, k.N), rstd_c, FP32_BOUND);
+        // the backward from the CPU's mean/rstd, so it is compared alone
+        DevBuf cm = dev_up(cx, mean_c, k.pad), cr = dev_up(cx, rstd_c, k.pad);
+        layernorm_backward_cuda(cx, ddinp.p, ddw.p, ddb.p, dd.p, di.p, dw.p, cm.p, cr.p, k.N, k.C);
+        expect_close("layernorm_backward dinp", s, dev_down(cx, ddinp.p, NC), dinp_c, FP32_BOUND);
+        auto gw = dev_down(cx, ddw.p, k.C), gb = dev_down(cx, ddb.p, k.C);
+        expect_close("layernorm_backward dw", s, gw, dw_c, SUM_BOUND);
+        expect_close("layernorm_backward db", s, gb, db_c, SUM_BOUND);
+        // deterministic: the same again from the same start gives the same bits
+        cuda_upload(cx, ddw.p, dw0.data(), k.C * sizeof(float));
+        cuda_upload(cx, ddb.p, db0.data(), k.C * sizeof(float));
+        layernorm_backward_cuda(cx, ddinp.p, ddw.p, ddb.p, dd.p, di.p, dw.p, cm.p, cr.p, k.N, k.C);
+        long nd = count_diff(dev_down(cx, ddw.p, k.C), gw) + count_diff(dev_down(cx, ddb.p, k.C), gb);
+        check_le(nd, 0, "%-22s %-44s elements differing between two runs", "layernorm_backward", s);
+        // residual: out = res + (x + bias)
+        auto res = rnd_vec(&r, NC), x = rnd_vec(&r, NC);
+        std::vector<float> rc(NC);
+        residual_forward_cpu(rc.data(), res.data(), x.data(), b.data(), k.N, k.C);
+        DevBuf dres = dev_up(cx, res, k.pad), dx = dev_up(cx, x, k.pad);
+        residual_forward_cuda(cx, dout_g.p, dres.p, dx.p, db.p, k.N, k.C);
+        expect_exact("residual_forward", s, dev_down(cx, dout_g.p, NC), rc);
+        for (DevBuf* d : {&di, &dw, &db, &dd, &dout_g, &dmean, &drstd, &ddinp, &ddw, &ddb, &cm, &cr, &dres, &dx}) cuda_free(cx, d->base);
+    }
+}
+
+static void test_gelu(CudaCtx* cx) {
+    printf("gelu_forward / gelu_backward\n");
+    Rnd r = {4};
+    long sizes[] = {1, 3, 4, 255, 1000, 1025, 1 << 20};
+    for (long n : sizes)
+        for (int pad = 0; pad < 2; pad++) {
+            char s[64];
+            snprintf(s, sizeof(s), "N=%ld%s", n, pad ? " unaligned" : "");
+            auto x = rnd_vec(&r, n, -6, 6), d = rnd_vec(&r, n);
+            if (n > 3) { x[0] = -100.0f; x[1] = 100.0f; x[2] = 0.0f; }  // the clamped tails and zero
+            std::vector<float> oc(n), dc(n);
+            gelu_forward_cpu(oc.data(), x.data(), n);
+            gelu_backward_cpu(dc.data(), x.data(), d.data(), n);
+            DevBuf dx = dev_up(cx, x, pad), dd = dev_up(cx, d, pad), dout = dev_up(cx, std::vector<float>(n, 7.0f), pad);
+            gelu_forward_cuda(cx, dout.p, dx.p, n);
+            expect_close("gelu_forward", s, dev_down(cx, dout.p, n), oc, FP32_BOUND);
+            gelu_backward_cuda(cx, dd.p, dx.p, dd.p, n);  // in place, as gpt.cu calls it
+            expect_close("gelu_backward (in place)", s, dev_down(cx, dd.p, n), dc, FP32_BOUND);
+            for (DevBuf* b : {&dx, &dd, &dout}) cuda_free(cx, b->base);
+        }
+}
+
+// ----------------------------------------------------------------------------
+// attention
+
+static void test_attention(CudaCtx* cx) {
+    printf("attention_forward / attention_backward (%s GEMMs)\n", cx->tf32 ? "TF32" : "fp32");
+    const double MM_BOUND = cx->tf32 ? TF32_BOUND : SUM_BOUND;
+    Rnd r = {5};
+    struct { int B, T, NH, hs; } cases[] = {{1, 1, 1, 1}, {1, 2, 1, 8}, {2, 5, 2, 13}, {1, 17, 3, 16}, {2, 32, 2, 64},
+                                            {1, 64, 3, 64}, {2, 65, 2, 24}, {3, 33, 1, 7}, {4, 256, 2, 64}};
+    for (auto& k : cases) {
+        char s[64];
+        snprintf(s, sizeof(s), "B=%d T=%d NH=%d hs=%d", k.B, k.T, k.NH, k.hs);
+        int C = k.NH * k.hs;
+        long n_qkv = (long)k.B * k.T * 3 * C, n_out = (long)k.B * k.T * C, n_att = (long)k.B * k.NH * k.T * k.T;
+        auto qkv = rnd_vec(&r, n_qkv, -2, 2), dout = rnd_vec(&r, n_out);
+        std::vector<float> out_c(n_out), att_c(n_att), dqkv_c(n_qkv);
+        attention_forward_cpu(out_c.data(), att_c.data(), qkv.data(), k.B, k.T, k.NH, k.hs);
+        attention_backward_cpu(dqkv_c.data(), dout.data(), qkv.data(), att_c.data(), k.B, k.T, k.NH, k.hs);
+        DevBuf dq = dev_up(cx, qkv), dd = dev_up(cx, dout);
+        DevBuf dout_g = dev_up(cx, std::vector<float>(n_out, 7.0f)), datt = dev_up(cx, std::vector<float>(n_att, 7.0f));
+        DevBuf ddqkv = dev_up(cx, std::vector<float>(n_qkv, 7.0f));
+        attention_forward_cuda(cx, dout_g.p, datt.p, dq.p, k.B, k.T, k.NH, k.hs);
+        auto att_g = dev_down(cx, datt.p, n_att);
+        expect_close("attention_forward out", s, dev_down(cx, dout_g.p, n_out), out_c, MM_BOUND);
+        expect_close("attention_forward att", s, att_g, att_c, MM_BOUND);
+        long upper = 0;
+        for (long row = 0; row < (long)k.B * k.NH * k.T; row++)
+            for (int t2 = (int)(row % k.T) + 1; t2 < k.T; t2++) upper += att_g[row * k.T + t2] != 0.0f;
+        check_le(upper, 0, "%-22s %-44s nonzeros above the diagonal", "attention_forward att", s);
+        // the backward from the CPU's probabilities, so it is compared alone
+        DevBuf catt = dev_up(cx, att_c);
+        attention_backward_cuda(cx, ddqkv.p, dd.p, dq.p, catt.p, k.B, k.T, k.NH, k.hs);
+        expect_close("attention_backward dqkv", s, dev_down(cx, ddqkv.p, n_qkv), dqkv_c, MM_BOUND);
+        for (DevBuf* b : {&dq, &dd, &dout_g, &datt, &ddqkv, &catt}) cuda_free(cx, b->base);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// vocab-parallel cross-entropy: every shard of a padded vocab, with the all-reduces done on the host
+
+static void test_crossentropy(CudaCtx* cx) {
+    printf("crossentropy_max / _sums / _finish (vocab shards, padded columns, empty shards)\n");
+    Rnd r = {6};
+    struct { int N, V, Vp, P, pad; } cases[] = {
+        {1, 1, 128, 1, 0},   {5, 100, 128, 1, 0},  {7, 100, 256, 4, 0},  // shards 2, 3: padding only
+        {33, 1000, 1024, 4, 0}, {17, 300, 384, 3, 1}, {64, 50257, 50304, 4, 0}, {9, 37, 37, 1, 0},  // Vl = 37: not % 4
+        {3, 5000, 5000, 2, 1},
+    };
+    for (auto& k : cases) {
+        int Vl = k.Vp / k.P;
+        auto targets = rnd_ints(&r, k.N, k.V);
+        std::vector<std::vector<float>> logits(k.P);
+        for (auto& l : logits) l = rnd_vec(&r, (long)k.N * Vl, -4, 4);
+        // global max and sums as the all-reduces would make them (rank order)
+        std::vector<float> gmax(k.N, -FLT_MAX), gsums(2 * k.N, 0.0f);
+        for (int q = 0; q < k.P; q++) {
+            std::vector<float> m(k.N);
+            crossentropy_max_cpu(m.data(), logits[q].data(), k.N, Vl, q * Vl, k.V);
+            for (int n = 0; n < k.N; n++) gmax[n] = std::max(gmax[n], m[n]);
+        }
+        for (int q = 0; q < k.P; q++) {
+            std::vector<float> s(2 * k.N);
+            crossentropy_sums_cpu(s.data(), logits[q].data(), gmax.data(), targets.data(), k.N, Vl, q * Vl, k.V);
+            for (int i = 0; i < 2 * k.N; i++) gsums[i] += s[i];
+        }
+        int* dt = dev_up_int(cx, targets);
+        DevBuf dgmax = dev_up(cx, gmax), dgsums = dev_up(cx, gsums);
+        for (int q = 0; q < k.P; q++) {
+            int v0 = q * Vl;
+            char s[80];
+            snprintf(s, sizeof(s), "N=%d V=%d Vl=%d v0=%d%s", k.N, k.V, Vl, v0, k.pad ? " unaligned" : "");
+            std::vector<float> m_c(k.N), s_c(2 * k.N), loss_c(k.N), loss0_c(k.N), dl_c = logits[q], keep = logits[q];
+            crossentropy_max_cpu(m_c.data(), logits[q].data(), k.N, Vl, v0, k.V);
+            crossentropy_sums_cpu(s_c.data(), logits[q].data(), gmax.data(), targets.data(), k.N, Vl, v0, k.V);
+            crossentropy_finish_cpu(loss0_c.data(), keep.data(), gmax.data(), gsums.data(), targets.data(), k.N, Vl, v0, k.V, 0.0f);
+            crossentropy_finish_cpu(loss_c.data(), dl_c.data(), gmax.data(), gsums.data(), targets.data(), k.N, Vl, v0, k.V, 1.0f / k.N);
+            DevBuf dl = dev_up(cx, logits[q], k.pad), dm = dev_up(cx, std::vector<float>(k.N, 7.0f));
+            DevBuf ds = dev_up(cx, std::vector<float>(2 * k.N, 7.0f)), dloss = dev_up(cx, std::vector<float>(k.N, 7.0f));
+            crossentropy_max_cuda(cx, dm.p, dl.p, k.N, Vl, v0, k.V);
+            expect_exact("crossentropy_max", s, dev_down(cx, dm.p, k.N), m_c);
+            crossentropy_sums_cuda(cx, ds.p, dl.p, dgmax.p, dt, k.N, Vl, v0, k.V);
+            expect_close("crossentropy_sums", s, dev_down(cx, ds.p, 2 * k.N), s_c, FP32_BOUND);
+            crossentropy_finish_cuda(cx, dloss.p, dl.p, dgmax.p, dgsums.p, dt, k.N, Vl, v0, k.V, 0.0f);
+            expect_close("crossentropy_finish loss", s, dev_down(cx, dloss.p, k.N), loss0_c, FP32_BOUND);
+            expect_exact("crossentropy_finish ds=0", "logits untouched", dev_down(cx, dl.p, (long)k.N * Vl), logits[q]);
+            crossentropy_finish_cuda(cx, dloss.p, dl.p, dgmax.p, dgsums.p, dt, k.N, Vl, v0, k.V, 1.0f / k.N);
+            expect_close("crossentropy_finish loss", s, dev_down(cx, dloss.p, k.N), loss_c, FP32_BOUND);
+            expect_close("crossentropy_finish dlogits", s, dev_down(cx, dl.p, (long)k.N * Vl), dl_c, FP32_BOUND);
+            for (DevBuf* b : {&dl, &dm, &ds, &dloss}) cuda_free(cx, b->base);
+        }
+        cuda_free(cx, dt);
+        cuda_free(cx, dgmax.base);
+        cuda_free(cx, dgsums.base);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// optimizer and gradient norm
+
+static void test_adamw_sumsq(CudaCtx* cx) {
+    printf("adamw (clipping scale on the device) / sumsq (deterministic)\n");
+    Rnd r = {7};
+    long sizes[] = {1, 5, 1027, 4099, 1 << 20};
+    for (long n : sizes)
+        for (int pad = 0; pad < 2; pad++)
+            for (float clip : {0.0f, 1.0f}) {
+                char s[64];
+                snprintf(s, sizeof(s), "n=%ld clip=%.0f%s", n, clip, pad ? " unaligned" : "");
+                auto p = rnd_vec(&r, n), g = rnd_vec(&r, n), m = rnd_vec(&r, n, -0.1f, 0.1f), v = rnd_vec(&r, n, 0.0f, 0.01f);
+                std::vector<float> norm2 = {3.0f, 1.5f};  // norm 2.12: clipped at 1
+                std::vector<float> pc = p, mc = m, vc = v;
+                adamw_cpu(pc.data(), g.data(), mc.data(), vc.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, norm2.data(), clip);
+                DevBuf dp = dev_up(cx, p, pad), dg = dev_up(cx, g, pad), dm = dev_up(cx, m, pad), dv = dev_up(cx, v, pad);
+                DevBuf dn = dev_up(cx, norm2);
+                adamw_cuda(cx, dp.p, dg.p, dm.p, dv.p, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, dn.p, clip);
+                expect_close("adamw params", s, dev_down(cx, dp.p, n), pc, FP32_BOUND);
+                expect_close("adamw m", s, dev_down(cx, dm.p, n), mc, FP32_BOUND);
+                expect_close("adamw v", s, dev_down(cx, dv.p, n), vc, FP32_BOUND);
+                if (clip == 0.0f) {
+                    // norm2[0] += sum of squares, twice from the same start: equal bits, and the CPU's value
+                    std::vector<float> start = {0.25f};
+                    DevBuf d1 = dev_up(cx, start);
+                    sumsq_cuda(cx, d1.p, dg.p, n);
+                    auto a = dev_down(cx, d1.p, 1);
+                    cuda_upload(cx, d1.p, start.data(), sizeof(float));
+                    sumsq_cuda(cx, d1.p, dg.p, n);
+                    auto b = dev_down(cx, d1.p, 1);
+                    std::vector<float> c = start;
+                    sumsq_cpu(c.data(), g.data(), n);
+                    expect_close("sumsq", s, a, c, 1e-6);
+                    check_le(count_diff(a, b), 0, "%-22s %-44s bits differing between two runs", "sumsq", s);
+                    cuda_free(cx, d1.base);
+                }
+                for (DevBuf* b : {&dp, &dg, &dm, &dv, &dn}) cuda_free(cx, b->base);
+            }
+}
+
+// ----------------------------------------------------------------------------
+// collectives on the GPU
+
+// P rank threads, each with its own context on gpus[r]; with nccl, the NCCL backend, else COMM_CUDA
+static void test_comm(const std::vector<int>& gpus, bool nccl) {
+    int P = (int)gpus.size();
+    printf("collectives on the GPU: %s, P=%d\n", nccl ? "NCCL" : "shared-memory CUDA path", P);
+    long sizes[] = {1, 7, 1001, 1 << 18};
+    for (long n : sizes) {
+        CommGroup* g = new CommGroup();
+        comm_group_init(g, P, 60);
+        if (nccl) comm_nccl_init_all(g, gpus.data());
+        std::vector<std::vector<float>> in(P), sum(P), mx(P), gat(P), bc(P), rsin(P), rs(P);
+        for (int q = 0; q < P; q++) {
+            Rnd rr = {(uint64_t)(q * 1000 + n)};
+            in[q] = rnd_vec(&rr, n, -3, 3);
+            rsin[q] = rnd_vec(&rr, n * P, -3, 3);
+        }
+        std::vector<std::thread> th;
+        for (int q = 0; q < P; q++)
+            th.emplace_back([&, q]() {
+                CudaCtx cx;
+                cuda_ctx_init(&cx, q, gpus[q]);
+                Comm c;
+                comm_init(&c, g, q);
+                comm_bind_cuda(&c, gpus[q], cx.stream);
+                float* ds = cuda_alloc(&cx, n);
+                float* dm = cuda_alloc(&cx, n);
+                float* dg = cuda_alloc(&cx, n * P);
+                float* db = cuda_alloc(&cx, n);
+                float* drs = cuda_alloc(&cx, n * P);
+                cuda_upload(&cx, drs, rsin[q].data(), n * P * sizeof(float));
+                cuda_upload(&cx, ds, in[q].data(), n * sizeof(float));
+                cuda_upload(&cx, dm, in[q].data(), n * sizeof(float));
+                cuda_upload(&cx, db, in[q].data(), n * sizeof(float));
+                comm_allreduce(&c, ds, n, COMM_SUM, "test", -1);
+                comm_allreduce(&c, dm, n, COMM_MAX, "test", 3);
+                comm_allgather(&c, dg, dm, n, "test", 3);  // gathers the maxima
+                comm_broadcast(&c, db, n, P - 1, "test");
+                comm_reducescatter(&c, drs + q * n, drs, n, "test", 3);  // in place: slice q of the sum
+                comm_sync(&c);
+                sum[q] = dev_down(&cx, ds, n);
+                mx[q] = dev_down(&cx, dm, n);
+                gat[q] = dev_down(&cx, dg, n * P);
+                bc[q] = dev_down(&cx, db, n);
+                rs[q] = dev_down(&cx, drs + q * n, n);
+                comm_barrier(&c, "end");
+                for (float* p : {ds, dm, dg, db, drs}) cuda_free(&cx, p);
+                comm_free(&c);
+                cuda_ctx_free(&cx);
+            });
+        for (auto& t : th) t.join();
+        long bad_sum = 0, bad_other = 0, differ = 0;
+        double err = 0.0;
+        for (int q = 0; q < P; q++)
+            for (long i = 0; i < n; i++) {
+                float s = rsin[0][q * n + i];
+                for (int p2 = 1; p2 < P; p2++) s += rsin[p2][q * n + i];
+                bad_sum += rs[q][i] != s;
+                err = std::max(err, (double)fabsf(rs[q][i] - s));
+            }
+        for (long i = 0; i < n; i++) {
+            float s = in[0][i], m = in[0][i];
+            for (int q = 1; q < P; q++) { s += in[q][i]; m = std::max(m, in[q][i]); }
+            for (int q = 0; q < P; q++) {
+                bad_sum += sum[q][i] != s;
+                err = std::max(err, (double)fabsf(sum[q][i] - s));
+                differ += memcmp(&sum[q][i], &sum[0][i], sizeof(float)) != 0;
+                bad_other += mx[q][i] != m;
+                bad_other += bc[q][i] != in[P - 1][i];
+                for (int p2 = 0; p2 < P; p2++) bad_other += gat[q][p2 * n + i] != m;
+            }
+        }
+        if (nccl) {
+            check_le(err, 1e-5, "NCCL P=%d n=%ld: all-reduce and reduce-scatter sums against the rank-order sums, largest difference", P, n);
+            check_le(differ, 0, "NCCL P=%d n=%ld: all-reduce sums differing across ranks", P, n);
+            check_le(bad_other, 0, "NCCL P=%d n=%ld: mismatches in max, all-gather, broadcast (exact)", P, n);
+        } else {
+            check_le(bad_sum + bad_other, 0, "CUDA shm P=%d n=%ld: mismatches (sum, max, reduce-scatter, all-gather, broadcast; bit-exact)", P, n);
+        }
+        delete g;
+    }
+}
+
+// A child process where rank 1 skips the first all-reduce; it must end non-zero naming the mismatch.
+static int child_skip(bool nccl) {
+    int P = 2;
+    std::vector<int> gpus = {0, nccl ? 1 : 0};
+    CommGroup* g = new CommGroup();
+    comm_group_init(g, P, 20);
+    if (nccl) comm_nccl_init_all(g, gpus.data());
+    std::vector<std::thread> th;
+    for (int q = 0; q < P; q++)
+        th.emplace_back([&, q]() {
+            CudaCtx cx;
+            cuda_ctx_init(&cx, q, gpus[q]);
+            Comm c;
+            comm_init(&c, g, q);
+            comm_bind_cuda(&c, gpus[q], cx.stream);
+            float* d = cuda_alloc(&cx, 1000);
+            if (q == 0) comm_allreduce(&c, d, 1000, COMM_SUM, "fc bwd", 3);
+            comm_allreduce(&c, d, 1000, COMM_SUM, "qkv bwd", 3);
+            comm_sync(&c);
+            comm_barrier(&c, "end");
+        });
+    for (auto& t : th) t.join();
+    return 0;  // not reached when the check works
+}
+
+static void test_skip_detected(const char* argv0, bool nccl) {
+    std::string cmd = std::string(argv0) + (nccl ? " child-skip-nccl" : " child-skip-cuda") + " 2>&1";
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[512];
+    while (f && fgets(buf, sizeof(buf), f)) out += buf;
+    int st = f ? pclose(f) : -1;
+    bool named = out.find("collective mismatch") != std::string::npos || out.find("has not completed") != std::string::npos;
+    check(st != 0 && named, "%s: a rank that skips a collective is reported (exit status %d): %s", nccl ? "NCCL" : "CUDA shm", st,
+          out.substr(0, out.find('\n')).c_str());
+}
+
+// ----------------------------------------------------------------------------
+// timing at GPT-2 124M shapes, one layer's ops, forward and backward
+
+static void bench(CudaCtx* cx) {
+    int B = 8, T = 1024, C = 768, NH = 12, hs = 64, V = 50257, Vp = 50304;
+    long N = (long)B * T;
+    Rnd r = {8};
+    auto fill = [&](long n) { DevBuf b = dev_up(cx, rnd_vec(&r, n, -0.5f, 0.5f)); return b.p; };
+    float *x = fill(N * C), *y = fill(N * C), *w = fill(4L * C * C), *bias = fill(4L * C), *qkv = fill(N * 3 * C);
+    float *h = fill(N * 4 * C), *h2 = fill(N * 4 * C), *att = fill((long)B * NH * T * T), *mean = fill(N), *rstd = fill(N);
+    float *dw = fill(4L * C * C), *db = fill(4L * C), *dqkv = fill(N * 3 * C), *wte = fill((long)Vp * C);
+    float *logits = fill(N * Vp), *ce = fill(3 * N);
+    std::vector<int> tok(N);
+    for (auto& t : tok) t = (int)(rnd_u64(&r) % V);
+    int* dtok = dev_up_int(cx, tok);
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(0, cudaEventCreate(&e0));
+    CUDA_CHECK(0, cudaEventCreate(&e1));
+    auto time = [&](const char* name, auto fn, double flops) {
+        fn();
+        CUDA_CHECK(0, cudaEventRecord(e0, cx->stream));
+        const int reps = 10;
+        for (int i = 0; i < reps; i++) fn();
+        CUDA_CHECK(0, cudaEventRecord(e1, cx->stream));
+        CUDA_CHECK(0, cudaEventSynchronize(e1));
+        float ms = 0;
+        CUDA_CHECK(0, cudaEventElapsedTime(&ms, e0, e1));
+        ms /= reps;
+        if (flops > 0) printf("  %-34s %8.3f ms  %6.1f TFLOP/s\n", name, ms, flops / (ms * 1e-3) / 1e12);
+        else printf("  %-34s %8.3f ms\n", name, ms);
+    };
+    printf("bench: B=%d T=%d C=%d NH=%d (GPT-2 124M shapes), per call\n", B, T, C, NH);
+    time("encoder_forward", [&] { encoder_forward_cuda(cx, x, dtok, wte, 0, Vp, (int)N, C); }, 0);
+    time("layernorm_forward", [&] { layernorm_forward_cuda(cx, y, mean, rstd, x, w, bias, (int)N, C); }, 0);
+    time("matmul_forward qkv (bias)", [&] { matmul_forward_cuda(cx, qkv, y, w, bias, (int)N, C, 3 * C); }, 2.0 * N * C * 3 * C);
+    time("attention_forward", [&] { attention_forward_cuda(cx, y, att, qkv, B, T, NH, hs); }, 4.0 * B * NH * T * T * hs);
+    time("matmul_forward fc (bias)", [&] { matmul_forward_cuda(cx, h, y, w, bias, (int)N, C, 4 * C); }, 2.0 * N * C * 4 * C);
+    time("gelu_forward", [&] { gelu_forward_cuda(cx, h2, h, N * 4 * C); }, 0);
+    time("matmul_forward fcproj", [&] { matmul_forward_cuda(cx, x, h2, w, nullptr, (int)N, 4 * C, C); }, 2.0 * N * C * 4 * C);
+    time("residual_forward", [&] { residual_forward_cuda(cx, y, x, y, bias, (int)N, C); }, 0);
+    time("matmul_forward lm head", [&] { matmul_forward_cuda(cx, logits, y, wte, nullptr, (int)N, C, Vp); }, 2.0 * N * C * Vp);
+    time("crossentropy_max", [&] { crossentropy_max_cuda(cx, ce, logits, (int)N, Vp, 0, V); }, 0);
+    time("crossentropy_sums", [&] { crossentropy_sums_cuda(cx, ce + N, logits, ce, dtok, (int)N, Vp, 0, V); }, 0);
+    time("crossentropy_finish (dlogits)", [&] { crossentropy_finish_cuda(cx, ce, logits, ce, ce + N, dtok, (int)N, Vp, 0, V, 1e-30f); }, 0);
+    time("matmul_backward lm head", [&] { matmul_backward_cuda(cx, y, wte, nullptr, logits, x, wte, (int)N, C, Vp); }, 4.0 * N * C * Vp);
+    time("matmul_backward fc (dbias)", [&] { matmul_backward_cuda(cx, x, dw, db, h, y, w, (int)N, C, 4 * C); }, 4.0 * N * C * 4 * C);
+    time("gelu_backward", [&] { gelu_backward_cuda(cx, h2, h, h2, N * 4 * C); }, 0);
+    time("layernorm_backward", [&] { layernorm_backward_cuda(cx, x, dw, db, y, x, w, mean, rstd, (int)N, C); }, 0);
+    time("attention_backward", [&] { attention_backward_cuda(cx, dqkv, y, qkv, att, B, T, NH, hs); }, 8.0 * B * NH * T * T * hs);
+    time("encoder_backward", [&] { encoder_backward_cuda(cx, wte, x, y, dtok, 0, Vp, B, T, C); }, 0);
+    time("sumsq (124M floats)", [&] { sumsq_cuda(cx, ce, logits, 124000000L); }, 0);
+    time("adamw (38.6M)", [&] { adamw_cuda(cx, wte, wte, logits, logits + (long)Vp * C, (long)Vp * C, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, ce, 0.0f); }, 0);
+}
+
+// Whole training runs on the GPU: GPU TP=1 against CPU TP=1 from the same checkpoint over 10 steps, then
+// GPU TP=2 and 4 against GPU TP=1 with the CPU's bounds (TF32 off: with it on, AdamW turns TF32 noise in
+// near-zero gradients into visible weight differences, which says nothing about the recipe).
+static void gpu_training_tests(int ndev) {
+    GPTConfig cfg = make_config(2, 4, 64, 200, 64);
+    int B = 4, T = 32, steps = 10;
+    std::vector<float> init = init_weights(&cfg, 7);
+    std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg.V, 99);
+    TpResult cpu, gpu1;
+    g_device = DEV_CPU;
+    run_tp(&cfg, init, 1, steps, data, B, T, 1e-3f, 1.0f, &cpu);
+    g_device = DEV_CUDA;
+    g_ngpu = ndev;
+    for (bool tf32 : {true, false}) {
+        g_tf32 = tf32;
+        run_tp(&cfg, init, 1, steps, data, B, T, 1e-3f, 1.0f, &gpu1);
+        double lw = 0;
+        for (int k = 0; k < steps; k++) lw = std::max(lw, (double)fabs(gpu1.losses[k] - cpu.losses[k]) / cpu.losses[k]);
+        double ge = rel_err(gpu1.grads_full.data(), cpu.grads_full.data(), (long)cpu.grads_full.size());
+        check_le(lw, tf32 ? 2e-3 : 1e-5, "GPU TP=1 vs CPU TP=1 (%s): losses over %d steps, worst rel err", tf32 ? "TF32" : "fp32", steps);
+        check_le(ge, tf32 ? 1e-2 : 1e-5, "GPU TP=1 vs CPU TP=1 (%s): step-0 gradients rel err", tf32 ? "TF32" : "fp32");
+    }
+    g_tf32 = false;
+    for (int P : {2, 4}) {
+        TpResult res;
+        run_tp(&cfg, init, P, steps, data, B, T, 1e-3f, 1.0f, &res);
+        double lw = 0;
+        for (int k = 0; k < steps; k++) lw = std::max(lw, (double)fabs(res.losses[k] - gpu1.losses[k]) / gpu1.losses[k]);
+        double ge = rel_err(res.grads_full.data(), gpu1.grads_full.data(), (long)gpu1.grads_full.size());
+        double pe = rel_err(res.params_full.data(), gpu1.params_full.data(), (long)gpu1.params_full.size());
+        ShardPlan sp;
+        shard_plan_init(&sp, &cfg, P, 0);
+        long mism = 0;
+        for (int r = 1; r < P; r++) {
+            long loff = 0;
+            for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+                long n = shard_local_size(&sp.t[i]);
+                if (sp.t[i].split == SPLIT_NONE)
+                    mism += memcmp(res.ranks[r].params.data() + loff, res.ranks[0].params.data() + loff, n * 4) != 0;
+                loff += n;
+            }
+        }
+        const char* how = P <= ndev ? "NCCL" : "shared GPU memory";
+        check_le(lw, 1e-5, "GPU TP=%d (%s) vs GPU TP=1: losses over %d steps, worst rel err", P, how, steps);
+        check_le(ge, 1e-5, "GPU TP=%d (%s) vs GPU TP=1: step-0 gradients rel err", P, how);
+        check_le(pe, 1e-5, "GPU TP=%d (%s) vs GPU TP=1: weights after %d steps rel err", P, how, steps);
+        check_le(mism, 0, "GPU TP=%d (%s): replicated tensors differing across ranks", P, how);
+    }
+    g_device = DEV_CPU;
+    g_tf32 = true;
+}
+
+static void gpu_op_tests(const char* argv0, int ndev) {
+    CudaCtx cx;
+    cuda_ctx_init(&cx, 0, 0);
+    omp_set_num_threads(std::max(1u, std::thread::hardware_concurrency()));
+    test_matmul(&cx);
+    test_attention(&cx);
+    cuda_set_tf32(&cx, false);  // full fp32: the same comparisons, tight
+    test_matmul(&cx);
+    test_attention(&cx);
+    cuda_set_tf32(&cx, true);
+    test_encoder(&cx);
+    test_layernorm(&cx);
+    test_gelu(&cx);
+    test_crossentropy(&cx);
+    test_adamw_sumsq(&cx);
+    cuda_ctx_free(&cx);
+    for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);
+    test_skip_detected(argv0, false);
+    if (ndev >= 2) {
+        std::vector<int> gpus;
+        for (int i = 0; i < std::min(ndev, 4); i++) gpus.push_back(i);
+        test_comm(gpus, true);
+        test_skip_detected(argv0, true);
+    } else {
+        printf("NCCL collectives skipped: %d GPU (they need 2)\n", ndev);
+    }
+}
+

@@ -1,0 +1,37 @@
+// train/logger.h: DIR/log.csv, one row per training step, for plotting (data/plot.py) and for comparing
+// runs. Columns: step, loss, val_loss (empty unless measured before that step), lr, ms, tok_per_s,
+// comm_ms (time in collectives), comm_bytes (bytes the rank's collectives moved).
+#pragma once
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include "../common/error.h"
+
+struct Logger {
+    FILE* f;  // null: no -o, nothing logged
+};
+
+// A new run writes a fresh log.csv; a resumed run appends to it.
+static void logger_open(Logger* lg, const char* dir, bool resuming) {
+    std::string path = std::string(dir) + "/log.csv";
+    lg->f = fopen(path.c_str(), resuming ? "a" : "w");
+    if (!lg->f) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
+    if (!resuming) fprintf(lg->f, "step,loss,val_loss,lr,ms,tok_per_s,comm_ms,comm_bytes\n");
+}
+
+// step counts from 1 (the step just taken); val_loss is NaN when none was measured
+static void logger_step(Logger* lg, int step, float loss, float val_loss, float lr, double seconds, double tokens,
+                        double comm_seconds, double comm_bytes) {
+    if (!lg->f) return;
+    char val[32] = "";
+    if (!std::isnan(val_loss)) snprintf(val, sizeof(val), "%f", val_loss);
+    fprintf(lg->f, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f\n", step, loss, val, lr, seconds * 1e3, tokens / seconds,
+            comm_seconds * 1e3, comm_bytes);
+}
+
+static void logger_close(Logger* lg) {
+    if (lg->f) fclose(lg->f);
+    lg->f = nullptr;
+}
