@@ -48,6 +48,15 @@ static const char* comm_op_name(int op) {
 
 enum CommBackend { COMM_HOST, COMM_CUDA, COMM_NCCL };
 
+// The kinds of collective that move data, for the accounting. The payload of each, in floats: an
+// all-reduce of n counts n, a reduce-scatter of P*n inputs P*n, an all-gather of n per rank P*n, a
+// broadcast n.
+enum CommKind { KIND_ALLREDUCE, KIND_REDUCESCATTER, KIND_ALLGATHER, KIND_BROADCAST, COMM_KINDS };
+static const char* comm_kind_name(int kind) {
+    static const char* names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast"};
+    return names[kind];
+}
+
 // what one rank is doing in a collective, published for the other ranks to check
 struct CommCall {
     int op;
@@ -85,6 +94,7 @@ struct Comm {
     int rank, P;
     long seq;
     double values;   // floats moved through collectives (the payload, counted once per collective)
+    double moved[COMM_KINDS];  // the same, by kind of collective
     double seconds;  // time spent inside collectives, waiting for other ranks included. COMM_CUDA: wall
                      // time after the rank's own GPU work is done. COMM_NCCL: GPU time between events
                      // around each collective, counted once a later collective or comm_sync sees it done.
@@ -127,6 +137,7 @@ static void comm_init(Comm* c, CommGroup* g, int rank) {
     c->seq = 0;
     c->values = 0;
     c->seconds = 0;
+    for (int k = 0; k < COMM_KINDS; k++) c->moved[k] = 0;
     c->backend = COMM_HOST;
     c->gpu = -1;
     c->stream = nullptr;
@@ -134,6 +145,16 @@ static void comm_init(Comm* c, CommGroup* g, int rank) {
     c->dchunk = nullptr;
     c->dchunk_n = 0;
     c->ev_issued = c->ev_done = 0;
+}
+
+// counts a collective's payload (floats) under its kind
+static void comm_count(Comm* c, int op, double floats) {
+    int kind = op == COMM_SCATTER ? KIND_REDUCESCATTER
+             : op == COMM_GATHER  ? KIND_ALLGATHER
+             : op == COMM_BCAST   ? KIND_BROADCAST
+                                  : KIND_ALLREDUCE;
+    c->values += floats;
+    c->moved[kind] += floats;
 }
 
 static void comm_describe(const CommCall* k, char* buf, size_t n) {
@@ -430,7 +451,7 @@ static void comm_cuda_allreduce(Comm* c, float* buf, long n, int op, const char*
     int P = c->P;
     if (P == 1) {  // nothing to exchange: stay asynchronous (TP=1 on a GPU must not sync per collective)
         comm_begin(c, op, n, buf, where, layer);
-        c->values += n;
+        comm_count(c, op, n);
         return;
     }
     // the buffer is published only once the rank's queued work has written it; that wait is compute
@@ -465,7 +486,7 @@ static void comm_cuda_allreduce(Comm* c, float* buf, long n, int op, const char*
                                                 cudaMemcpyDefault, c->stream));
     }
     CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
-    c->values += n;
+    comm_count(c, op, n);
     c->seconds += comm_now() - t0;
 }
 
@@ -477,7 +498,7 @@ static void comm_cuda_reducescatter(Comm* c, float* out, const float* in, long n
         comm_begin(c, COMM_SCATTER, n, in, where, layer);
         if (n > 0 && in != out)
             CUDA_CHECK(c->rank, cudaMemcpyAsync(out, in, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
-        c->values += n;
+        comm_count(c, COMM_SCATTER, n);
         return;
     }
     CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));  // the input is written
@@ -492,7 +513,7 @@ static void comm_cuda_reducescatter(Comm* c, float* out, const float* in, long n
     }
     CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
     comm_wait_all(c, false);  // no rank may change its input before everyone has read it
-    c->values += (double)P * n;
+    comm_count(c, COMM_SCATTER, (double)P * n);
     c->seconds += comm_now() - t0;
 }
 
@@ -502,7 +523,7 @@ static void comm_cuda_allgather(Comm* c, float* out, const float* in, long n, co
         comm_begin(c, COMM_GATHER, n, in, where, layer);
         if (n > 0 && in != out)
             CUDA_CHECK(c->rank, cudaMemcpyAsync(out, in, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
-        c->values += n;
+        comm_count(c, COMM_GATHER, n);
         return;
     }
     CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
@@ -517,14 +538,14 @@ static void comm_cuda_allgather(Comm* c, float* out, const float* in, long n, co
     }
     CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
     if (c->P > 1) comm_wait_all(c, false);  // no rank may change its input before everyone copied it
-    c->values += (double)n * c->P;
+    comm_count(c, COMM_GATHER, (double)n * c->P);
     c->seconds += comm_now() - t0;
 }
 
 static void comm_cuda_broadcast(Comm* c, float* buf, long n, int root, const char* where) {
     if (c->P == 1) {
         comm_begin(c, COMM_BCAST, n, buf, where, -1);
-        c->values += n;
+        comm_count(c, COMM_BCAST, n);
         return;
     }
     CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
@@ -537,7 +558,7 @@ static void comm_cuda_broadcast(Comm* c, float* buf, long n, int root, const cha
         CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
         comm_wait_all(c, false);
     }
-    c->values += n;
+    comm_count(c, COMM_BCAST, n);
     c->seconds += comm_now() - t0;
 }
 
@@ -549,7 +570,7 @@ static void comm_nccl_allreduce(Comm* c, float* buf, long n, int op, const char*
     int slot = comm_nccl_begin(c, &k);
     NCCL_CHECK(c->rank, c->nccl, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, op == COMM_SUM ? ncclSum : ncclMax, c->nccl, c->stream));
     comm_nccl_end(c, slot);
-    c->values += n;
+    comm_count(c, op, n);
 }
 
 static void comm_nccl_reducescatter(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
@@ -557,7 +578,7 @@ static void comm_nccl_reducescatter(Comm* c, float* out, const float* in, long n
     int slot = comm_nccl_begin(c, &k);
     NCCL_CHECK(c->rank, c->nccl, ncclReduceScatter(in, out, (size_t)n, ncclFloat, ncclSum, c->nccl, c->stream));
     comm_nccl_end(c, slot);
-    c->values += (double)c->P * n;
+    comm_count(c, COMM_SCATTER, (double)c->P * n);
 }
 
 static void comm_nccl_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
@@ -565,7 +586,7 @@ static void comm_nccl_allgather(Comm* c, float* out, const float* in, long n, co
     int slot = comm_nccl_begin(c, &k);
     NCCL_CHECK(c->rank, c->nccl, ncclAllGather(in, out, (size_t)n, ncclFloat, c->nccl, c->stream));
     comm_nccl_end(c, slot);
-    c->values += (double)n * c->P;
+    comm_count(c, COMM_GATHER, (double)n * c->P);
 }
 
 static void comm_nccl_broadcast(Comm* c, float* buf, long n, int root, const char* where) {
@@ -573,7 +594,7 @@ static void comm_nccl_broadcast(Comm* c, float* buf, long n, int root, const cha
     int slot = comm_nccl_begin(c, &k);
     NCCL_CHECK(c->rank, c->nccl, ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root, c->nccl, c->stream));
     comm_nccl_end(c, slot);
-    c->values += n;
+    comm_count(c, COMM_BCAST, n);
 }
 
 // ----------------------------------------------------------------------------
@@ -617,7 +638,7 @@ static void comm_allreduce(Comm* c, float* buf, long n, int op, const char* wher
             if (rhi > rlo) memcpy(buf + rlo, g->chunk[r].data(), (rhi - rlo) * sizeof(float));
         }
     }
-    c->values += n;
+    comm_count(c, op, n);
     c->seconds += comm_now() - t0;
 }
 
@@ -634,7 +655,7 @@ static void comm_reducescatter(Comm* c, float* out, const float* in, long n, con
     // read only their own slices of this rank's input, so writing in place is safe
     comm_host_reduce(c->g, (long)c->rank * n, (long)(c->rank + 1) * n, COMM_SUM, out);
     if (P > 1) comm_wait_all(c, false);  // no rank may change its input before everyone has read it
-    c->values += (double)P * n;
+    comm_count(c, COMM_SCATTER, (double)P * n);
     c->seconds += comm_now() - t0;
 }
 
@@ -647,7 +668,7 @@ static void comm_allgather(Comm* c, float* out, const float* in, long n, const c
     if (c->P > 1) comm_wait_all(c, true);
     for (int r = 0; r < c->P; r++) memmove(out + (long)r * n, c->g->call[r].ptr, n * sizeof(float));
     if (c->P > 1) comm_wait_all(c, false);  // no rank may change its input before everyone copied it
-    c->values += (double)n * c->P;
+    comm_count(c, COMM_GATHER, (double)n * c->P);
     c->seconds += comm_now() - t0;
 }
 
@@ -662,7 +683,7 @@ static void comm_broadcast(Comm* c, float* buf, long n, int root, const char* wh
         if (c->rank != root) memcpy(buf, c->g->call[root].ptr, n * sizeof(float));
         comm_wait_all(c, false);
     }
-    c->values += n;
+    comm_count(c, COMM_BCAST, n);
     c->seconds += comm_now() - t0;
 }
 
