@@ -15,8 +15,17 @@ ARCH      = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm
 else
 ARCH      = -gencode arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
 endif
-NVFLAGS   = -std=c++17 -O3 -Werror all-warnings $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS))
-LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp
+NVFLAGS   = -std=c++17 -O3 -Werror all-warnings $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS)) $(MPI_CFLAGS)
+LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp $(MPI_LIBS)
+# MPI (to run data parallelism across processes with mpirun): compiled in when an MPI compiler wrapper
+# (Debian's OpenMPI: apt-get install openmpi-bin libopenmpi-dev) is found, or never with make MPI=0.
+# Its flags come from `mpicxx --showme`; nvcc takes -I, -L and -l as they are, the rest through -Xcompiler.
+MPI      ?= $(if $(shell command -v mpicxx 2>/dev/null),1,0)
+ifeq ($(MPI),1)
+MPI_CFLAGS = -DTP_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
+             $(foreach f,$(shell mpicxx --showme:compile),$(if $(filter -I%,$(f)),$(f),-Xcompiler $(f)))
+MPI_LIBS   = $(foreach f,$(shell mpicxx --showme:link),$(if $(filter -l% -L%,$(f)),$(f),-Xcompiler $(f)))
+endif
 SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh common/error.h data/grammar.h data/loader.h data/tokenizer.h \
             train/checkpoint.h train/logger.h train/sampler.h
 
@@ -32,7 +41,7 @@ test: test_tp tp
 	./test_tp
 
 # sanitizer builds: host code only (the CPU backend, the comm layer, the driver), -O1 with frame pointers
-SANFLAGS = -std=c++17 -O1 -g -Xcompiler -march=native,-fopenmp,-fno-omit-frame-pointer
+SANFLAGS = -std=c++17 -O1 -g -Xcompiler -march=native,-fopenmp,-fno-omit-frame-pointer $(MPI_CFLAGS)
 ASAN = -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-sanitize-recover=all -Xlinker -lasan,-lubsan
 TSAN = -Xcompiler -fsanitize=thread -Xlinker -ltsan
 
@@ -52,7 +61,7 @@ tsan: tp_tsan test_tp_tsan
 
 # for people working on kernels: no optimisation, host and device debug info (-G implies line info), and
 # TP_CUDA_DEBUG, which makes every CUDA_LAUNCH_CHECK wait for its kernel so a fault names the kernel
-DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function
+DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function $(MPI_CFLAGS)
 tp_debug: tp.cu $(SOURCES)
 	$(NVCC) $(DEBUGFLAGS) -o $@ tp.cu $(LDLIBS)
 test_tp_debug: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)

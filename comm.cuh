@@ -17,10 +17,20 @@
 //              comm_bind_cuda. A CUDA kernel reads the P ranks' device pointers directly (one process,
 //              one device or devices with peer access) and sums in the same rank order as COMM_HOST:
 //              bit-identical across ranks and to the host path.
-//   COMM_NCCL  NCCL, one communicator per rank on distinct GPUs, created together: comm_nccl_init_all
+//   COMM_NCCL  NCCL, one communicator per rank on distinct GPUs, created together: comm_nccl_init
 //              once, then comm_init and comm_bind_cuda per rank. Collectives are enqueued on the rank's
 //              stream and the host moves on; comm_sync waits for them, polling, within the timeout.
+//
+// A group may span processes (data parallelism across machines, started by mpirun): it is then P ranks
+// in each of N processes, and rank r of process p is the group's rank p*P + r. Inside a process the
+// ranks still meet in shared memory; between processes MPI carries the host backend's collectives and
+// NCCL the GPU ones (its communicators bootstrapped by broadcasting NCCL's unique id over MPI). A
+// host collective that spans processes first reduces inside each process in rank order, then one
+// thread of each process exchanges the process's partial result over MPI, and every process sums the
+// partials in process order: the same bits everywhere, on every run. MPI is optional at build time
+// (make finds mpicxx and defines TP_MPI); without it every group lives in one process.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -31,8 +41,12 @@
 #include <thread>
 #include <vector>
 #include <unistd.h>
+#include <string>
 #include <cuda_runtime.h>
 #include <nccl.h>
+#ifdef TP_MPI
+#include <mpi.h>
+#endif
 #include "common/error.h"
 
 #define COMM_MAXP 64
@@ -67,9 +81,10 @@ struct CommCall {
     const float* ptr;   // the rank's buffer (input side)
 };
 
-// shared by the P ranks of one run
+// shared by the P ranks of a group that live in this process
 struct CommGroup {
-    int P;
+    int P;            // ranks in this process
+    int nproc, proc;  // processes the group spans, and this one's index (1 and 0: one process)
     double timeout_s;
     std::mutex mu;
     std::condition_variable cv;
@@ -86,12 +101,18 @@ struct CommGroup {
     bool sync_each;              // debugging: wait (with the timeout) after every collective
     std::vector<CommCall> log;   // (P, COMM_LOG): rank r's collective #s at [r * COMM_LOG + s % COMM_LOG]
     long posted[COMM_MAXP];      // how many collectives rank r has logged
+    // across processes (host backend): this process's partial result and what the others sent
+    std::vector<float> xsend, xrecv;
+#ifdef TP_MPI
+    MPI_Comm mpi;  // the group's own communicator over the processes (a duplicate of MPI_COMM_WORLD)
+#endif
 };
 
 // one rank's handle, with its counters
 struct Comm {
     CommGroup* g;
-    int rank, P;
+    int rank, P;  // in the whole group, across processes
+    int local;    // among the group's ranks in this process (the index into the group's per-rank arrays)
     long seq;
     double values;   // floats moved through collectives (the payload, counted once per collective)
     double moved[COMM_KINDS];  // the same, by kind of collective
@@ -114,6 +135,8 @@ struct Comm {
 static void comm_group_init(CommGroup* g, int P, double timeout_s) {
     if (P < 1 || P > COMM_MAXP) fatal("a group of %d ranks is out of range: the collectives support 1 to %d ranks", P, COMM_MAXP);
     g->P = P;
+    g->nproc = 1;
+    g->proc = 0;
     g->timeout_s = timeout_s;
     g->arrived = 0;
     g->generation = 0;
@@ -129,11 +152,13 @@ static void comm_group_init(CommGroup* g, int P, double timeout_s) {
     g->log.clear();
 }
 
-// a rank's handle on the host backend; comm_bind_cuda moves it to the GPU
-static void comm_init(Comm* c, CommGroup* g, int rank) {
+// the handle of the group's rank `local` of this process, on the host backend; comm_bind_cuda moves it
+// to the GPU
+static void comm_init(Comm* c, CommGroup* g, int local) {
     c->g = g;
-    c->rank = rank;
-    c->P = g->P;
+    c->local = local;
+    c->rank = g->proc * g->P + local;
+    c->P = g->nproc * g->P;
     c->seq = 0;
     c->values = 0;
     c->seconds = 0;
@@ -162,17 +187,19 @@ static void comm_describe(const CommCall* k, char* buf, size_t n) {
     else snprintf(buf, n, "#%ld %s of %ld floats at %s", k->seq, comm_op_name(k->op), k->count, k->where);
 }
 
-// Prints where every rank is and ends the process: the other ranks may be blocked for good, so there is
-// nothing to unwind to.
+// Prints where every rank of the group in this process is and ends the process: the other ranks may be
+// blocked for good, so there is nothing to unwind to.
 [[noreturn]] static void comm_abort(CommGroup* g, int rank, const char* why) {
     fatal_begin();
-    fprintf(stderr, "error: rank %d: %s; the ranks' collectives:\n", rank, why);
+    fatal_prefix();
+    fprintf(stderr, "rank %d: %s; the ranks' collectives:\n", rank, why);
     for (int r = 0; r < g->P; r++) {
         char d[256];
         comm_describe(&g->call[r], d, sizeof(d));
-        fprintf(stderr, "  rank %d %s %s\n", r, g->waiting[r] ? "waits in" : "last issued", d);
+        fprintf(stderr, "  rank %d %s %s\n", g->proc * g->P + r, g->waiting[r] ? "waits in" : "last issued", d);
     }
-    fprintf(stderr, "error: every rank must issue the same collectives in the same order; this is a bug in the recipe\n");
+    fatal_prefix();
+    fprintf(stderr, "every rank must issue the same collectives in the same order; this is a bug in the recipe\n");
     fatal_end();
 }
 
@@ -181,12 +208,15 @@ static bool comm_same(const CommCall* a, const CommCall* b) {
     return a->op == b->op && a->count == b->count && a->layer == b->layer && strcmp(a->where, b->where) == 0;
 }
 
-// Waits until all P ranks arrive. The last to arrive checks that every rank is in the same collective.
+// Waits until the group's P ranks of this process arrive. The last to arrive checks that every rank is in
+// the same collective. In a group that spans processes a rank may wait here while another rank of its
+// process exchanges data with the other processes under the same timeout; it gives that exchange the
+// time to report a missing process first.
 static void comm_wait_all(Comm* c, bool check) {
     CommGroup* g = c->g;
     std::unique_lock<std::mutex> lock(g->mu);
     long gen = g->generation;
-    g->waiting[c->rank] = true;
+    g->waiting[c->local] = true;
     if (++g->arrived == g->P) {
         if (check) {
             for (int r = 1; r < g->P; r++)
@@ -199,18 +229,19 @@ static void comm_wait_all(Comm* c, bool check) {
         g->cv.notify_all();
         return;
     }
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(g->timeout_s);
+    double timeout = g->timeout_s * (g->nproc > 1 ? 2 : 1);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
     while (g->generation == gen) {
         if (g->cv.wait_until(lock, deadline) == std::cv_status::timeout && g->generation == gen) {
             char why[128];
-            snprintf(why, sizeof(why), "waited %g s for the other ranks (--timeout)", g->timeout_s);
+            snprintf(why, sizeof(why), "waited %g s for the other ranks (--timeout)", timeout);
             comm_abort(g, c->rank, why);
         }
     }
 }
 
 static void comm_begin(Comm* c, int op, long count, const float* ptr, const char* where, int layer) {
-    CommCall* k = &c->g->call[c->rank];
+    CommCall* k = &c->g->call[c->local];
     k->op = op;
     k->count = count;
     k->where = where;
@@ -221,6 +252,159 @@ static void comm_begin(Comm* c, int op, long count, const float* ptr, const char
 
 static double comm_now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// ----------------------------------------------------------------------------
+// processes: mpirun and MPI
+
+// The processes of the job: how many, this one's index, and the ones that share its machine (they split
+// its GPUs and cores). Without mpirun: one process, index 0.
+struct CommProcs {
+    int n, me;
+    int node_n, node_me;
+    std::vector<std::string> hosts;  // per process: its machine and pid, for the printed grid
+    std::vector<int> pids;
+};
+static CommProcs g_procs = {1, 0, 1, 0, {}, {}};
+
+// The first of the variables that launchers set for their processes (Open MPI's mpirun, MPICH's and
+// MVAPICH's, srun with PMI), or def.
+static int launcher_env(const char* const* names, int def) {
+    for (int i = 0; names[i]; i++)
+        if (const char* v = getenv(names[i])) return atoi(v);
+    return def;
+}
+static int comm_launcher_size() {
+    static const char* const names[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", nullptr};
+    return launcher_env(names, 1);
+}
+static int comm_launcher_rank() {
+    static const char* const names[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", nullptr};
+    return launcher_env(names, 0);
+}
+
+static std::string comm_hostname() {
+    char h[256] = "";
+    if (gethostname(h, sizeof(h) - 1) != 0) snprintf(h, sizeof(h), "unknown");
+    return h;
+}
+
+#ifdef TP_MPI
+static std::mutex g_mpi_mu;  // MPI_THREAD_SERIALIZED: one thread of the process in MPI at a time
+
+// an MPI call under the process's MPI lock (non-blocking calls only: the lock is never held while waiting)
+#define MPI_LOCKED(call)                                \
+    do {                                                \
+        std::lock_guard<std::mutex> mpi_lock_(g_mpi_mu); \
+        MPI_CHECK(call);                                \
+    } while (0)
+
+// Waits for a non-blocking MPI operation by polling it, so that a process that died or stopped issuing
+// collectives is reported after the timeout instead of hanging every other process with it.
+static void comm_mpi_wait(MPI_Request* req, double timeout_s, const char* what) {
+    double deadline = comm_now() + timeout_s;
+    for (int spins = 0;; spins++) {
+        int done = 0;
+        MPI_LOCKED(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        if (comm_now() > deadline)
+            fatal("waited %g s (--timeout) for the other processes in %s: a process died or stopped issuing collectives",
+                  timeout_s, what);
+        if (spins < 100) std::this_thread::yield();
+        else std::this_thread::sleep_for(std::chrono::microseconds(spins < 10000 ? 20 : 200));
+    }
+}
+
+// MPI's counts are ints: one exchange moves at most INT_MAX floats per process
+static int comm_mpi_count(long n) {
+    if (n > 2147483647L) fatal("an exchange of %ld floats between processes exceeds MPI's counts (2^31 - 1): use more --tp ranks", n);
+    return (int)n;
+}
+#endif
+
+// Starts the processes of an mpirun job (MPI_Init), or does nothing when there is one process. Call first
+// thing in main, before any other thread exists. A tp built without MPI refuses a job of several
+// processes: they would each train alone, unaware of the others.
+static void comm_procs_start(int* argc, char*** argv) {
+    int size = comm_launcher_size();
+    g_procs.hosts = {comm_hostname()};
+    g_procs.pids = {(int)getpid()};
+    if (size <= 1) return;
+#ifndef TP_MPI
+    (void)argc;
+    (void)argv;
+    if (comm_launcher_rank() != 0) _Exit(1);  // process 0 says why, once
+    fatal("started by mpirun with %d processes, but this tp was built without MPI: install OpenMPI (apt-get install "
+          "openmpi-bin libopenmpi-dev) and rebuild (make clean && make), or run one process", size);
+#else
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+    if (provided < MPI_THREAD_SERIALIZED)
+        fatal("this MPI library cannot be called from the rank threads (MPI_THREAD_SERIALIZED); use an MPI built with thread support");
+    MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));  // MPI errors come back to MPI_CHECK
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g_procs.n));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g_procs.me));
+    g_fatal_nproc = g_procs.n;
+    g_fatal_proc = g_procs.me;
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_procs.me, MPI_INFO_NULL, &node));
+    MPI_CHECK(MPI_Comm_size(node, &g_procs.node_n));
+    MPI_CHECK(MPI_Comm_rank(node, &g_procs.node_me));
+    MPI_CHECK(MPI_Comm_free(&node));
+    struct Who { char host[64]; int pid; } me = {}, *all = new Who[g_procs.n];
+    snprintf(me.host, sizeof(me.host), "%s", g_procs.hosts[0].c_str());
+    me.pid = (int)getpid();
+    MPI_CHECK(MPI_Allgather(&me, sizeof(Who), MPI_BYTE, all, sizeof(Who), MPI_BYTE, MPI_COMM_WORLD));
+    g_procs.hosts.clear();
+    g_procs.pids.clear();
+    for (int p = 0; p < g_procs.n; p++) {
+        g_procs.hosts.push_back(all[p].host);
+        g_procs.pids.push_back(all[p].pid);
+    }
+    delete[] all;
+#endif
+}
+
+// the end of a job that went well: every process calls it once its rank threads have finished
+static void comm_procs_finish() {
+#ifdef TP_MPI
+    if (g_procs.n > 1) MPI_CHECK(MPI_Finalize());
+#endif
+}
+
+// Broadcasts bytes from process 0 to every process (setup: the model, the resumed state), within the timeout.
+static void comm_procs_bcast(void* p, size_t bytes, double timeout_s) {
+#ifdef TP_MPI
+    for (size_t off = 0; g_procs.n > 1 && off < bytes; off += 1 << 30) {
+        MPI_Request req;
+        int n = (int)std::min(bytes - off, (size_t)1 << 30);
+        MPI_LOCKED(MPI_Ibcast((char*)p + off, n, MPI_BYTE, 0, MPI_COMM_WORLD, &req));
+        comm_mpi_wait(&req, timeout_s, "the broadcast of the model from process 0");
+    }
+#else
+    (void)p;
+    (void)bytes;
+    (void)timeout_s;
+#endif
+}
+
+// Makes the group span every process of the job: P ranks in each. Every process calls it, for its groups
+// in the same order (it creates the group's MPI communicator, a collective call).
+static void comm_group_span(CommGroup* g) {
+    g->nproc = g_procs.n;
+    g->proc = g_procs.me;
+#ifdef TP_MPI
+    if (g->nproc > 1) MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g->mpi));
+#endif
+}
+
+// releases what comm_group_span made; every process calls it for its spanning groups in the same order
+static void comm_group_free(CommGroup* g) {
+#ifdef TP_MPI
+    if (g->nproc > 1) MPI_CHECK(MPI_Comm_free(&g->mpi));
+#endif
+    g->nproc = 1;
+    g->proc = 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -244,6 +428,50 @@ static void comm_nccl_init_all(CommGroup* g, const int* gpus) {
     }
 }
 
+#ifdef TP_MPI
+// The NCCL communicators of a group that spans processes: this process's rank r on device gpus[r].
+// Process 0 draws NCCL's unique id and broadcasts it over MPI (NCCL's bootstrap: the id says where to
+// meet); then each process creates its ranks' communicators inside one ncclGroupStart/End, as NCCL
+// requires when one thread initialises several ranks. Every process calls it, for its groups in the same
+// order. NCCL needs each rank of a communicator on its own GPU, across processes too, so the ranks'
+// devices are compared first (machine and PCI bus id).
+static void comm_nccl_init_procs(CommGroup* g, const int* gpus) {
+    struct Dev { char host[64]; char bus[32]; };
+    int n = g->P * g->nproc;
+    std::vector<Dev> mine(g->P), all(n);
+    std::string host = comm_hostname();
+    for (int r = 0; r < g->P; r++) {
+        snprintf(mine[r].host, sizeof(mine[r].host), "%s", host.c_str());
+        CUDA_CHECK(g->proc * g->P + r, cudaDeviceGetPCIBusId(mine[r].bus, sizeof(mine[r].bus), gpus[r]));
+    }
+    MPI_Request req;
+    MPI_LOCKED(MPI_Iallgather(mine.data(), g->P * (int)sizeof(Dev), MPI_BYTE, all.data(), g->P * (int)sizeof(Dev), MPI_BYTE,
+                              g->mpi, &req));
+    comm_mpi_wait(&req, g->timeout_s, "the exchange of GPU ids before creating NCCL communicators");
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (!strcmp(all[i].host, all[j].host) && !strcmp(all[i].bus, all[j].bus))
+                fatal("ranks %d and %d of a data-parallel group would both run on GPU %s of %s, and NCCL needs one GPU per "
+                      "rank: start fewer processes on that machine, give them fewer ranks (--dp, --tp), or use --device cpu",
+                      i, j, all[i].bus, all[i].host);
+    ncclUniqueId id;
+    if (g->proc == 0) NCCL_CHECK(0, nullptr, ncclGetUniqueId(&id));
+    MPI_LOCKED(MPI_Ibcast(&id, (int)sizeof(id), MPI_BYTE, 0, g->mpi, &req));
+    comm_mpi_wait(&req, g->timeout_s, "the broadcast of NCCL's unique id");
+    NCCL_CHECK(g->proc * g->P, nullptr, ncclGroupStart());
+    for (int r = 0; r < g->P; r++) {
+        CUDA_CHECK(g->proc * g->P + r, cudaSetDevice(gpus[r]));
+        NCCL_CHECK(g->proc * g->P + r, nullptr, ncclCommInitRank(&g->nccl[r], n, id, g->proc * g->P + r));
+    }
+    NCCL_CHECK(g->proc * g->P, nullptr, ncclGroupEnd());
+    g->log.assign((size_t)g->P * COMM_LOG, CommCall());
+    for (int i = 0; i < g->P; i++) {
+        g->posted[i] = 0;
+        g->gpu[i] = gpus[i];
+    }
+}
+#endif
+
 // Moves rank c onto its GPU: from now on its collectives take device pointers and are ordered with the
 // work on `stream`. Every rank of the group calls it, after comm_init, from its own thread. With NCCL
 // communicators in the group the rank uses NCCL, else the CUDA shared-memory backend; then, if the ranks
@@ -254,9 +482,9 @@ static void comm_bind_cuda(Comm* c, int gpu, cudaStream_t stream) {
     c->gpu = gpu;
     c->stream = stream;
     CUDA_CHECK(c->rank, cudaSetDevice(gpu));
-    if (g->nccl[c->rank]) {
+    if (g->nccl[c->local]) {
         c->backend = COMM_NCCL;
-        c->nccl = g->nccl[c->rank];
+        c->nccl = g->nccl[c->local];
         for (int i = 0; i < COMM_EVENTS; i++) {
             CUDA_CHECK(c->rank, cudaEventCreate(&c->ev_start[i]));
             CUDA_CHECK(c->rank, cudaEventCreate(&c->ev_end[i]));
@@ -264,14 +492,16 @@ static void comm_bind_cuda(Comm* c, int gpu, cudaStream_t stream) {
         c->ev_issued = c->ev_done = 0;
         return;
     }
+    // shared device memory works inside one process only; across processes a group needs NCCL
+    if (g->nproc > 1) fatal("rank %d: a group that spans processes has no NCCL communicators on GPU %d", c->rank, gpu);
     c->backend = COMM_CUDA;
     {
         std::lock_guard<std::mutex> lock(g->mu);
-        g->gpu[c->rank] = gpu;
+        g->gpu[c->local] = gpu;
     }
-    if (c->P == 1) return;
+    if (g->P == 1) return;
     comm_wait_all(c, false);  // every rank has published its device
-    for (int r = 0; r < c->P; r++) {
+    for (int r = 0; r < g->P; r++) {
         int other = g->gpu[r];
         bool seen = other == gpu;
         for (int q = 0; q < r && !seen; q++) seen = g->gpu[q] == other;
@@ -298,12 +528,12 @@ static CommCall comm_nccl_post(Comm* c, int op, long count, const float* ptr, co
     CommGroup* g = c->g;
     std::lock_guard<std::mutex> lock(g->mu);
     comm_begin(c, op, count, ptr, where, layer);
-    CommCall* k = &g->call[c->rank];
+    CommCall* k = &g->call[c->local];
     long s = k->seq;
-    g->log[(size_t)c->rank * COMM_LOG + s % COMM_LOG] = *k;
-    g->posted[c->rank] = s + 1;
-    for (int r = 0; r < g->P; r++) {
-        if (r == c->rank || g->posted[r] <= s || g->posted[r] - s > COMM_LOG) continue;  // not there yet, or too far on
+    g->log[(size_t)c->local * COMM_LOG + s % COMM_LOG] = *k;
+    g->posted[c->local] = s + 1;
+    for (int r = 0; r < g->P; r++) {  // the ranks in this process (NCCL checks nothing across processes)
+        if (r == c->local || g->posted[r] <= s || g->posted[r] - s > COMM_LOG) continue;  // not there yet, or too far on
         const CommCall* o = &g->log[(size_t)r * COMM_LOG + s % COMM_LOG];
         if (!comm_same(o, k)) {
             char a[256], b[256], why[640];
@@ -415,7 +645,7 @@ static void comm_free(Comm* c) {
         }
         NCCL_CHECK(c->rank, c->nccl, ncclCommDestroy(c->nccl));
         std::lock_guard<std::mutex> lock(c->g->mu);
-        c->g->nccl[c->rank] = nullptr;
+        c->g->nccl[c->local] = nullptr;
         c->nccl = nullptr;
     } else if (c->P > 1) {
         comm_wait_all(c, false);
@@ -614,11 +844,235 @@ static void comm_host_reduce(const CommGroup* g, long lo, long hi, int op, float
     }
 }
 
+#ifdef TP_MPI
+// ----------------------------------------------------------------------------
+// the host backend across processes. Rank 0 of the group in each process (local 0) talks MPI for the
+// process while its other ranks wait in shared memory; every exchange is non-blocking and polled against
+// the timeout (comm_mpi_wait). Several groups of a process (one per TP rank, plus the world group) may
+// exchange at the same time from different threads: each has its own communicator, and MPI is entered
+// under one lock.
+
+// what a process says about its next collective on a group
+struct CommWire {
+    int32_t op, layer;
+    int64_t count, seq;
+    char where[48];
+};
+
+// Before any data moves, the processes check that they are in the same collective (op, count, place,
+// number): an exchange of a few bytes that also makes every collective a barrier across processes. A
+// process that issued another collective is named instead of exchanging garbage.
+// `what` receives the collective's description, for the messages of the exchange that follows.
+static void comm_procs_agree(Comm* c, char* what, size_t n) {
+    CommGroup* g = c->g;
+    const CommCall* k = &g->call[c->local];
+    CommWire mine = {k->op, k->layer, k->count, k->seq, {0}};
+    snprintf(mine.where, sizeof(mine.where), "%s", k->where);
+    std::vector<CommWire> all(g->nproc);
+    comm_describe(k, what, n);
+    MPI_Request req;
+    MPI_LOCKED(MPI_Iallgather(&mine, (int)sizeof(mine), MPI_BYTE, all.data(), (int)sizeof(mine), MPI_BYTE, g->mpi, &req));
+    comm_mpi_wait(&req, g->timeout_s, what);
+    for (int p = 0; p < g->nproc; p++) {
+        const CommWire* o = &all[p];
+        if (o->op != mine.op || o->layer != mine.layer || o->count != mine.count || o->seq != mine.seq || strcmp(o->where, mine.where)) {
+            CommCall other = {o->op, (long)o->count, o->where, o->layer, (long)o->seq, nullptr};
+            char theirs[320];
+            comm_describe(&other, theirs, sizeof(theirs));
+            fatal("collective mismatch between processes: this process issued %s where process %d issued %s; every process "
+                  "must issue the same collectives in the same order", what, p, theirs);
+        }
+    }
+}
+
+// x (n): this process's partial result on entry, the result on every process on return: the elementwise
+// sum (or max) of the processes' partials in process order. A reduce-scatter (process s receives slice
+// s of every partial and reduces it) and an all-gather of the reduced slices, as a ring all-reduce
+// moves: 2 (N-1)/N n floats in and out of each process, and every process ends with the same bits.
+static void comm_procs_allreduce(CommGroup* g, float* x, long n, int op, const char* what) {
+    int N = g->nproc, me = g->proc;
+    std::vector<int> cnt(N), dsp(N), rcnt(N), rdsp(N);
+    for (int s = 0; s < N; s++) {
+        dsp[s] = comm_mpi_count(n * s / N);
+        cnt[s] = comm_mpi_count(n * (s + 1) / N) - dsp[s];
+    }
+    long mine = cnt[me];
+    g->xrecv.resize(std::max(1L, N * mine));
+    for (int q = 0; q < N; q++) {
+        rcnt[q] = (int)mine;
+        rdsp[q] = comm_mpi_count(q * mine);
+    }
+    MPI_Request req;
+    MPI_LOCKED(MPI_Ialltoallv(x, cnt.data(), dsp.data(), MPI_FLOAT, g->xrecv.data(), rcnt.data(), rdsp.data(), MPI_FLOAT, g->mpi, &req));
+    comm_mpi_wait(&req, g->timeout_s, what);
+    const float* in = g->xrecv.data();
+    for (long i = 0; i < mine; i++) {
+        float v = in[i];
+        for (int q = 1; q < N; q++) {
+            float y = in[q * mine + i];
+            v = op == COMM_MAX ? (y > v ? y : v) : v + y;
+        }
+        x[dsp[me] + i] = v;
+    }
+    MPI_LOCKED(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, cnt.data(), dsp.data(), MPI_FLOAT, g->mpi, &req));
+    comm_mpi_wait(&req, g->timeout_s, what);
+}
+
+// in (N*blk): this process's partial of the whole input. On return g->xrecv[0, blk) holds block `proc`
+// of the process-order sum: process s receives block s of every partial (an all-to-all) and adds them.
+static void comm_procs_reducescatter(CommGroup* g, const float* in, long blk, const char* what) {
+    int N = g->nproc;
+    int cnt = comm_mpi_count(blk);
+    comm_mpi_count(N * blk);
+    g->xrecv.resize(std::max(1L, N * blk));
+    MPI_Request req;
+    MPI_LOCKED(MPI_Ialltoall(in, cnt, MPI_FLOAT, g->xrecv.data(), cnt, MPI_FLOAT, g->mpi, &req));
+    comm_mpi_wait(&req, g->timeout_s, what);
+    float* r = g->xrecv.data();
+    for (long i = 0; i < blk; i++) {
+        float v = r[i];
+        for (int q = 1; q < N; q++) v += r[q * blk + i];
+        r[i] = v;
+    }
+}
+
+// The collectives of comm_allreduce ... comm_barrier for a host group that spans processes: first among
+// the process's ranks in shared memory, then local rank 0 over MPI, then back to every local rank.
+static void comm_procs_collective_allreduce(Comm* c, float* buf, long n, int op, const char* where, int layer) {
+    double t0 = comm_now();
+    CommGroup* g = c->g;
+    int P = g->P, me = c->local;
+    comm_begin(c, op, n, buf, where, layer);
+    float* part = buf;  // this process's partial: with one rank here, the rank's own buffer
+    if (P > 1) {
+        comm_wait_all(c, true);  // every buffer is ready
+        long lo = n * me / P, hi = n * (me + 1) / P;  // rank r reduces slice r of the process's buffers
+        std::vector<float>& out = g->chunk[me];
+        if ((long)out.size() < hi - lo) out.resize(hi - lo);
+        comm_host_reduce(g, lo, hi, op, out.data());
+        comm_wait_all(c, false);  // every slice is reduced
+    }
+    if (me == 0) {
+        if (P > 1) {
+            g->xsend.resize(std::max(1L, n));
+            part = g->xsend.data();
+            for (int r = 0; r < P; r++) {
+                long rlo = n * r / P, rhi = n * (r + 1) / P;
+                if (rhi > rlo) memcpy(part + rlo, g->chunk[r].data(), (rhi - rlo) * sizeof(float));
+            }
+        }
+        char what[320];
+        comm_procs_agree(c, what, sizeof(what));
+        comm_procs_allreduce(g, part, n, op, what);
+    }
+    if (P > 1) {
+        comm_wait_all(c, false);  // the result is in
+        memcpy(buf, g->xsend.data(), n * sizeof(float));
+    }
+    comm_count(c, op, n);
+    c->seconds += comm_now() - t0;
+}
+
+static void comm_procs_collective_reducescatter(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
+    double t0 = comm_now();
+    CommGroup* g = c->g;
+    int P = g->P, me = c->local;
+    long total = (long)c->P * n;
+    comm_begin(c, COMM_SCATTER, total, in, where, layer);
+    if (P > 1) {
+        comm_wait_all(c, true);  // every input is ready
+        long lo = total * me / P, hi = total * (me + 1) / P;  // this process's partial of the whole input, in slices
+        std::vector<float>& part = g->chunk[me];
+        if ((long)part.size() < hi - lo) part.resize(hi - lo);
+        comm_host_reduce(g, lo, hi, COMM_SUM, part.data());
+        comm_wait_all(c, false);  // every slice is reduced
+    }
+    if (me == 0) {
+        const float* part = in;
+        if (P > 1) {
+            g->xsend.resize(std::max(1L, total));
+            for (int r = 0; r < P; r++) {
+                long rlo = total * r / P, rhi = total * (r + 1) / P;
+                if (rhi > rlo) memcpy(g->xsend.data() + rlo, g->chunk[r].data(), (rhi - rlo) * sizeof(float));
+            }
+            part = g->xsend.data();
+        }
+        char what[320];
+        comm_procs_agree(c, what, sizeof(what));
+        comm_procs_reducescatter(g, part, (long)P * n, what);  // this process's ranks' blocks
+    }
+    if (P > 1) comm_wait_all(c, false);  // the blocks are in; every input has been read
+    memcpy(out, g->xrecv.data() + (long)me * n, n * sizeof(float));
+    comm_count(c, COMM_SCATTER, (double)total);
+    c->seconds += comm_now() - t0;
+}
+
+static void comm_procs_collective_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
+    double t0 = comm_now();
+    CommGroup* g = c->g;
+    int P = g->P, me = c->local;
+    comm_begin(c, COMM_GATHER, n, in, where, layer);
+    if (P > 1) comm_wait_all(c, true);  // every input is ready
+    if (me == 0) {
+        const float* part = in;
+        if (P > 1) {
+            g->xsend.resize(std::max(1L, (long)P * n));
+            for (int r = 0; r < P; r++) memcpy(g->xsend.data() + (long)r * n, g->call[r].ptr, n * sizeof(float));
+            part = g->xsend.data();
+        }
+        char what[320];
+        comm_procs_agree(c, what, sizeof(what));
+        int cnt = comm_mpi_count((long)P * n);
+        comm_mpi_count((long)c->P * n);
+        g->xrecv.resize(std::max(1L, (long)c->P * n));
+        MPI_Request req;
+        MPI_LOCKED(MPI_Iallgather(part, cnt, MPI_FLOAT, g->xrecv.data(), cnt, MPI_FLOAT, g->mpi, &req));
+        comm_mpi_wait(&req, g->timeout_s, what);
+    }
+    if (P > 1) comm_wait_all(c, false);  // every input has been read, the result is in
+    memcpy(out, g->xrecv.data(), (long)c->P * n * sizeof(float));
+    comm_count(c, COMM_GATHER, (double)n * c->P);
+    c->seconds += comm_now() - t0;
+}
+
+static void comm_procs_collective_broadcast(Comm* c, float* buf, long n, int root, const char* where) {
+    double t0 = comm_now();
+    CommGroup* g = c->g;
+    int P = g->P, me = c->local, root_proc = root / P;
+    comm_begin(c, COMM_BCAST, n, buf, where, -1);
+    if (P > 1) comm_wait_all(c, true);
+    if (me == 0) {
+        g->xsend.resize(std::max(1L, n));
+        if (g->proc == root_proc) memcpy(g->xsend.data(), g->call[root % P].ptr, n * sizeof(float));
+        char what[320];
+        comm_procs_agree(c, what, sizeof(what));
+        MPI_Request req;
+        MPI_LOCKED(MPI_Ibcast(g->xsend.data(), comm_mpi_count(n), MPI_FLOAT, root_proc, g->mpi, &req));
+        comm_mpi_wait(&req, g->timeout_s, what);
+    }
+    if (P > 1) comm_wait_all(c, false);
+    if (c->rank != root) memcpy(buf, g->xsend.data(), n * sizeof(float));
+    comm_count(c, COMM_BCAST, n);
+    c->seconds += comm_now() - t0;
+}
+
+static void comm_procs_collective_barrier(Comm* c, const char* where) {
+    comm_begin(c, COMM_BARRIER, 0, nullptr, where, -1);
+    if (c->g->P > 1) comm_wait_all(c, true);
+    char what[320];
+    if (c->local == 0) comm_procs_agree(c, what, sizeof(what));  // every process takes part: a barrier
+    if (c->g->P > 1) comm_wait_all(c, false);
+}
+#endif
+
 // buf (n) on every rank <- the elementwise sum (or max) of buf over ranks 0..P-1, in that order
 // (COMM_NCCL: in NCCL's order, the same result on every rank)
 static void comm_allreduce(Comm* c, float* buf, long n, int op, const char* where, int layer) {
     if (c->backend == COMM_CUDA) { comm_cuda_allreduce(c, buf, n, op, where, layer); return; }
     if (c->backend == COMM_NCCL) { comm_nccl_allreduce(c, buf, n, op, where, layer); return; }
+#ifdef TP_MPI
+    if (c->g->nproc > 1) { comm_procs_collective_allreduce(c, buf, n, op, where, layer); return; }
+#endif
     double t0 = comm_now();
     CommGroup* g = c->g;
     int P = c->P;
@@ -647,6 +1101,9 @@ static void comm_allreduce(Comm* c, float* buf, long n, int op, const char* wher
 static void comm_reducescatter(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
     if (c->backend == COMM_CUDA) { comm_cuda_reducescatter(c, out, in, n, where, layer); return; }
     if (c->backend == COMM_NCCL) { comm_nccl_reducescatter(c, out, in, n, where, layer); return; }
+#ifdef TP_MPI
+    if (c->g->nproc > 1) { comm_procs_collective_reducescatter(c, out, in, n, where, layer); return; }
+#endif
     double t0 = comm_now();
     int P = c->P;
     comm_begin(c, COMM_SCATTER, (long)P * n, in, where, layer);
@@ -663,10 +1120,17 @@ static void comm_reducescatter(Comm* c, float* out, const float* in, long n, con
 static void comm_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
     if (c->backend == COMM_CUDA) { comm_cuda_allgather(c, out, in, n, where, layer); return; }
     if (c->backend == COMM_NCCL) { comm_nccl_allgather(c, out, in, n, where, layer); return; }
+#ifdef TP_MPI
+    if (c->g->nproc > 1) { comm_procs_collective_allgather(c, out, in, n, where, layer); return; }
+#endif
     double t0 = comm_now();
     comm_begin(c, COMM_GATHER, n, in, where, layer);
     if (c->P > 1) comm_wait_all(c, true);
-    for (int r = 0; r < c->P; r++) memmove(out + (long)r * n, c->g->call[r].ptr, n * sizeof(float));
+    for (int r = 0; r < c->P; r++) {
+        const float* src = c->g->call[r].ptr;
+        float* dst = out + (long)r * n;
+        if (src != dst) memmove(dst, src, n * sizeof(float));  // in place, the rank's own slice is there already
+    }
     if (c->P > 1) comm_wait_all(c, false);  // no rank may change its input before everyone copied it
     comm_count(c, COMM_GATHER, (double)n * c->P);
     c->seconds += comm_now() - t0;
@@ -676,6 +1140,9 @@ static void comm_allgather(Comm* c, float* out, const float* in, long n, const c
 static void comm_broadcast(Comm* c, float* buf, long n, int root, const char* where) {
     if (c->backend == COMM_CUDA) { comm_cuda_broadcast(c, buf, n, root, where); return; }
     if (c->backend == COMM_NCCL) { comm_nccl_broadcast(c, buf, n, root, where); return; }
+#ifdef TP_MPI
+    if (c->g->nproc > 1) { comm_procs_collective_broadcast(c, buf, n, root, where); return; }
+#endif
     double t0 = comm_now();
     comm_begin(c, COMM_BCAST, n, buf, where, -1);
     if (c->P > 1) {
@@ -687,14 +1154,20 @@ static void comm_broadcast(Comm* c, float* buf, long n, int root, const char* wh
     c->seconds += comm_now() - t0;
 }
 
-// every rank arrives before any leaves; on the GPU backends the rank's queued work is finished first
+// every rank arrives before any leaves; on the GPU backends the rank's queued work is finished first.
+// (A group on NCCL lines up only its ranks in this process: barriers across processes go through a host
+// group, as tp.cu's world group.)
 static void comm_barrier(Comm* c, const char* where) {
     if (c->backend == COMM_NCCL) {
+        if (c->g->nproc > 1) fatal("rank %d: a barrier at %s on an NCCL group that spans processes: use a host group", c->rank, where);
         comm_nccl_post(c, COMM_BARRIER, 0, nullptr, where, -1);  // checked against the others' at once
         comm_sync(c);
         if (c->P > 1) comm_wait_all(c, true);
         return;
     }
+#ifdef TP_MPI
+    if (c->g->nproc > 1) { comm_procs_collective_barrier(c, where); return; }
+#endif
     if (c->backend == COMM_CUDA) CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
     comm_begin(c, COMM_BARRIER, 0, nullptr, where, -1);
     if (c->P > 1) comm_wait_all(c, true);

@@ -3,18 +3,22 @@
 //
 // This file is the tensor-parallel recipe, written once. It calls ops (layernorm_forward, matmul_backward,
 // ...) through OP(), which runs the CPU version (kernels_cpu.h) or the CUDA version (kernels.cuh) of the
-// op with the same arguments, and collectives from comm.cuh on the rank's tensor-parallel group rk->tp.
-// Every collective of tp is in this file, each with a comment saying which Megatron operator it is and
-// why the sum is needed there:
+// op with the same arguments, and collectives from comm.cuh on the rank's tensor-parallel group rk->tp
+// and, with data parallelism, on its data-parallel group rk->dp (the same TP rank in every replica).
+// Every collective of the model is in this file, each with a comment saying which Megatron operator it
+// is, or what the data-parallel exchange is, and why the sum is needed there:
 //   gpt_forward:    the embedding all-reduce; per layer the attproj and fcproj all-reduces (g); the
 //                   loss's all-reduce(max) of the row maxima and all-reduce(sum) of the exp-sums and
 //                   target logits
 //   gpt_backward:   the lm-head all-reduce; per layer the fc and qkv input-gradient all-reduces (f)
-//   gpt_update:     the all-reduce of the sharded tensors' squared gradient norm (one float), for clipping
+//   gpt_update:     over the DP group, the all-reduce of the gradient (or with ZeRO-1 its reduce-scatter,
+//                   the all-reduce of the slices' norms and the all-gather of the updated parameters);
+//                   over the TP group, the all-reduce of the sharded tensors' squared gradient norm
 //   gpt_logits_row: an all-gather of one position's logits (sampling only, never in training)
-// A training step moves (4L + 2) B T C floats, plus 3 B T for the loss and 1 for the gradient norm.
-// Outside this file ranks only line up (comm_barrier: around checkpoints, and to stop together on
-// Ctrl-C); no data moves between them anywhere else.
+// A training step moves (4L + 2) B T C floats over the TP group per micro-batch, plus 3 B T for the loss
+// and 1 for the gradient norm; over the DP group, the rank's shard of the gradient once per step.
+// Outside this file ranks only line up (comm_barrier: around checkpoints) and agree on scalars (the mean
+// loss, the decision to stop, weight checksums: tp.cu's world group).
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -148,7 +152,9 @@ struct Rank {
     int rank, P;   // this rank's place in its tensor-parallel group of P ranks
     int device;    // DEV_CPU or DEV_CUDA
     int gpu;       // CUDA device ordinal (DEV_CUDA)
-    Comm tp;       // the tensor-parallel group: every collective of the recipe goes through it
+    Comm tp;       // the tensor-parallel group: every collective of the layers goes through it
+    Comm dp;       // the data-parallel group: TP rank `rank` of every replica (dp.rank: the replica, dp.P: the
+                   // replicas). One replica and no group (dp.g null) until rank_join_dp.
     CudaCtx cuda;  // DEV_CUDA: the rank's stream, cuBLAS handles and scratch
 };
 
@@ -156,6 +162,8 @@ struct Rank {
 // context (GPU), and its handle on the group. Ranks on distinct GPUs talk through NCCL when the group
 // has NCCL communicators (comm_nccl_init_all), ranks sharing a GPU through shared device memory.
 static void rank_init(Rank* rk, CommGroup* tp_group, int r, int device, int gpu, int threads) {
+    memset(&rk->dp, 0, sizeof(rk->dp));
+    rk->dp.P = 1;
     rk->rank = r;
     rk->P = tp_group->P;
     rk->device = device;
@@ -166,9 +174,17 @@ static void rank_init(Rank* rk, CommGroup* tp_group, int r, int device, int gpu,
     if (device == DEV_CUDA) comm_bind_cuda(&rk->tp, gpu, rk->cuda.stream);
 }
 
+// Makes the rank the member `local` (its replica's index in this process) of a data-parallel group: the
+// group of this TP rank across the replicas, which may span processes. Call after rank_init.
+static void rank_join_dp(Rank* rk, CommGroup* dp_group, int local) {
+    comm_init(&rk->dp, dp_group, local);
+    if (rk->device == DEV_CUDA) comm_bind_cuda(&rk->dp, rk->gpu, rk->cuda.stream);
+}
+
 static void rank_free(Rank* rk) {
     if (rk->device != DEV_CUDA) return;
     comm_free(&rk->tp);
+    if (rk->dp.g) comm_free(&rk->dp);
     cuda_ctx_free(&rk->cuda);
 }
 
@@ -197,6 +213,7 @@ static void dev_upload(Rank* rk, void* dst, const void* src, size_t bytes) {
 static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) {
         comm_sync(&rk->tp);
+        if (rk->dp.g) comm_sync(&rk->dp);
         cuda_download(&rk->cuda, dst, src, bytes);
     } else {
         memcpy(dst, src, bytes);
@@ -300,9 +317,15 @@ struct GPT {
     ShardPlan plan;
     int hs;        // head size
     long nparams;  // this rank's parameter count
-    float* params_mem;
-    float* grads_mem;
-    float *m_mem, *v_mem;  // AdamW moments
+    // The flat shard (all 16 tensors of the rank, back to back) is padded to npad floats, a multiple of
+    // 32 per replica, and cut into one slice per replica: [slice0, slice0 + nslice). Without ZeRO the
+    // rank updates all of it (slice0 0, nslice nparams); with ZeRO-1 only its replica's slice.
+    int zero;      // ZeRO stage: 0, or 1 (AdamW's m and v and the update split over the replicas)
+    long npad, slice0, nslice;
+    float* params_mem;     // (npad)
+    float* grads_mem;      // (npad)
+    float *m_mem, *v_mem;  // AdamW moments (nslice): for the slice the rank updates
+    float dloss;  // training: the gradient each position's loss is seeded with (0: 1/(B T), the batch mean)
     Params params, grads;
     float* norm2;  // (2) squared gradient norm: [sharded tensors summed over ranks, replicated tensors]
     // activations, allocated for one (B, T)
@@ -346,42 +369,63 @@ static long gpt_num_params(const GPTConfig* c) {
     return n;
 }
 
-// Slices this rank's shard out of full tensors in host memory (llm.c's layout and order) into one of
-// the rank's per-parameter buffers (params, m or v).
-static void gpt_scatter(GPT* m, Rank* rk, const float* full, float* local_mem) {
-    std::vector<float> local;
+// This rank's flat shard (nparams floats, host memory) sliced out of full tensors in host memory (llm.c's
+// layout and order)
+static std::vector<float> gpt_shard_of(const GPT* m, const Rank* rk, const float* full) {
+    std::vector<float> local(m->nparams);
     long off = 0, loff = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         const TensorShard* t = &m->plan.t[i];
-        local.resize(shard_local_size(t));
-        shard_copy(t, rk->rank, (float*)full + off, local.data(), true);
-        dev_upload(rk, local_mem + loff, local.data(), local.size() * sizeof(float));
+        shard_copy(t, rk->rank, (float*)full + off, local.data() + loff, true);
         off += shard_full_size(t);
         loff += shard_local_size(t);
     }
+    return local;
 }
 
-// Builds rank's shard from the full parameters (host memory, llm.c's layout and order).
-static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full) {
+// Slices this rank's shard out of full tensors in host memory into one of the rank's per-parameter
+// buffers (params, or m and v without ZeRO).
+static void gpt_scatter(GPT* m, Rank* rk, const float* full, float* local_mem) {
+    std::vector<float> local = gpt_shard_of(m, rk, full);
+    dev_upload(rk, local_mem, local.data(), local.size() * sizeof(float));
+}
+
+// The same for AdamW's m or v, which hold the rank's slice of the shard only: its replica's 1/D with
+// ZeRO-1, all of it without.
+static void gpt_scatter_moments(GPT* m, Rank* rk, const float* full, float* mom) {
+    std::vector<float> local = gpt_shard_of(m, rk, full);
+    local.resize(m->npad, 0.0f);
+    dev_upload(rk, mom, local.data() + m->slice0, m->nslice * sizeof(float));
+}
+
+// Builds the rank's shard from the full parameters (host memory, llm.c's layout and order). zero: the
+// ZeRO stage (1: AdamW's moments only for the replica's slice of the shard, see GPT).
+static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full, int zero) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     m->hs = cfg->C / cfg->NH;
     shard_plan_init(&m->plan, cfg, rk->P, rk->rank);
     m->nparams = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) m->nparams += shard_local_size(&m->plan.t[i]);
-    m->params_mem = dev_alloc(rk, m->nparams);
-    m->grads_mem = dev_alloc(rk, m->nparams);
-    m->m_mem = dev_alloc(rk, m->nparams);
-    m->v_mem = dev_alloc(rk, m->nparams);
+    m->zero = zero;
+    int D = rk->dp.P;
+    m->npad = zero ? (m->nparams + 32L * D - 1) / (32L * D) * (32L * D) : m->nparams;
+    m->nslice = zero ? m->npad / D : m->nparams;
+    m->slice0 = zero ? rk->dp.rank * m->nslice : 0;
+    m->params_mem = dev_alloc(rk, m->npad);
+    m->grads_mem = dev_alloc(rk, m->npad);
+    m->m_mem = dev_alloc(rk, m->nslice);
+    m->v_mem = dev_alloc(rk, m->nslice);
     m->norm2 = dev_alloc(rk, 2);
     params_point(&m->params, m->params_mem, &m->plan);
     params_point(&m->grads, m->grads_mem, &m->plan);
     gpt_scatter(m, rk, full, m->params_mem);
 }
 
-// Writes this rank's shard of a per-rank tensor set (params, grads, m or v) into the full tensors in host
-// memory. Ranks share the process, so gathering is each rank filling its own disjoint part of one host
-// buffer; replicated tensors are written by rank 0 only. The caller puts a barrier after it.
+// Writes this rank's shard of a per-rank tensor set (params, grads, or m and v without ZeRO) into the
+// full tensors in host memory. Ranks share the process, so gathering is each rank filling its own
+// disjoint part of one host buffer; replicated tensors are written by rank 0 only. Call it on one replica
+// only (all replicas hold the same values); the caller puts a barrier after it.
 static void gpt_gather(GPT* m, Rank* rk, const float* local_mem, float* full) {
     std::vector<float> local;
     long off = 0, loff = 0;
@@ -396,6 +440,20 @@ static void gpt_gather(GPT* m, Rank* rk, const float* local_mem, float* full) {
         off += shard_full_size(t);
         loff += n;
     }
+}
+
+// The same for AdamW's m or v: with ZeRO-1 every replica holds one slice, so the replicas first all-gather
+// the slices over the data-parallel group into the full shard (every replica calls it), and replica 0
+// writes it into `full`.
+static void gpt_gather_moments(GPT* m, Rank* rk, const float* mom, float* full) {
+    if (!m->zero || rk->dp.P == 1) {  // the rank holds the moments of its whole shard
+        if (rk->dp.rank == 0) gpt_gather(m, rk, mom, full);
+        return;
+    }
+    float* shard = dev_alloc(rk, m->npad);
+    comm_allgather(&rk->dp, shard, mom, m->nslice, "moments dp", -1);
+    if (rk->dp.rank == 0) gpt_gather(m, rk, shard, full);
+    dev_free(rk, shard);
 }
 
 static void gpt_free(GPT* m, Rank* rk) {
@@ -497,7 +555,7 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     OP(rk, crossentropy_sums, a->ce_sums, a->logits, a->ce_max, m->targets, BT, Vl, s->v0, c->V);
     comm_allreduce(tp, a->ce_sums, 2L * BT, COMM_SUM, "loss sums", -1);
     OP(rk, crossentropy_finish, a->losses, a->logits, a->ce_max, a->ce_sums, m->targets, BT, Vl, s->v0, c->V,
-       training ? 1.0f / BT : 0.0f);
+       training ? (m->dloss != 0.0f ? m->dloss : 1.0f / BT) : 0.0f);
 }
 
 // the mean loss of the last forward with targets (the one read of the step from the device)
@@ -510,7 +568,7 @@ static float gpt_read_loss(GPT* m, Rank* rk) {
     return (float)(s / BT);
 }
 
-static void gpt_zero_grad(GPT* m, Rank* rk) { dev_zero(rk, m->grads_mem, m->nparams); }
+static void gpt_zero_grad(GPT* m, Rank* rk) { dev_zero(rk, m->grads_mem, m->npad); }
 
 // Backward pass of one rank, after gpt_forward(training = true). Accumulates into the gradients.
 static void gpt_backward(GPT* m, Rank* rk) {
@@ -580,26 +638,54 @@ struct AdamW {
 static bool param_decays(int i) { return i == 0 || i == 1 || i == 4 || i == 6 || i == 10 || i == 12; }
 
 // One AdamW step (t counts from 1) with global-norm clipping, over the group `cm` that shards the
-// parameters (the tensor-parallel group). The norm counts every parameter once: the squares of sharded
-// tensors are summed over the group's ranks (an all-reduce of one float); replicated tensors are
-// identical on every rank and counted locally.
+// parameters (the tensor-parallel group) and the rank's data-parallel group rk->dp.
+//
+// Data parallelism: every replica's gradient covers its own sequences, each position's loss seeded with
+// 1/(tokens of the global batch) (dloss), so the sum over the replicas is the gradient of the global
+// batch. Without ZeRO one all-reduce of the rank's whole flat shard gradient gives every replica that
+// sum; it is a single buffer, so one collective is the fewest messages (buckets would only pay off by
+// overlapping with a backward still running, and the backward here finishes first). With ZeRO-1 a
+// reduce-scatter gives replica d only its slice of the sum, the rank updates that slice with its slice of
+// m and v, and an all-gather hands every replica the updated parameters: the same bytes as the
+// all-reduce (a ring all-reduce is a reduce-scatter then an all-gather) and 1/D of the optimizer state.
+//
+// The norm counts every parameter once, after the average: the squares of sharded tensors are summed over
+// the TP group's ranks (an all-reduce of one float); replicated tensors are identical on every TP rank
+// and counted locally; with ZeRO-1 the slices' squares are first summed over the DP group.
 static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
     m->t++;
-    dev_zero(rk, m->norm2, 2);
-    float** grads = (float**)&m->grads;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        const TensorShard* t = &m->plan.t[i];
-        OP(rk, sumsq, m->norm2 + (t->split == SPLIT_NONE ? 1 : 0), grads[i], shard_local_size(t));
-    }
-    comm_allreduce(cm, m->norm2, 1, COMM_SUM, "grad norm", -1);
-    float** params = (float**)&m->params;
-    long off = 0;
+    Comm* dp = &rk->dp;
+    if (dp->P > 1 && !m->zero) comm_allreduce(dp, m->grads_mem, m->nparams, COMM_SUM, "grad dp", -1);
+    if (dp->P > 1 && m->zero) comm_reducescatter(dp, m->grads_mem + m->slice0, m->grads_mem, m->nslice, "grad dp", -1);
+    // the part [lo, hi) of the flat shard this rank updates, cut by the tensors (each has its own decay)
+    long lo = m->slice0, hi = m->slice0 + m->nslice, off = 0;
+    long a[NUM_PARAM_TENSORS], b[NUM_PARAM_TENSORS];
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         long n = shard_local_size(&m->plan.t[i]);
-        OP(rk, adamw, params[i], grads[i], m->m_mem + off, m->v_mem + off, n, opt->lr, opt->beta1, opt->beta2, opt->eps,
-           param_decays(i) ? opt->wd : 0.0f, m->t, m->norm2, opt->clip);
+        a[i] = std::max(lo, off);
+        b[i] = std::min(hi, off + n);
         off += n;
     }
+    dev_zero(rk, m->norm2, 2);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        if (b[i] > a[i]) OP(rk, sumsq, m->norm2 + (m->plan.t[i].split == SPLIT_NONE ? 1 : 0), m->grads_mem + a[i], b[i] - a[i]);
+    if (dp->P > 1 && m->zero) comm_allreduce(dp, m->norm2, 2, COMM_SUM, "grad norm dp", -1);
+    comm_allreduce(cm, m->norm2, 1, COMM_SUM, "grad norm", -1);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        if (b[i] > a[i])
+            OP(rk, adamw, m->params_mem + a[i], m->grads_mem + a[i], m->m_mem + (a[i] - lo), m->v_mem + (a[i] - lo), b[i] - a[i],
+               opt->lr, opt->beta1, opt->beta2, opt->eps, param_decays(i) ? opt->wd : 0.0f, m->t, m->norm2, opt->clip);
+    if (dp->P > 1 && m->zero) comm_allgather(dp, m->params_mem, m->params_mem + m->slice0, m->nslice, "params dp", -1);
+}
+
+// A checksum of this rank's parameters (FNV-1a over their bits). Replicas must hold bit-identical weights,
+// so TP rank r's checksum is the same in every replica; tp.cu compares them.
+static uint64_t gpt_checksum(GPT* m, Rank* rk) {
+    std::vector<uint32_t> w(m->nparams);
+    dev_download(rk, w.data(), m->params_mem, m->nparams * sizeof(float));
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t x : w) h = (h ^ x) * 1099511628211ull;
+    return h;
 }
 
 // The logits of position (b, t) of the last forward, over the whole padded vocab, on every rank:

@@ -8,6 +8,7 @@
 #define TESTING
 #include "tp.cu"
 #include <functional>
+#include <map>
 #include <set>
 #include <sys/wait.h>
 
@@ -126,7 +127,7 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
         rank_init(&rk, group, r, g_device, nccl ? r : 0, 1);
         if (g_device == DEV_CUDA) cuda_set_tf32(&rk.cuda, g_tf32);
         GPT m;
-        gpt_build(&m, &rk, cfg, init.data());
+        gpt_build(&m, &rk, cfg, init.data(), 0);
         auto local = [&](const float* p) {
             std::vector<float> h(m.nparams);
             dev_download(&rk, h.data(), p, m.nparams * sizeof(float));
@@ -422,7 +423,7 @@ static void test_gradcheck() {
     Rank rk;
     rank_init(&rk, g, 0, DEV_CPU, 0, 1);
     GPT m;
-    gpt_build(&m, &rk, &cfg, init.data());
+    gpt_build(&m, &rk, &cfg, init.data(), 0);
     gpt_forward(&m, &rk, tok.data(), tok.data() + 1, B, T, true);
     gpt_zero_grad(&m, &rk);
     gpt_backward(&m, &rk);
@@ -478,7 +479,7 @@ static void test_loader() {
     write_tokens(d + "/shard_000.bin", s0);
     write_tokens(d + "/shard_001.bin", s1);
     DataLoader dl;
-    loader_init(&dl, "train", (d + "/shard_*.bin").c_str(), nullptr, B, T, 65536, false);
+    loader_init(&dl, "train", (d + "/shard_*.bin").c_str(), nullptr, B, T, 65536, false, 1, 0, 1);
     // shard 0: (41-1)/8 = 5 batches, shard 1: (33-1)/8 = 4 batches, then back to shard 0
     std::vector<int> firsts;
     bool shifted = true;
@@ -492,7 +493,7 @@ static void test_loader() {
     check(shifted, "targets are the inputs shifted by one (B*T+1 tokens read per batch)");
     loader_free(&dl);
     // shuffled: an epoch visits every sample once, in an order that is not the sequential one
-    loader_init(&dl, "train", (d + "/shard_000.bin").c_str(), nullptr, B, T, 65536, true);
+    loader_init(&dl, "train", (d + "/shard_000.bin").c_str(), nullptr, B, T, 65536, true, 1, 0, 1);
     std::vector<int> seen;
     for (int k = 0; k < 5; k++) { loader_next(&dl); seen.push_back(dl.inputs[0]); }
     std::vector<int> sorted = seen;
@@ -507,6 +508,33 @@ static void test_loader() {
     bool same = true;
     for (int k = 0; k < 5; k++) same &= seen[k] == perm[k] * BT;
     check(same, "shuffled order is llm.c's MT19937(42) Fisher-Yates permutation");
+    // data parallelism and accumulation: micro-batch k of replica g (of D, A micro-steps, -b B) is rows
+    // (k*D + g)*B .. of the batch one loader with -b A*D*B reads; in order and shuffled, over both shards
+    // and three epochs
+    int D = 2, A = 2, Bp = 1;
+    for (bool shuffle : {false, true}) {
+        DataLoader big, part[2];
+        loader_init(&big, "train", (d + "/shard_*.bin").c_str(), nullptr, A * D * Bp, T, 65536, shuffle, 1, 0, 1);
+        for (int g = 0; g < D; g++) loader_init(&part[g], "train", (d + "/shard_*.bin").c_str(), nullptr, Bp, T, 65536, shuffle, D, g, A);
+        long rows = 0, bad = 0;
+        for (int step = 0; step < 12; step++) {
+            loader_next(&big);
+            for (int g = 0; g < D; g++)
+                for (int k = 0; k < A; k++) {
+                    loader_next(&part[g]);
+                    long row0 = (long)(k * D + g) * Bp * T;
+                    for (long i = 0; i < (long)Bp * T; i++) {
+                        bad += part[g].inputs[i] != big.inputs[row0 + i];
+                        bad += part[g].targets[i] != big.targets[row0 + i];
+                    }
+                    rows += Bp;
+                }
+        }
+        check_le(bad, 0, "%s: %d replicas x %d micro-steps x -b %d read what -b %d reads (%ld rows over 12 steps, 3 epochs): tokens differing",
+                 shuffle ? "shuffled" : "in order", D, A, Bp, A * D * Bp, rows);
+        loader_free(&big);
+        for (int g = 0; g < D; g++) loader_free(&part[g]);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -544,9 +572,10 @@ static std::string tp_bin() {
     return b ? b : "./tp";
 }
 
-static int run_cmd(const std::string& args, std::string* out, std::string* err) {
+// runs `launcher tp args` (launcher: empty, or e.g. "mpirun -np 2"), returns its exit status
+static int run_in(const std::string& launcher, const std::string& args, std::string* out, std::string* err) {
     std::string d = tmpdir();
-    std::string cmd = tp_bin() + " " + args + " >" + d + "/out.txt 2>" + d + "/err.txt </dev/null";
+    std::string cmd = launcher + (launcher.empty() ? "" : " ") + tp_bin() + " " + args + " >" + d + "/out.txt 2>" + d + "/err.txt </dev/null";
     int rc = system(cmd.c_str());
     auto slurp = [](const std::string& p) {
         std::string s;
@@ -562,6 +591,8 @@ static int run_cmd(const std::string& args, std::string* out, std::string* err) 
     if (err) *err = slurp(d + "/err.txt");
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
+
+static int run_cmd(const std::string& args, std::string* out, std::string* err) { return run_in("", args, out, err); }
 
 static std::vector<float> grep_floats(const std::string& text, const char* key) {
     std::vector<float> v;
@@ -864,7 +895,379 @@ static void test_hangs() {
     });
 }
 
+// ----------------------------------------------------------------------------
+// data parallelism in one process: tp.cu's grid (ranks_setup, rank_run_start, train_step) run directly
+
+struct GridResult {
+    std::vector<float> losses;       // per step: the mean loss over the global batch (world rank 0)
+    std::vector<float> params_full;  // replica 0's parameters after the last step, gathered
+    long mismatches;                 // (step, rank) pairs whose weight checksum differs from replica 0's rank
+    long compared;                   // (step, rank) pairs compared
+    long distinct;                   // distinct checksums of replica 0's TP rank 0 over the steps
+    double tp_values, dp_values;     // floats world rank 0's TP and DP collectives moved in the last step
+    long moments;                    // floats of AdamW's m on world rank 0
+    std::vector<int> detected;       // with perturb: what replicas_differ answers on each rank
+};
+
+// `steps` AdamW steps (lr 1e-3 constant, wd 0.1, clip 1, in-order batches) of P TP ranks x D replicas,
+// ZeRO stage `zero`, `accum` micro-steps of -b B per replica, on `data` served as the embedded corpus,
+// on g_device (as run_tp). perturb (CPU): afterwards the last replica's TP rank 0 moves one weight by an
+// ulp and every rank asks replicas_differ.
+static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P, int D, int zero, int accum, int steps,
+                     const std::vector<int>& data, int B, int T, GridResult* out, bool perturb = false) {
+    Run* run = new Run();
+    Args* a = &run->args;
+    a->B = B; a->T = T; a->lr = 1e-3f; a->warmup = 0; a->final_frac = 1.0f; a->wd = 0.1f; a->max_steps = steps;
+    a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 0; a->zero = zero; a->timeout = 60; a->dp = D; a->threads = 1;
+    run->cfg = *cfg;
+    run->P = P;
+    run->D = run->Dg = D;
+    run->accum = accum;
+    run->device = g_device;
+    run->ngpu = g_device == DEV_CUDA ? g_ngpu : 0;
+    run->init = init;
+    run->corpus_train.assign(data.begin(), data.end());
+    run->corpus_val = run->corpus_train;
+    ranks_setup(run);
+    std::vector<uint64_t> sums((size_t)steps * D * P);
+    *out = GridResult();
+    out->params_full.assign(init.size(), 0.0f);
+    out->detected.assign(D * P, -1);
+    auto body = [&](int d, int r) {
+        RankRun rr;
+        rank_run_start(&rr, run, d, r);
+        if (g_device == DEV_CUDA) cuda_set_tf32(&rr.rk.cuda, g_tf32);
+        for (int s = 0; s < steps; s++) {
+            StepStats st = train_step(run, &rr, s);
+            sums[((size_t)s * D + d) * P + r] = gpt_checksum(&rr.m, &rr.rk);
+            if (rr.world.rank == 0) {
+                out->losses.push_back(st.loss);
+                out->tp_values = st.comm_values;
+                out->dp_values = st.dp_values;
+                out->moments = rr.m.nslice;
+            }
+        }
+        if (d == 0) gpt_gather(&rr.m, &rr.rk, rr.m.params_mem, out->params_full.data());
+        if (perturb) {
+            if (d == D - 1 && r == 0) rr.m.params_mem[0] = nextafterf(rr.m.params_mem[0], INFINITY);
+            uint64_t sum0;
+            out->detected[d * P + r] = replicas_differ(run, &rr, &sum0);
+        }
+        rank_run_end(&rr);
+    };
+    std::vector<std::thread> th;
+    for (int d = 0; d < D; d++)
+        for (int r = 0; r < P; r++) th.emplace_back(body, d, r);
+    for (auto& t : th) t.join();
+    ranks_teardown(run);
+    delete run;
+    std::set<uint64_t> seen;
+    for (int s = 0; s < steps; s++) {
+        seen.insert(sums[(size_t)s * D * P]);
+        for (int d = 0; d < D; d++)
+            for (int r = 0; r < P; r++) {
+                out->mismatches += sums[((size_t)s * D + d) * P + r] != sums[(size_t)s * D * P + r];
+                out->compared++;
+            }
+    }
+    out->distinct = (long)seen.size();
+}
+
+static double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size() || a.empty()) return INFINITY;
+    double w = 0;
+    for (size_t i = 0; i < a.size(); i++) w = std::max(w, (double)fabs(a[i] - b[i]));
+    return w;
+}
+
+static void test_dp() {
+    GPTConfig cfg = make_config(2, 4, 32, 200, 32);  // NH 4, Vp 256
+    int B = 2, T = 16, steps = 10;
+    printf("data parallelism in one process: L%d NH%d C%d, T%d, %d steps (lr 1e-3, wd 0.1, clip 1), in-order batches\n",
+           cfg.L, cfg.NH, cfg.C, T, steps);
+    std::vector<float> init = init_weights(&cfg, 7);
+    std::vector<int> data = random_tokens((long)steps * 8 * B * T + 1, cfg.V, 99);
+    std::map<int, GridResult> one;  // one rank with -b n
+    auto reference = [&](int b) -> GridResult& {
+        if (!one.count(b)) run_grid(&cfg, init, 1, 1, 0, 1, steps, data, b, T, &one[b]);
+        return one[b];
+    };
+    struct { int P, D, zero, accum; } grids[] = {{1, 2, 0, 1}, {2, 2, 0, 1}, {1, 4, 0, 1}, {1, 2, 0, 2}, {2, 2, 1, 1}, {1, 4, 1, 1}};
+    for (auto& g : grids) {
+        int big = B * g.D * g.accum;
+        GridResult& ref = reference(big);
+        GridResult res;
+        run_grid(&cfg, init, g.P, g.D, g.zero, g.accum, steps, data, B, T, &res);
+        char name[96];
+        snprintf(name, sizeof(name), "(P %d, D %d%s%s) x -b %d", g.P, g.D, g.accum > 1 ? ", 2 micro-steps" : "", g.zero ? ", -z 1" : "", B);
+        check_le(max_abs_diff(res.losses, ref.losses), 1e-5, "%-34s against one rank with -b %d: per-step losses, largest difference", name, big);
+        check_le(rel_err(res.params_full.data(), ref.params_full.data(), (long)ref.params_full.size()), 1e-5,
+                 "%-34s against one rank with -b %d: weights after %d steps, rel err", name, big, steps);
+        check_le(res.mismatches, 0, "%-34s weight checksums differing from replica 0's after every step (%ld compared, %ld distinct over the steps)",
+                 name, res.compared, res.distinct);
+        check(res.distinct == steps, "%-34s the weights change at every step (%ld distinct checksums in %d steps)", name, res.distinct, steps);
+        double dp_expect = dp_floats_per_step(&cfg, g.P, g.D, g.zero), tp_expect = tp_floats_per_step(&cfg, B, T, g.accum);
+        check_le(fabs(res.dp_values - dp_expect) + fabs(res.tp_values - tp_expect), 0,
+                 "%-34s floats moved per step: DP %.0f (formula %.0f), TP %.0f (formula %.0f): difference", name, res.dp_values, dp_expect,
+                 res.tp_values, tp_expect);
+        if (g.zero) {
+            GridResult z0;
+            run_grid(&cfg, init, g.P, g.D, 0, 1, steps, data, B, T, &z0);
+            check_le(max_abs_diff(res.losses, z0.losses), 1e-6, "%-34s against -z 0: per-step losses, largest difference", name);
+            check_le(rel_err(res.params_full.data(), z0.params_full.data(), (long)z0.params_full.size()), 1e-6,
+                     "%-34s against -z 0: weights after %d steps, rel err", name, steps);
+            long shard = z0.moments;  // -z 0: m covers the rank's whole shard
+            check(res.moments * g.D >= shard && res.moments * g.D < shard + 32L * g.D,
+                  "%-34s AdamW's m holds %ld floats per rank, 1/%d of the shard's %ld (padded to 32 per replica)", name, res.moments, g.D, shard);
+        }
+    }
+    // the check can fail: one weight of one replica one ulp off is seen by every rank
+    GridResult res;
+    run_grid(&cfg, init, 2, 2, 0, 1, 2, data, B, T, &res, true);
+    bool all = true;
+    for (int x : res.detected) all &= x == 1;
+    check(all, "one weight of replica 1 moved by one ulp: replicas_differ reports 1 differing rank on all %zu ranks", res.detected.size());
+}
+
+// resume at another grid from the CLI: the same global batch, another P, D, ZeRO stage or -d
+static void test_dp_resume() {
+    printf("resume across grids: bit-identical on the same grid, within 1e-5 on another with the same global batch\n");
+    std::string d = tmpdir() + "/dpresume";
+    mkdir(d.c_str(), 0755);
+    std::string base = "-e L2C64H4 -t 32 -x 20 -v 0 -g 0 --threads 1 -c 0.1 ";
+    std::string first = "--tp 2 --dp 2 -b 2 -z 1 ";
+    int rc = run_cmd(base + first + "-n 10 -o " + d + "/a", nullptr, nullptr);
+    std::vector<float> ref = model_params(ckpt_path((d + "/a").c_str(), "model", 20));
+    check(rc == 0 && !ref.empty(), "--tp 2 --dp 2 -b 2 -z 1 saves steps 10 and 20 (exit %d)", rc);
+    struct { const char* name; std::string grid; } again[] = {
+        {"the same grid", first},
+        {"--tp 1 --dp 1 -b 4 -z 0", "--tp 1 -b 4 "},
+        {"--tp 4 --dp 1 -b 2 -d 128 (2 micro-steps)", "--tp 4 -b 2 -d 128 "},
+        {"--tp 1 --dp 4 -b 1 -z 1", "--tp 1 --dp 4 -b 1 -z 1 "},
+    };
+    for (int i = 0; i < 4; i++) {
+        std::string dir = d + "/r" + std::to_string(i);
+        copy_step(d + "/a", dir, 10);
+        std::string out, err;
+        rc = run_cmd(base + again[i].grid + "-y 1 -o " + dir, &out, &err);
+        std::vector<float> got = model_params(ckpt_path(dir.c_str(), "model", 20));
+        bool resumed = rc == 0 && out.find("resuming from") != std::string::npos && got.size() == ref.size();
+        if (i == 0) check(resumed && got == ref, "saved at --tp 2 --dp 2 -z 1, resumed on %s from step 10: the step-20 weights are bit-identical", again[i].name);
+        else check_le(resumed ? rel_err(got.data(), ref.data(), (long)ref.size()) : INFINITY, 1e-5,
+                      "saved at --tp 2 --dp 2 -z 1, resumed at %s from step 10: step-20 weights rel err%s%s", again[i].name,
+                      err.empty() ? "" : ": ", err.c_str());
+    }
+    std::string err;
+    rc = run_cmd(base + "--tp 2 --dp 2 -b 1 -y 1 -o " + d + "/a -x 30", nullptr, &err);
+    check(rc == 1 && err.find("same batch shape") != std::string::npos, "resume with another global batch: %s", strtok(&err[0], "\n"));
+}
+
+// the command line: --dp against -b, shuffled (the permutation shared by the replicas), val included
+static void test_dp_cli() {
+    printf("command line: --dp D -b B prints the losses of -b D*B, shuffled batches and val included\n");
+    std::string base = "-e L2C64H4 -t 32 -x 8 -v 4 -m 2 -g 0 --threads 1 -c 0.1 --shuffle 1 ";
+    std::string out1, out2;
+    int rc1 = run_cmd(base + "--tp 1 -b 4", &out1, nullptr), rc2 = run_cmd(base + "--tp 2 --dp 2 -b 2", &out2, nullptr);
+    std::vector<float> a = grep_floats(out1, "| loss "), b = grep_floats(out2, "| loss ");
+    std::vector<float> va = grep_floats(out1, "val loss "), vb = grep_floats(out2, "val loss ");
+    a.insert(a.end(), va.begin(), va.end());
+    b.insert(b.end(), vb.begin(), vb.end());
+    check_le(rc1 == 0 && rc2 == 0 && a.size() == 11 ? max_abs_diff(a, b) : INFINITY, 1e-5,
+             "--tp 2 --dp 2 -b 2 against --tp 1 -b 4 (shuffled): 8 step and 3 val losses, largest printed difference");
+    check(out2.find("2 replicas bit-identical") != std::string::npos && out2.find("| dp ") != std::string::npos,
+          "the val lines confirm the replicas' weights, the step lines show the DP collectives");
+}
+
 #include "dev/test_gpu.cuh"
+// ----------------------------------------------------------------------------
+// data parallelism across processes: ./tp under mpirun (Open MPI), on the CPU
+
+// the launcher of an n-process job on this machine (test_mpi sets Open MPI's allow-run-as-root variables, as
+// root needs them); oversubscription lets 2 cores run more processes; `timeout` stops a hung job
+static std::string mpirun(int n) {
+    return "timeout 120 mpirun -np " + std::to_string(n) + " --oversubscribe";
+}
+
+static int count_lines_with(const std::string& text, const char* what) {
+    int n = 0;
+    for (size_t pos = 0; (pos = text.find(what, pos)) != std::string::npos; pos++) n++;
+    return n;
+}
+
+// waits up to `seconds` for child pid; returns its wait status, or -1 (then it is still running)
+static int wait_child(pid_t pid, double seconds) {
+    double t0 = now_s();
+    int status = 0;
+    while (now_s() - t0 < seconds) {
+        if (waitpid(pid, &status, WNOHANG) == pid) return status;
+        usleep(20000);
+    }
+    return -1;
+}
+
+// the pid of process p from the grid line "process p (host, pid N)"
+static int grid_pid(const std::string& out, int p) {
+    std::string key = "process " + std::to_string(p) + " (";
+    size_t at = out.find(key);
+    if (at == std::string::npos) return -1;
+    at = out.find("pid ", at);
+    return at == std::string::npos ? -1 : atoi(out.c_str() + at + 4);
+}
+
+// A job of two processes where process 1 is killed (SIGKILL: it died) or stopped (SIGSTOP: it stopped
+// issuing collectives) after a few steps: the job must end non-zero within the timeout, saying so.
+static void expect_job_ends(int sig, std::vector<const char*> expect) {
+    std::string d = tmpdir() + "/mpikill";
+    mkdir(d.c_str(), 0755);
+    std::string out = d + (sig == SIGKILL ? "/kill.txt" : "/stop.txt");
+    double timeout = 3;
+    pid_t job = fork();
+    if (job == 0) {
+        std::string cmd = "exec " + mpirun(2) + " " + tp_bin() + " -e L2C64H4 -b 2 -t 32 -x 1000000 -v 0 -g 0 --threads 1 --timeout 3 >" +
+                          out + " 2>" + out + ".err </dev/null";
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+        _exit(127);
+    }
+    bool started = wait_for_text(out, "step    5/", 60);
+    std::vector<char> o = slurp_bytes(out);
+    int victim = grid_pid(std::string(o.begin(), o.end()), 1);
+    double t0 = now_s();
+    if (started && victim > 0) kill(victim, sig);
+    int status = wait_child(job, timeout + 20);
+    double took = now_s() - t0;
+    if (status == -1) {  // still running: the test fails, and ends what it started
+        kill(job, SIGKILL);
+        waitpid(job, &status, 0);
+    }
+    if (victim > 0) kill(victim, SIGKILL);  // a stopped process that mpirun did not end
+    std::vector<char> e = slurp_bytes(out + ".err");
+    std::string err(e.begin(), e.end());
+    size_t at = std::string::npos;
+    for (const char* e : expect) at = std::min(at, err.find(e));
+    std::string line = at == std::string::npos ? err.substr(0, err.find('\n')) : err.substr(err.rfind('\n', at) + 1);
+    line = line.substr(0, line.find('\n'));
+    bool ok = started && victim > 0 && status != -1 && WIFEXITED(status) && WEXITSTATUS(status) != 0 && at != std::string::npos;
+    check(ok && took <= timeout + 10, "process 1 %s after 5 steps: the job ends with exit status %d after %.1f s (--timeout %g): %s",
+          sig == SIGKILL ? "killed (SIGKILL)" : "stopped (SIGSTOP)", status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1, took,
+          timeout, line.c_str());
+}
+
+static void test_mpi() {
+#ifndef TP_MPI
+    printf("mpirun: this build has no MPI (make MPI=0, or no mpicxx): a job of several processes stops with one line\n");
+    // the variables Open MPI's launcher gives its processes, without the launcher
+    std::string err;
+    int rc = run_in("OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0", "-x 1", nullptr, &err);
+    check(rc == 1 && count_lines_with(err, "error: ") == 1 && err.find("built without MPI") != std::string::npos,
+          "process 0 of 2: exit %d, %d error line: %s", rc, count_lines_with(err, "error: "), err.substr(0, err.find('\n')).c_str());
+    rc = run_in("OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1", "-x 1", nullptr, &err);
+    check(rc == 1 && err.empty(), "process 1 of 2: exit %d, silent (process 0 says why)", rc);
+    if (system("command -v mpirun >/dev/null 2>&1") == 0) {
+        rc = run_in(mpirun(2), "-x 1", nullptr, &err);
+        check(rc != 0 && count_lines_with(err, "error: ") == 1 && err.find("built without MPI") != std::string::npos,
+              "mpirun -np 2 ./tp: exit %d, %d error line", rc, count_lines_with(err, "error: "));
+    }
+    printf("  skip the tests of jobs of several processes: this build has no MPI\n");
+    g_skipped++;
+#else
+    if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+        printf("mpirun: skipped, tp has MPI but no mpirun is on the PATH (apt-get install openmpi-bin)\n");
+        g_skipped++;
+        return;
+    }
+    printf("mpirun: 2 processes on the CPU (MPI between them) against one process\n");
+    printf("  skip the refusal of a build without MPI: the make MPI=0 build tests it\n");
+    g_skipped++;
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    // the processes share this machine: Open MPI's shared-memory transport is all they need (its TCP
+    // transport also takes its own locks in an order ThreadSanitizer reports, inside Open MPI)
+    setenv("OMPI_MCA_btl", "self,vader", 1);
+    std::string base = "-e L2C64H4 -t 32 -x 10 -v 1 -m 1 -g 0 --threads 1 -c 0.1 --shuffle 0 ";
+    std::string ref_out;
+    int rc = run_cmd(base + "--tp 1 -b 4", &ref_out, nullptr);
+    std::vector<float> ref = grep_floats(ref_out, "| loss ");
+    check(rc == 0 && ref.size() == 10, "one process, -b 4: exit %d, %zu step losses", rc, ref.size());
+    // the same global batch of 4 sequences on 2 processes: with and without --tp 2, with local replicas,
+    // with -d accumulation, with ZeRO-1
+    struct { const char* what; std::string args; } jobs[] = {
+        {"2 processes x -b 2", "--tp 1 -b 2"},
+        {"2 processes x --tp 2 x -b 2", "--tp 2 -b 2"},
+        {"2 processes x --dp 2 x -b 1", "--tp 1 --dp 2 -b 1"},
+        {"2 processes x -b 1 -d 128 (2 micro-steps)", "--tp 1 -b 1 -d 128"},
+        {"2 processes x --tp 2 x -b 2 -z 1", "--tp 2 -b 2 -z 1"},
+    };
+    std::string out_dp;
+    for (auto& j : jobs) {
+        std::string out, err;
+        rc = run_in(mpirun(2), base + j.args, &out, &err);
+        std::vector<float> got = grep_floats(out, "| loss ");
+        int checked = count_lines_with(out, "2 replicas bit-identical") + count_lines_with(out, "4 replicas bit-identical");
+        check_le(rc == 0 ? max_abs_diff(got, ref) : INFINITY, 1e-5, "%-42s against one process -b 4: per-step losses over 10 steps "
+                 "(clip 1, wd 0.1), largest difference%s%s", j.what, err.empty() ? "" : ": ", err.substr(0, err.find('\n')).c_str());
+        check(checked == 11, "%-42s replicas' weight checksums agreed before every step and after the last (%d of 11 checks)", j.what, checked);
+        if (j.args == "--tp 1 -b 2") out_dp = out;
+    }
+    // one replica per process sums the gradients in the order of one process with 2 local replicas
+    std::string local;
+    rc = run_cmd(base + "--tp 1 --dp 2 -b 2", &local, nullptr);
+    auto last_sum = [](const std::string& o) {
+        size_t at = o.rfind("(checksum ");
+        return at == std::string::npos ? std::string("none") : o.substr(at + 1, 25);
+    };
+    check(rc == 0 && last_sum(local) == last_sum(out_dp) && grep_floats(local, "| loss ") == grep_floats(out_dp, "| loss "),
+          "2 processes x 1 replica and 1 process x --dp 2: the same losses and weights bit for bit (%s)", last_sum(local).c_str());
+    // resume across process counts
+    std::string d = tmpdir() + "/mpiresume";
+    mkdir(d.c_str(), 0755);
+    std::string rbase = "-e L2C64H4 -t 32 -x 10 -v 0 -g 0 --threads 1 -c 0.1 -b 2 ";
+    rc = run_in(mpirun(2), rbase + "--tp 2 -n 5 -o " + d + "/a", nullptr, nullptr);
+    std::vector<float> want = model_params(ckpt_path((d + "/a").c_str(), "model", 10));
+    check(rc == 0 && !want.empty(), "2 processes x --tp 2 save steps 5 and 10 (exit %d)", rc);
+    struct { const char* what; std::string launcher, grid; bool exact; } resumes[] = {
+        {"2 processes x --tp 2 (the same grid)", mpirun(2), "--tp 2", true},
+        {"1 process x --dp 2 --tp 2", "", "--tp 2 --dp 2", true},
+        {"1 process x --tp 1 -b 4", "", "--tp 1 -b 4", false},
+        {"2 processes x --dp 2 -b 1 -z 1", mpirun(2), "--tp 1 --dp 2 -b 1 -z 1", false},
+    };
+    for (int i = 0; i < 4; i++) {
+        std::string dir = d + "/r" + std::to_string(i), err;
+        copy_step(d + "/a", dir, 5);
+        rc = run_in(resumes[i].launcher, rbase + resumes[i].grid + " -y 1 -o " + dir, nullptr, &err);
+        std::vector<float> got = model_params(ckpt_path(dir.c_str(), "model", 10));
+        if (resumes[i].exact) check(rc == 0 && got == want, "saved by 2 processes at step 5, resumed on %s: step-10 weights bit-identical", resumes[i].what);
+        else check_le(rc == 0 && got.size() == want.size() ? rel_err(got.data(), want.data(), (long)want.size()) : INFINITY, 1e-5,
+                      "saved by 2 processes at step 5, resumed on %s: step-10 weights rel err%s%s", resumes[i].what, err.empty() ? "" : ": ",
+                      err.substr(0, err.find('\n')).c_str());
+    }
+    // a process that dies or stops issuing collectives
+    expect_job_ends(SIGKILL, {"for the other processes", "exited on signal 9"});  // tp's timeout, or mpirun saw it first
+    expect_job_ends(SIGSTOP, {"for the other processes"});
+    // processes that disagree on their collectives: -z 0 in one, -z 1 in the other (an MPMD job)
+    std::string err;
+    std::string cmd = mpirun(1) + " " + tp_bin() + " " + rbase + "-z 0 : -np 1 " + tp_bin() + " " + rbase + "-z 1 --timeout 20 >/dev/null 2>" + d + "/mm.txt";
+    rc = system(cmd.c_str());
+    std::vector<char> e = slurp_bytes(d + "/mm.txt");
+    err.assign(e.begin(), e.end());
+    check(rc != 0 && count_lines_with(err, "error: ") == 1 && err.find("collective mismatch between processes") != std::string::npos,
+          "-z 0 in process 0, -z 1 in process 1: %d error line: %s", count_lines_with(err, "error: "),
+          err.substr(err.find("error: ") == std::string::npos ? 0 : err.find("error: "), 150).c_str());
+    // bad input under mpirun: one error line, not one per process
+    struct { const char* what; std::string args; const char* expect; } bad[] = {
+        {"-d not a multiple of B x T x replicas", rbase + "-d 100", "is not a multiple"},
+        {"--tp that does not divide the heads", rbase + "--tp 3", "valid --tp values are 1, 2, 4"},
+        {"--sweep under mpirun", rbase + "--sweep 1", "start it without mpirun"},
+    };
+    for (auto& b : bad) {
+        rc = run_in(mpirun(2), b.args, nullptr, &err);
+        size_t at = err.find("error: ");
+        check(rc != 0 && count_lines_with(err, "error: ") == 1 && err.find(b.expect) != std::string::npos,
+              "%-38s exit %d, %d error line: %s", b.what, rc, count_lines_with(err, "error: "),
+              at == std::string::npos ? "" : err.substr(at, err.find('\n', at) - at).c_str());
+    }
+#endif
+}
+
 
 // ----------------------------------------------------------------------------
 // the embedded corpus, sampling, data preparation
@@ -904,7 +1307,7 @@ static void test_sampling() {
                 Rank rk;
                 rank_init(&rk, g, r, DEV_CPU, 0, 1);
                 GPT m;
-                gpt_build(&m, &rk, &cfg, init.data());
+                gpt_build(&m, &rk, &cfg, init.data(), 0);
                 std::vector<int> out = generate(&m, &rk, prompt, 40, 32, 1.0f, 0, 5);
                 std::vector<int> top = generate(&m, &rk, prompt, 20, 32, 1.0f, 8, 6);
                 out.insert(out.end(), top.begin(), top.end());
@@ -978,23 +1381,40 @@ static void test_logs() {
         std::string dir = d + std::to_string(P);
         int rc = run_cmd("-e L2C64H4 -b 4 -t 32 -x 7 -v 3 -g 0 --threads 1 --tp " + std::to_string(P) + " -o " + dir, nullptr, nullptr);
         auto rows = read_csv(dir + "/log.csv");
-        std::vector<std::string> header = {"step", "loss", "val_loss", "lr", "ms", "tok_per_s", "comm_ms", "comm_bytes"};
+        std::vector<std::string> header = {"step", "loss", "val_loss", "lr", "ms", "tok_per_s", "comm_ms", "comm_bytes", "dp_ms", "dp_bytes"};
         bool ok = rc == 0 && rows.size() == 8 && rows[0] == header;
         double expect = 4.0 * ((4.0 * L + 2) * B * T * C + 3.0 * B * T + 1);
         for (size_t i = 1; ok && i < rows.size(); i++) {
-            ok = rows[i].size() == 8 && atoi(rows[i][0].c_str()) == (int)i && atof(rows[i][6].c_str()) >= 0 &&
-                 atof(rows[i][7].c_str()) == expect;
+            ok = rows[i].size() == 10 && atoi(rows[i][0].c_str()) == (int)i && atof(rows[i][6].c_str()) >= 0 &&
+                 atof(rows[i][7].c_str()) == expect && atof(rows[i][9].c_str()) == 0;
             bool has_val = (i - 1) % 3 == 0 || i == 7;  // before steps 0, 3, 6 (0-based) = rows 1, 4, 7
             ok = ok && rows[i][2].empty() != has_val;
         }
-        check(ok, "--tp %d: log.csv has the 8 documented columns and 7 rows; every step moved %.0f bytes = 4 x ((4L+2)BTC + 3BT + 1)", P, expect);
+        check(ok, "--tp %d: log.csv has the 10 documented columns and 7 rows; every step moved %.0f bytes = 4 x ((4L+2)BTC + 3BT + 1), 0 over DP", P, expect);
     }
     std::string out;
     int rc = run_cmd("-e L2C64H4 -b 4 -t 32 --sweep 1 --sweep-steps 3 --threads 1 -o " + d + "sweep", &out, nullptr);
     auto rows = read_csv(d + "sweep/sweep.csv");
-    bool ok = rc == 0 && rows.size() == 4 && rows[1][0] == "1" && rows[2][0] == "2" && rows[3][0] == "4" &&
-              out.find("speedup") != std::string::npos;
-    check(ok, "--sweep 1: a table and sweep.csv with a row for each valid P (1, 2, 4)");
+    // every valid P alone, and every (P, D) with D >= 2 and P x D up to the cores
+    int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::pair<int, int>> want = {{1, 1}, {2, 1}, {4, 1}};
+    for (int D = 2; D <= cores; D++)
+        for (int P : {1, 2, 4})
+            if (P * D <= cores) want.push_back({P, D});
+    std::vector<std::pair<int, int>> got;
+    GPTConfig c = make_config(2, 4, 64, 256, 1024);
+    double bytes_off = 0;  // the TP and DP megabytes per step against the formulas
+    for (size_t i = 1; i < rows.size(); i++) {
+        if (rows[i].size() != 12) break;
+        int P = atoi(rows[i][0].c_str()), D = atoi(rows[i][1].c_str());
+        got.push_back({P, D});
+        bytes_off = std::max(bytes_off, fabs(atof(rows[i][9].c_str()) - tp_floats_per_step(&c, 4, 32, 1) * 4 / 1e6));
+        bytes_off = std::max(bytes_off, fabs(atof(rows[i][10].c_str()) - dp_floats_per_step(&c, P, D, 0) * 4 / 1e6));
+    }
+    check(rc == 0 && got == want && out.find("speedup") != std::string::npos,
+          "--sweep 1: a table and sweep.csv with a row for each valid P and each (P, D) with P x D <= %d cores (%zu rows of %zu)", cores,
+          got.size(), want.size());
+    check_le(got.empty() ? INFINITY : bytes_off, 1e-4, "--sweep 1: TP and DP MB per step against (4L+2)BTC + 3BT + 1 and the shard's gradient, largest difference");
     if (system("python3 -c 'import matplotlib' 2>/dev/null") != 0) {
         printf("  skip plot: matplotlib is not installed (pip install matplotlib); CI installs it\n");
         return;
@@ -1047,6 +1467,10 @@ static const TestGroup g_groups[] = {
     {"resume", test_resume, "resume at the same and another P, --keep, refusals, NaN stop"},
     {"interrupts", test_interrupts, "Ctrl-C saves and exits 0; kill -9 leaves a checkpoint that resumes"},
     {"hangs", test_hangs, "a mismatched or skipped collective is reported, not hung"},
+    {"dp", test_dp, "data parallelism in one process: (P, D), -d, -z 1 against one rank; replicas bit-identical"},
+    {"dp_resume", test_dp_resume, "resume on the same grid (bit-identical) and at another P, D, -d or -z"},
+    {"dp_cli", test_dp_cli, "--dp D -b B against -b D*B from the command line, shuffled"},
+    {"mpi", test_mpi, "2 processes under mpirun against 1: losses, replicas, resume, kill, stop, mismatch, bad input"},
     {"corpus", test_corpus, "the embedded corpus: deterministic, exact entropy"},
     {"sampling", test_sampling, "the same samples at TP = 1, 2, 4"},
     {"prepare", test_prepare, "data/prepare.py and training on its output"},

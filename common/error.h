@@ -6,15 +6,28 @@
 // Ranks are threads of one process running the same code on the same data, so several of them can
 // fail at the same moment with the same error. fatal_begin lets the first one through and parks the
 // others until the first ends the process: the user reads one error, not P copies of it.
+//
+// Under mpirun the same holds for processes: they run the same code on the same flags and data, so a
+// bad flag fails in all of them at once. Process 0 reports at once; its exit ends the job (mpirun stops
+// the others, first with SIGTERM). Every other process waits a moment first and reports only if the job
+// is still running then: its error is its own (a data file missing on its machine, a collective that
+// timed out). The line names the process when there are several.
 #pragma once
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <unistd.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+// this process's index and the number of processes of the job (comm_procs_start sets them under mpirun)
+static int g_fatal_proc = 0, g_fatal_nproc = 1;
+// the last SIGINT or SIGTERM received (tp.cu's handler sets it): a process that is failing and gets one
+// is being stopped by mpirun because another process failed first and said why
+static std::atomic<int> g_signal{0};
 
 // The first caller returns (with stdout flushed, so the error follows what was already printed);
 // every later caller waits here until the first one ends the process.
@@ -22,7 +35,21 @@ static void fatal_begin() {
     static std::atomic<int> failing{0};
     if (failing.exchange(1) != 0)
         for (;;) pause();
+    if (g_fatal_nproc > 1 && g_fatal_proc != 0) {
+        // 4 s: mpirun's SIGTERM, then SIGKILL, reach a process within about 2 s of another one's exit
+        for (int i = 0; i < 400; i++) {
+            if (g_signal.load() != 0) _Exit(1);  // the job is being ended: process 0 has reported
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, nullptr);
+        }
+    }
     fflush(stdout);
+}
+
+// "error: " and, with several processes, "process p of N: ", the start of every error line
+static void fatal_prefix() {
+    fprintf(stderr, "error: ");
+    if (g_fatal_nproc > 1) fprintf(stderr, "process %d of %d: ", g_fatal_proc, g_fatal_nproc);
 }
 
 [[noreturn]] static void fatal_end() {
@@ -36,7 +63,7 @@ static void fatal(const char* fmt, ...) {
     fatal_begin();
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "error: ");
+    fatal_prefix();
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
@@ -85,3 +112,17 @@ static void fatal(const char* fmt, ...) {
             fatal_call((rank), #call, m_, __FILE__, __LINE__);                                       \
         }                                                                                            \
     } while (0)
+
+#ifdef TP_MPI
+// an MPI call (MPI_ERRORS_RETURN is set, so failures come back here), with MPI's own text for the error
+#define MPI_CHECK(call)                                                                              \
+    do {                                                                                             \
+        int mr_ = (call);                                                                            \
+        if (mr_ != MPI_SUCCESS) {                                                                    \
+            char m_[MPI_MAX_ERROR_STRING];                                                           \
+            int len_ = 0;                                                                            \
+            MPI_Error_string(mr_, m_, &len_);                                                        \
+            fatal("%s failed: %s (%s:%d)", #call, m_, __FILE__, __LINE__);                           \
+        }                                                                                            \
+    } while (0)
+#endif

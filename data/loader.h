@@ -5,6 +5,12 @@
 // The loader yields batches as llm.c's does: sample s of a shard is the B*T+1 tokens starting at token
 // s*B*T; inputs are the first B*T, targets the same shifted by one. In order, or shuffled: each epoch
 // permutes the shards and each shard its samples (Fisher-Yates with MT19937 seeded 42, as llm.c).
+//
+// Data parallelism and gradient accumulation: a sample is then one optimizer step's global batch, G =
+// replicas x micro-steps blocks of B*T tokens, and micro-batch k of replica g reads block k*replicas + g,
+// as llm.c's loader does with its process rank and count. So the replicas together read, in order, the
+// sequences one rank with -b G*B reads, shuffled or not (every replica draws the same permutation of the
+// global batches), and any grid with the same global batch reads the same tokens at every step.
 #pragma once
 #include <algorithm>
 #include <cerrno>
@@ -27,13 +33,16 @@ struct TokenShard {
 struct DataLoader {
     const char* what;  // "train" or "val", for messages
     int B, T, V;
+    int replicas, replica;  // data parallelism: this loader serves replica `replica` of `replicas`
+    int micro_steps;        // micro-batches per sample (gradient accumulation)
+    int micro;              // the next micro-batch of the current sample
     bool shuffle;
     std::vector<TokenShard> shards;
     const std::vector<uint16_t>* mem;  // an in-memory shard (the embedded corpus) instead of files
     std::vector<int> shard_order;
     std::vector<long> sample_order;
     int shard_pos;   // index into shard_order
-    long sample_pos; // index into the current shard's samples
+    long sample_pos; // index into the current shard's samples (global batches)
     long nsamples;   // samples in the current shard
     std::mt19937 rng;
     FILE* f;
@@ -59,14 +68,19 @@ static long token_file_check(const char* path, const char* what, long need) {
         fatal("%s data %s is %ld bytes but its header promises %ld tokens (%ld bytes): the file is truncated or corrupt",
               what, path, (long)st.st_size, ntok, 1024 + 2 * ntok);
     if (ntok < need)
-        fatal("%s data %s has %ld tokens, fewer than one batch needs (B*T+1 = %ld): use a smaller -b or -t", what, path, ntok, need);
+        fatal("%s data %s has %ld tokens, fewer than one batch needs (B*T x replicas x micro-steps + 1 = %ld): use a smaller "
+              "-b, -t, --dp or -d", what, path, ntok, need);
     return ntok;
 }
 
+// tokens per sample: the global batch
+static long loader_sample_tokens(const DataLoader* d) { return (long)d->B * d->T * d->replicas * d->micro_steps; }
+
 static void loader_load_shard(DataLoader* d) {
     long ntok = d->mem ? (long)d->mem->size() : d->shards[d->shard_order[d->shard_pos]].ntok;
-    d->nsamples = (ntok - 1) / ((long)d->B * d->T);
+    d->nsamples = (ntok - 1) / loader_sample_tokens(d);
     d->sample_pos = 0;
+    d->micro = 0;
     if (d->f) { fclose(d->f); d->f = nullptr; }
     if (!d->mem) {
         const char* path = d->shards[d->shard_order[d->shard_pos]].path.c_str();
@@ -90,20 +104,26 @@ static void loader_reset(DataLoader* d) {
 }
 
 // pattern: a token file or a glob of shards. mem: tokens to serve from memory instead (pattern unused).
+// replicas, replica, micro_steps: the data-parallel replica served and the micro-batches per step (1, 0, 1:
+// one rank reading every batch).
 static void loader_init(DataLoader* d, const char* what, const char* pattern, const std::vector<uint16_t>* mem,
-                        int B, int T, int V, bool shuffle) {
+                        int B, int T, int V, bool shuffle, int replicas, int replica, int micro_steps) {
     *d = DataLoader();
     d->what = what;
     d->B = B;
     d->T = T;
     d->V = V;
+    d->replicas = replicas;
+    d->replica = replica;
+    d->micro_steps = micro_steps;
     d->shuffle = shuffle;
     d->f = nullptr;
     d->rng.seed(42);
-    long need = (long)B * T + 1;
+    long need = loader_sample_tokens(d) + 1;
     if (mem) {
         if ((long)mem->size() < need)
-            fatal("the %s split has %zu tokens, fewer than one batch needs (B*T+1 = %ld): use a smaller -b or -t", what, mem->size(), need);
+            fatal("the %s split has %zu tokens, fewer than one batch needs (B*T x replicas x micro-steps + 1 = %ld): use a "
+                  "smaller -b, -t, --dp or -d", what, mem->size(), need);
         d->mem = mem;
         d->shard_order = {0};
     } else {
@@ -120,7 +140,7 @@ static void loader_init(DataLoader* d, const char* what, const char* pattern, co
         }
         globfree(&g);
     }
-    d->buf.resize(need);
+    d->buf.resize((long)B * T + 1);
     d->inputs.resize((long)B * T);
     d->targets.resize((long)B * T);
     loader_reset(d);
@@ -131,15 +151,19 @@ static void loader_free(DataLoader* d) {
     d->f = nullptr;
 }
 
-// the next batch into d->inputs and d->targets
+// the next batch (this replica's next micro-batch) into d->inputs and d->targets
 static void loader_next(DataLoader* d) {
-    if (d->sample_pos >= d->nsamples) {
+    if (d->micro == 0 && d->sample_pos >= d->nsamples) {
         if (d->shard_pos + 1 >= (int)d->shard_order.size()) loader_reset(d);  // end of the epoch
         else { d->shard_pos++; loader_load_shard(d); }
     }
     long s = d->shuffle ? d->sample_order[d->sample_pos] : d->sample_pos;
-    d->sample_pos++;
-    long n = (long)d->B * d->T + 1, start = s * (long)d->B * d->T;
+    long block = (long)d->micro * d->replicas + d->replica;
+    if (++d->micro == d->micro_steps) {
+        d->micro = 0;
+        d->sample_pos++;
+    }
+    long n = (long)d->B * d->T + 1, start = s * loader_sample_tokens(d) + block * d->B * d->T;
     if (d->mem) memcpy(d->buf.data(), d->mem->data() + start, n * sizeof(uint16_t));
     else {
         if (fseek(d->f, 1024 + start * 2, SEEK_SET) != 0 || (long)fread(d->buf.data(), 2, n, d->f) != n)

@@ -52,20 +52,20 @@ def plot_loss(plt, path, out, floor):
 
 def plot_sweep(plt, path, out):
     rows = read_csv(path, ["P", "tok_per_s", "comm_share", "mb_per_rank"])
-    P = [int(r["P"]) for r in rows]
+    # a grid of P tensor-parallel ranks x D replicas is labelled "P x D" (sweeps before --dp had P only)
+    labels = [r["P"] + (" x " + r["D"] if "D" in r else "") for r in rows]
     tps = [float(r["tok_per_s"]) for r in rows]
-    comm = [100 * float(r["comm_share"]) for r in rows]
+    comm = [100 * (float(r["comm_share"]) + float(r.get("dp_share") or 0)) for r in rows]
     mb = [float(r["mb_per_rank"]) for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
-    labels = [str(p) for p in P]
     axes[0].bar(labels, tps, color="tab:blue")
     axes[0].set_title("tokens / s")
     axes[1].bar(labels, comm, color="tab:orange")
-    axes[1].set_title("time in collectives (%)")
+    axes[1].set_title("time in collectives, TP + DP (%)")
     axes[2].bar(labels, mb, color="tab:green")
     axes[2].set_title("memory per rank (MB)")
     for ax in axes:
-        ax.set_xlabel("tensor-parallel ranks P")
+        ax.set_xlabel("TP ranks P x replicas D" if "D" in rows[0] else "tensor-parallel ranks P")
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -599,6 +599,20 @@ static void gpu_training_tests(int ndev) {
         check_le(pe, 1e-5, "GPU TP=%d (%s) vs GPU TP=1: weights after %d steps rel err", P, how, steps);
         check_le(mism, 0, "GPU TP=%d (%s): replicated tensors differing across ranks", P, how);
     }
+    // data parallelism on the GPU: replicas through shared GPU memory (one GPU) or NCCL (one GPU per rank)
+    for (int P : {1, 2}) {
+        int D = 2;
+        GridResult one, grid;
+        run_grid(&cfg, init, 1, 1, 0, 1, steps, data, 2 * B, T, &one);
+        run_grid(&cfg, init, P, D, P - 1, 1, steps, data, B, T, &grid);
+        const char* how = P * D <= ndev ? "NCCL" : "shared GPU memory";
+        check_le(max_abs_diff(grid.losses, one.losses), 1e-5, "GPU (P %d, D %d, -z %d, %s) vs GPU -b %d: losses over %d steps, largest difference",
+                 P, D, P - 1, how, 2 * B, steps);
+        check_le(rel_err(grid.params_full.data(), one.params_full.data(), (long)one.params_full.size()), 1e-5,
+                 "GPU (P %d, D %d, -z %d, %s) vs GPU -b %d: weights after %d steps rel err", P, D, P - 1, how, 2 * B, steps);
+        check_le(grid.mismatches, 0, "GPU (P %d, D %d, -z %d, %s): weight checksums differing from replica 0's (%ld compared)", P, D, P - 1,
+                 how, grid.compared);
+    }
     g_device = DEV_CPU;
     g_tf32 = true;
 }

@@ -5,7 +5,12 @@
 //                           20240326, version 3, maxT, V, L, NH, C, Vp; then the 16 tensors, full and
 //                           unsharded, in llm.c's order), so llm.c and any TP degree can read it;
 //   DIR/state_NNNNNNNN.bin  what an exact resume needs besides the weights: the step, AdamW's t, m and
-//                           v as full tensors, and the train loader's position and random state.
+//                           v as full tensors (ZeRO-1's slices gathered), the train loader's position
+//                           (in global batches) and random state, and the grid that wrote it.
+// One rank writes (rank 0 of the world: process 0, replica 0, TP rank 0). The files hold no trace of the
+// grid in their tensors, so a run resumes at another TP degree, replica count, process count or ZeRO
+// stage, as long as the global batch (sequences per step) and T are the same: then every step reads the
+// same tokens. Nothing changed, nothing changes: the resumed run is bit-identical.
 // Both are written to a temporary name, fsynced and renamed, the state last: a step counts as saved
 // only when its state file exists, and a crash never leaves half a checkpoint in place of a good one.
 #pragma once
@@ -97,11 +102,14 @@ static int model_write(const char* path, const GPTConfig* c, const float* full) 
 // state files, the checkpoints of a directory, resume
 
 #define STATE_MAGIC 20261130
+// version 1 ends at rng_bytes (one replica, no accumulation); version 2 adds the grid
 struct StateHeader {
     int64_t magic, version, step, adam_t, nparams, P;
     int64_t maxT, V, Vp, L, NH, C, B, T;
     int64_t shard_pos, sample_pos, nshards, nsamples, rng_bytes;
+    int64_t replicas, procs, micro_steps, zero;  // the grid: replicas (all processes), processes, -d's micro-steps, -z
 };
+#define STATE_HEADER_V1 (19 * sizeof(int64_t))
 
 // what a resume restores besides the weights
 struct TrainState {
@@ -162,8 +170,14 @@ static void state_read(const char* dir, int step, long nparams, TrainState* s) {
     FILE* f = fopen(path.c_str(), "rb");
     if (!f) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
     StateHeader* h = &s->h;
-    read_all(f, h, sizeof(*h), path.c_str());
-    if (h->magic != STATE_MAGIC || h->version != 1) fatal("%s is not a tp state file (magic %lld)", path.c_str(), (long long)h->magic);
+    read_all(f, h, STATE_HEADER_V1, path.c_str());
+    if (h->magic != STATE_MAGIC || h->version < 1 || h->version > 2) fatal("%s is not a tp state file (magic %lld)", path.c_str(), (long long)h->magic);
+    if (h->version == 1) {
+        h->replicas = h->procs = h->micro_steps = 1;
+        h->zero = 0;
+    } else {
+        read_all(f, (char*)h + STATE_HEADER_V1, sizeof(*h) - STATE_HEADER_V1, path.c_str());
+    }
     if (h->nparams != nparams) fatal("state file %s does not match its model file", path.c_str());
     if (h->nshards < 0 || h->nsamples < 0 || h->rng_bytes < 0 || h->rng_bytes > 1 << 20)
         fatal("state file %s is corrupt", path.c_str());
@@ -180,11 +194,30 @@ static void state_read(const char* dir, int step, long nparams, TrainState* s) {
     fclose(f);
 }
 
-// Puts the train loader where the state says it was.
+// Process 0 read the state; every other process of an mpirun job receives it.
+static void state_bcast(TrainState* s, double timeout_s) {
+    comm_procs_bcast(&s->h, sizeof(s->h), timeout_s);
+    s->m.resize(s->h.nparams);
+    s->v.resize(s->h.nparams);
+    s->shard_order.resize(s->h.nshards);
+    s->sample_order.resize(s->h.nsamples);
+    s->rng.resize(s->h.rng_bytes);
+    comm_procs_bcast(s->m.data(), s->m.size() * sizeof(float), timeout_s);
+    comm_procs_bcast(s->v.data(), s->v.size() * sizeof(float), timeout_s);
+    comm_procs_bcast(s->shard_order.data(), s->shard_order.size() * sizeof(int), timeout_s);
+    comm_procs_bcast(s->sample_order.data(), s->sample_order.size() * sizeof(long), timeout_s);
+    comm_procs_bcast(&s->rng[0], s->rng.size(), timeout_s);
+}
+
+// Puts the train loader where the state says it was. The position counts global batches, so any grid with
+// the same global batch (B x replicas x micro-steps sequences of T) continues on the same tokens.
 static void loader_restore(DataLoader* d, const TrainState* s) {
     const StateHeader* h = &s->h;
-    if (h->B != d->B || h->T != d->T)
-        fatal("the checkpoint was trained with -b %lld -t %lld: resume with the same batch shape", (long long)h->B, (long long)h->T);
+    long was = (long)(h->B * h->replicas * h->micro_steps), now = (long)d->B * d->replicas * d->micro_steps;
+    if (h->T != d->T || was != now)
+        fatal("the checkpoint was trained with a global batch of %ld sequences of %lld tokens (-b %lld x %lld replicas x %lld "
+              "micro-steps), this run has %ld of %d: resume with the same batch shape (-b, -t, --dp, processes, -d)",
+              was, (long long)h->T, (long long)h->B, (long long)h->replicas, (long long)h->micro_steps, now, d->T);
     if (h->nshards != (int64_t)d->shard_order.size() || h->shard_pos >= h->nshards)
         fatal("the training data changed since the checkpoint (%lld shards then, %zu now)", (long long)h->nshards, d->shard_order.size());
     d->shard_order = s->shard_order;
@@ -194,6 +227,7 @@ static void loader_restore(DataLoader* d, const TrainState* s) {
         fatal("the training data changed since the checkpoint (%lld samples per shard then, %ld now)", (long long)h->nsamples, d->nsamples);
     if (d->shuffle) d->sample_order = s->sample_order;
     d->sample_pos = h->sample_pos;
+    d->micro = 0;
     std::istringstream rng(s->rng);
     rng >> d->rng;
 }
@@ -209,22 +243,25 @@ struct Checkpoints {
                               // into a buffer the caller gives)
 };
 
-// All ranks of the group save step `step` together: each writes its shards into the full host buffers
-// (params, AdamW's m and v), then rank 0 writes the files, then everyone goes on.
-static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* rk, const DataLoader* train, int step) {
+// Every rank of the run (world: all replicas, all processes) saves step `step` together: the ranks of
+// replica 0 write their shards into the full host buffers (params, AdamW's m and v; with ZeRO-1 every
+// replica first takes part in gathering the moments' slices), then world rank 0 writes the files, then
+// everyone goes on.
+static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* rk, Comm* world, const DataLoader* train, int step) {
     long n = gpt_num_params(&m->cfg);
-    gpt_gather(m, rk, m->params_mem, full_params);
-    gpt_gather(m, rk, m->m_mem, ck->m.data());
-    gpt_gather(m, rk, m->v_mem, ck->v.data());
-    comm_barrier(&rk->tp, "checkpoint gathered");
-    if (rk->rank == 0) {
+    if (rk->dp.rank == 0) gpt_gather(m, rk, m->params_mem, full_params);
+    gpt_gather_moments(m, rk, m->m_mem, ck->m.data());
+    gpt_gather_moments(m, rk, m->v_mem, ck->v.data());
+    comm_barrier(world, "checkpoint gathered");
+    if (world->rank == 0) {
         std::string model = ckpt_path(ck->dir, "model", step), state = ckpt_path(ck->dir, "state", step);
         const GPTConfig* c = &m->cfg;
         std::ostringstream rng;
         rng << train->rng;
-        StateHeader h = {STATE_MAGIC, 1, step, m->t, n, rk->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
+        StateHeader h = {STATE_MAGIC, 2, step, m->t, n, rk->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
                          train->B, train->T, train->shard_pos, train->sample_pos, (int64_t)train->shard_order.size(),
-                         (int64_t)train->sample_order.size(), (int64_t)rng.str().size()};
+                         (int64_t)train->sample_order.size(), (int64_t)rng.str().size(),
+                         train->replicas, g_procs.n, train->micro_steps, m->zero};
         int err = model_write(model.c_str(), c, full_params);
         const std::string* failed = &model;
         if (err == 0) {
@@ -243,5 +280,5 @@ static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* r
         printf("saved checkpoint %s (step %d)\n", model.c_str(), step);
         fflush(stdout);
     }
-    comm_barrier(&rk->tp, "checkpoint written");
+    comm_barrier(world, "checkpoint written");
 }

@@ -1,6 +1,7 @@
 // train/logger.h: DIR/log.csv, one row per training step, for plotting (data/plot.py) and for comparing
-// runs. Columns: step, loss, val_loss (empty unless measured before that step), lr, ms, tok_per_s,
-// comm_ms (time in collectives), comm_bytes (bytes the rank's collectives moved).
+// runs. Columns: step, loss, val_loss (empty unless measured before that step), lr, ms, tok_per_s (all
+// replicas), comm_ms and comm_bytes (time in, and bytes moved by, the rank's tensor-parallel collectives),
+// dp_ms and dp_bytes (the same for its data-parallel collectives; 0 with one replica).
 #pragma once
 #include <cerrno>
 #include <cmath>
@@ -18,17 +19,17 @@ static void logger_open(Logger* lg, const char* dir, bool resuming) {
     std::string path = std::string(dir) + "/log.csv";
     lg->f = fopen(path.c_str(), resuming ? "a" : "w");
     if (!lg->f) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
-    if (!resuming) fprintf(lg->f, "step,loss,val_loss,lr,ms,tok_per_s,comm_ms,comm_bytes\n");
+    if (!resuming) fprintf(lg->f, "step,loss,val_loss,lr,ms,tok_per_s,comm_ms,comm_bytes,dp_ms,dp_bytes\n");
 }
 
 // step counts from 1 (the step just taken); val_loss is NaN when none was measured
 static void logger_step(Logger* lg, int step, float loss, float val_loss, float lr, double seconds, double tokens,
-                        double comm_seconds, double comm_bytes) {
+                        double comm_seconds, double comm_bytes, double dp_seconds, double dp_bytes) {
     if (!lg->f) return;
     char val[32] = "";
     if (!std::isnan(val_loss)) snprintf(val, sizeof(val), "%f", val_loss);
-    fprintf(lg->f, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f\n", step, loss, val, lr, seconds * 1e3, tokens / seconds,
-            comm_seconds * 1e3, comm_bytes);
+    fprintf(lg->f, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f,%.3f,%.0f\n", step, loss, val, lr, seconds * 1e3, tokens / seconds,
+            comm_seconds * 1e3, comm_bytes, dp_seconds * 1e3, dp_bytes);
 }
 
 static void logger_close(Logger* lg) {
