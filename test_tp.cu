@@ -702,6 +702,11 @@ static void test_bad_input() {
         {"checkpoint disagrees with --vocab", "-e " + m + " --vocab 300" + data + run, "disagrees with checkpoint"},
         {"stray argument", "train.bin", "unexpected argument"},
         {"bad descriptor", "-e d13", "neither a readable checkpoint file nor a descriptor"},
+        {"--dp 0", "--dp 0" + data + run, "out of range"},
+        {"-z 2", "-z 2" + data + run, "out of range"},
+        {"-d not a multiple of B x T x D", "-e " + m + data + run + " --dp 2 -d 100", "is not a multiple"},
+        {"--tp 3 --dp 2 (heads)", "-e " + m + data + " --tp 3 --dp 2" + run, "valid --tp values are 1, 2"},
+        {"--tp 2 --dp 40 (ranks)", "-e " + m + data + " --tp 2 --dp 40" + run, "more than the 64"},
     };
     for (auto& c : cases) {
         std::string out, err;
@@ -1082,8 +1087,8 @@ static void test_dp_cli() {
 // ----------------------------------------------------------------------------
 // data parallelism across processes: ./tp under mpirun (Open MPI), on the CPU
 
-// the launcher of an n-process job on this machine (test_mpi sets Open MPI's allow-run-as-root variables, as
-// root needs them); oversubscription lets 2 cores run more processes; `timeout` stops a hung job
+// the launcher of an n-process job on this machine (test_mpi sets the variables Open MPI needs here);
+// oversubscription lets 2 cores run more processes; `timeout` stops a hung job
 static std::string mpirun(int n) {
     return "timeout 120 mpirun -np " + std::to_string(n) + " --oversubscribe";
 }
@@ -1153,6 +1158,12 @@ static void expect_job_ends(int sig, std::vector<const char*> expect) {
 }
 
 static void test_mpi() {
+    // as root Open MPI's mpirun wants these; the processes share this machine, so Open MPI's shared-memory
+    // transport is all they need (its TCP transport also takes its own locks in an order ThreadSanitizer
+    // reports, inside Open MPI)
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_btl", "self,vader", 1);
 #ifndef TP_MPI
     printf("mpirun: this build has no MPI (make MPI=0, or no mpicxx): a job of several processes stops with one line\n");
     // the variables Open MPI's launcher gives its processes, without the launcher
@@ -1178,11 +1189,6 @@ static void test_mpi() {
     printf("mpirun: 2 processes on the CPU (MPI between them) against one process\n");
     printf("  skip the refusal of a build without MPI: the make MPI=0 build tests it\n");
     g_skipped++;
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    // the processes share this machine: Open MPI's shared-memory transport is all they need (its TCP
-    // transport also takes its own locks in an order ThreadSanitizer reports, inside Open MPI)
-    setenv("OMPI_MCA_btl", "self,vader", 1);
     std::string base = "-e L2C64H4 -t 32 -x 10 -v 1 -m 1 -g 0 --threads 1 -c 0.1 --shuffle 0 ";
     std::string ref_out;
     int rc = run_cmd(base + "--tp 1 -b 4", &ref_out, nullptr);
