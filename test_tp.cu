@@ -1099,6 +1099,7 @@ static int count_lines_with(const std::string& text, const char* what) {
     return n;
 }
 
+#ifdef TP_MPI
 // waits up to `seconds` for child pid; returns its wait status, or -1 (then it is still running)
 static int wait_child(pid_t pid, double seconds) {
     double t0 = now_s();
@@ -1156,6 +1157,7 @@ static void expect_job_ends(int sig, std::vector<const char*> expect) {
           sig == SIGKILL ? "killed (SIGKILL)" : "stopped (SIGSTOP)", status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1, took,
           timeout, line.c_str());
 }
+#endif
 
 static void test_mpi() {
     // as root Open MPI's mpirun wants these; the processes share this machine, so Open MPI's shared-memory
