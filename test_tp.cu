@@ -105,6 +105,7 @@ struct TpResult {
 // where run_tp runs its ranks: the CPU, or CUDA (GPU 0 for all ranks through the shared-memory backend,
 // or one GPU per rank through NCCL when g_ngpu >= P), with TF32 matmuls or strict fp32
 static int g_device = DEV_CPU, g_ngpu = 0;
+static const char* g_argv0 = "./test_tp";  // this binary, for the tests that run it as a child
 static bool g_tf32 = true;
 
 static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, int steps, const std::vector<int>& data,
@@ -1159,6 +1160,78 @@ static void expect_job_ends(int sig, std::vector<const char*> expect) {
 }
 #endif
 
+#ifdef TP_MPI
+// Run by test_mpi as `mpirun -np N test_tp child-mpi-collectives`: the five collectives of groups that span
+// the N processes, with 1, 2 and 3 ranks in each, against serial loops. The sums are bit-exact in the
+// order comm.cuh promises: each process's ranks in rank order, then the processes' partials in process
+// order. Each process prints how many elements differ and exits non-zero if any.
+static int child_mpi_collectives(int argc, char** argv) {
+    comm_procs_start(&argc, &argv);
+    auto in = [](int q, long i, int salt) {  // rank q's input element i: a float with all its bits in use
+        uint64_t z = (uint64_t)q * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xBF58476D1CE4E5B9ull + (uint64_t)salt;
+        z = (z ^ (z >> 29)) * 0x94D049BB133111EBull;
+        return (float)((double)(z >> 11) / 9007199254740992.0 * 6.0 - 3.0);
+    };
+    std::atomic<long> bad{0}, total{0};
+    for (int Pl : {1, 2, 3})
+        for (long n : {1L, 7L, 1001L, 1L << 16}) {
+            CommGroup* g = new CommGroup();
+            comm_group_init(g, Pl, 30);
+            comm_group_span(g);
+            int N = g->nproc, P = N * Pl;
+            // the sum of element i of inputs `salt` over every rank, in the promised order
+            auto order_sum = [&](long i, int salt) {
+                float total_sum = 0.0f;
+                for (int p = 0; p < N; p++) {
+                    float part = in(p * Pl, i, salt);
+                    for (int l = 1; l < Pl; l++) part += in(p * Pl + l, i, salt);
+                    total_sum = p == 0 ? part : total_sum + part;
+                }
+                return total_sum;
+            };
+            std::vector<std::thread> th;
+            for (int l = 0; l < Pl; l++)
+                th.emplace_back([&, l]() {
+                    Comm c;
+                    comm_init(&c, g, l);
+                    int q = c.rank;
+                    std::vector<float> sum(n), mx(n), bc(n), gat((long)P * n), gin((long)P * n), rsin((long)P * n), rs(n), rsip((long)P * n);
+                    for (long i = 0; i < n; i++) sum[i] = mx[i] = bc[i] = gin[(long)q * n + i] = in(q, i, 0);
+                    for (long i = 0; i < (long)P * n; i++) rsin[i] = rsip[i] = in(q, i, 1);
+                    comm_allreduce(&c, sum.data(), n, COMM_SUM, "test", -1);
+                    comm_allreduce(&c, mx.data(), n, COMM_MAX, "test", 2);
+                    comm_allgather(&c, gat.data(), sum.data(), n, "test", -1);          // every rank has the same sum
+                    comm_allgather(&c, gin.data(), gin.data() + (long)q * n, n, "test", -1);  // in place
+                    comm_broadcast(&c, bc.data(), n, P - 1, "test");
+                    comm_reducescatter(&c, rs.data(), rsin.data(), n, "test", -1);
+                    comm_reducescatter(&c, rsip.data() + (long)q * n, rsip.data(), n, "test", -1);  // in place
+                    comm_barrier(&c, "test");
+                    long b = 0;
+                    for (long i = 0; i < n; i++) {
+                        float s = order_sum(i, 0), m = in(0, i, 0);
+                        for (int r = 1; r < P; r++) m = std::max(m, in(r, i, 0));
+                        float rsum = order_sum((long)q * n + i, 1);
+                        b += sum[i] != s;
+                        b += mx[i] != m;
+                        b += bc[i] != in(P - 1, i, 0);
+                        b += rs[i] != rsum;
+                        b += rsip[(long)q * n + i] != rsum;
+                        for (int r = 0; r < P; r++) b += gat[(long)r * n + i] != s || gin[(long)r * n + i] != in(r, i, 0);
+                    }
+                    bad += b;
+                    total += n * (5 + 2L * P);
+                });
+            for (auto& t : th) t.join();
+            comm_group_free(g);
+            delete g;
+        }
+    printf("process %d of %d: %ld of %ld elements differ\n", g_procs.me, g_procs.n, bad.load(), total.load());
+    fflush(stdout);
+    comm_procs_finish();
+    return bad.load() ? 1 : 0;
+}
+#endif
+
 static void test_mpi() {
     // as root Open MPI's mpirun wants these; the processes share this machine, so Open MPI's shared-memory
     // transport is all they need (its TCP transport also takes its own locks in an order ThreadSanitizer
@@ -1191,6 +1264,23 @@ static void test_mpi() {
     printf("mpirun: 2 processes on the CPU (MPI between them) against one process\n");
     printf("  skip the refusal of a build without MPI: the make MPI=0 build tests it\n");
     g_skipped++;
+    {
+        // the collectives across 3 processes (uneven slices), with 1 to 3 ranks in each
+        std::string cmd = mpirun(3) + " " + g_argv0 + " child-mpi-collectives 2>&1";
+        FILE* f = popen(cmd.c_str(), "r");
+        std::string out;
+        char buf[512];
+        while (f && fgets(buf, sizeof(buf), f)) out += buf;
+        int st = f ? pclose(f) : -1;
+        long bad = 0, total = 0;
+        for (size_t at = 0; (at = out.find(": ", at)) != std::string::npos; at += 2) {
+            long b = 0, t = 0;
+            if (sscanf(out.c_str() + at, ": %ld of %ld elements differ", &b, &t) == 2) { bad += b; total += t; }
+        }
+        check_le(st == 0 && count_lines_with(out, "elements differ") == 3 ? bad : INFINITY, 0,
+                 "all-reduce sum/max, all-gather (and in place), broadcast, reduce-scatter (and in place) across 3 processes x 1, 2, 3 "
+                 "ranks against serial loops, bit-exact: elements differing of %ld", total);
+    }
     std::string base = "-e L2C64H4 -t 32 -x 10 -v 1 -m 1 -g 0 --threads 1 -c 0.1 --shuffle 0 ";
     std::string ref_out;
     int rc = run_cmd(base + "--tp 1 -b 4", &ref_out, nullptr);
@@ -1437,7 +1527,6 @@ static void test_logs() {
 
 // the GPU tests, or a line saying why they are skipped
 static int g_ndev = 0;
-static const char* g_argv0 = "./test_tp";
 static void test_gpu() {
     if (g_ndev == 0) {
         printf("GPU tests: skipped, no CUDA GPU visible (the CUDA ops, GPU collectives and GPU training runs)\n");
@@ -1492,6 +1581,9 @@ int main(int argc, char** argv) {
         cudaGetLastError();
     }
     if (argc > 1 && !strcmp(argv[1], "child-skip-cuda")) return child_skip(false);
+#ifdef TP_MPI
+    if (argc > 1 && !strcmp(argv[1], "child-mpi-collectives")) return child_mpi_collectives(argc, argv);
+#endif
     if (argc > 1 && !strcmp(argv[1], "child-skip-nccl")) return child_skip(true);
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         if (g_ndev == 0) { printf("bench: no CUDA GPU\n"); return 1; }
