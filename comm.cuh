@@ -57,6 +57,14 @@ static const char* comm_kind_name(int kind) {
     return names[kind];
 }
 
+// The bytes one rank sends for `floats` of payload of a kind, as a ring algorithm (what NCCL runs
+// between GPUs) sends them over P ranks: an all-reduce of n floats is a reduce-scatter then an
+// all-gather, each sending (P-1)/P of the data; a broadcast, pipelined, (P-1)/P. One rank sends nothing.
+static double comm_ring_bytes(int kind, double floats, int P) {
+    double f = (double)(P - 1) / P;
+    return 4.0 * floats * (kind == KIND_ALLREDUCE ? 2.0 * f : f);
+}
+
 // what one rank is doing in a collective, published for the other ranks to check
 struct CommCall {
     int op;
