@@ -667,14 +667,18 @@ static void comm_reducescatter(Comm* c, float* out, const float* in, long n, con
     c->seconds += comm_now() - t0;
 }
 
-// out (P*n) on every rank <- the concatenation of every rank's in (n), rank 0 first
+// out (P*n) on every rank <- the concatenation of every rank's in (n), rank 0 first. in must not overlap
+// out, except as out + rank*n (in place: the rank's own slice is already there), as NCCL allows.
 static void comm_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
     if (c->backend == COMM_CUDA) { comm_cuda_allgather(c, out, in, n, where, layer); return; }
     if (c->backend == COMM_NCCL) { comm_nccl_allgather(c, out, in, n, where, layer); return; }
     double t0 = comm_now();
     comm_begin(c, COMM_GATHER, n, in, where, layer);
     if (c->P > 1) comm_wait_all(c, true);
-    for (int r = 0; r < c->P; r++) memmove(out + (long)r * n, c->g->call[r].ptr, n * sizeof(float));
+    for (int r = 0; r < c->P; r++) {
+        float* dst = out + (long)r * n;
+        if (dst != c->g->call[r].ptr) memcpy(dst, c->g->call[r].ptr, n * sizeof(float));  // in place: nothing to copy
+    }
     if (c->P > 1) comm_wait_all(c, false);  // no rank may change its input before everyone copied it
     comm_count(c, COMM_GATHER, (double)n * c->P);
     c->seconds += comm_now() - t0;
