@@ -13,8 +13,11 @@
 //   gpt_update:     the all-reduce of the sharded tensors' squared gradient norm (one float), for clipping
 //   gpt_logits_row: an all-gather of one position's logits (sampling only, never in training)
 // A training step moves (4L + 2) B T C floats, plus 3 B T for the loss and 1 for the gradient norm.
-// Outside this file ranks only line up (comm_barrier: around checkpoints, and to stop together on
-// Ctrl-C); no data moves between them anywhere else.
+// With sequence parallelism (--sp 1) each all-reduce around a layer becomes a reduce-scatter or an
+// all-gather (all_tokens and my_tokens_summed below), the backward all-gathers the layernorm outputs
+// again, and the end of gpt_backward all-reduces the layernorm and wpe gradients (step_comm_floats
+// counts it all). Outside this file ranks only line up (comm_barrier: around checkpoints, and to stop
+// together on Ctrl-C); no data moves between them anywhere else.
 #pragma once
 #include <cmath>
 #include <cstddef>
