@@ -61,6 +61,8 @@ struct Args {
     const char* prompt;
     const char* tokenizer;
     int keep;            // checkpoints kept in -o
+    int sp;              // --sp: sequence parallelism
+    int recompute;       // -r: what the backward recomputes (0..3)
     int sweep;           // --sweep: time every valid (P, D) instead of training
     int sweep_steps;
 };
@@ -102,6 +104,10 @@ static void usage(FILE* out) {
         "  --threads N CPU threads per rank (0: cores / ranks)                  (default 0)\n"
         "  --timeout S abort if a collective waits longer than S seconds       (default 600)\n"
         "  --keep K    keep the last K checkpoints in -o                        (default 3)\n"
+        "  --sp S      1: sequence parallelism: each rank keeps its B*T/P tokens of the layernorms,\n"
+        "              residuals and embedding (activation memory / P)            (default 0)\n"
+        "  -r N        recompute in the backward instead of keeping: 0 nothing, 1 GELU, 2 also the\n"
+        "              layernorms, 3 also the attention probabilities (same numbers) (default 0)\n"
         "  --sweep 1   time every valid P, and every (P, D) with P x D up to the cores or GPUs, and print a\n"
         "              scaling table (-o: sweep.csv)\n"
         "  --sweep-steps N  steps per P in the sweep, the first 2 not timed     (default 8)\n"
@@ -208,6 +214,8 @@ static void parse_args(int argc, char** argv, Args* a) {
         else if (!strcmp(f, "--prompt")) a->prompt = v;
         else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
         else if (!strcmp(f, "--keep")) a->keep = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--sp")) a->sp = (int)parse_int(f, v, 0, 1);
+        else if (!strcmp(f, "-r")) a->recompute = (int)parse_int(f, v, 0, 3);
         else if (!strcmp(f, "--sweep")) a->sweep = (int)parse_int(f, v, 0, 1);
         else if (!strcmp(f, "--sweep-steps")) a->sweep_steps = (int)parse_int(f, v, 3, 1 << 20);
         else bad_flag("unknown flag %s%s", f, "");
@@ -292,6 +300,8 @@ static void rank_run_start(RankRun* rr, Run* run, int d, int r) {
     if (run->dp_groups) rank_join_dp(&rr->rk, &run->dp_groups[r], d);
     comm_init(&rr->world, run->world, d * run->P + r);
     gpt_build(&rr->m, &rr->rk, &run->cfg, run->init.data(), a->zero);
+    rr->m.sp = a->sp;
+    rr->m.recompute = a->recompute;
     bool files = a->train != nullptr;
     int g = rr->rk.dp.rank;  // the replica, counted over all processes
     loader_init(&rr->train, "train", a->train, files ? nullptr : &run->corpus_train, a->B, a->T, run->cfg.V, a->shuffle,
@@ -312,10 +322,17 @@ struct StepStats {
     bool stop;            // a rank of the run got SIGINT or SIGTERM: every rank stops after this step
     double seconds;       // the whole step
     double comm_seconds;  // of it, inside the TP group's collectives
-    double comm_values;   // floats the rank's TP collectives moved
+    double comm_moved[COMM_KINDS];  // the payload of the rank's TP collectives, by kind (floats)
     double dp_seconds;    // inside the DP group's collectives
-    double dp_values;     // floats the rank's DP collectives moved
+    double dp_moved[COMM_KINDS];    // the payload of its DP collectives, by kind
 };
+
+// the bytes a rank sends for a step's payload by kind, as a ring of P ranks sends them (comm_ring_bytes)
+static double ring_bytes(const double moved[COMM_KINDS], int P, double sent[COMM_KINDS]) {
+    double total = 0;
+    for (int k = 0; k < COMM_KINDS; k++) total += sent[k] = comm_ring_bytes(k, moved[k], P);
+    return total;
+}
 
 // A value every replica computed for itself (the same on the TP ranks of a replica), averaged over the
 // replicas, and with it the decision to stop: one all-reduce over the world group. TP rank 0 of each
@@ -334,7 +351,11 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     Rank* rk = &rr->rk;
     GPT* m = &rr->m;
     StepStats st;
-    double t0 = now_s(), comm0 = rk->tp.seconds, values0 = rk->tp.values, dp0 = rk->dp.seconds, dpv0 = rk->dp.values;
+    double t0 = now_s(), comm0 = rk->tp.seconds, dp0 = rk->dp.seconds, moved0[COMM_KINDS], dp_moved0[COMM_KINDS];
+    for (int k = 0; k < COMM_KINDS; k++) {
+        moved0[k] = rk->tp.moved[k];
+        dp_moved0[k] = rk->dp.moved[k];
+    }
     // each position's loss gradient is 1/(tokens in the global batch): the sum over micro-steps and
     // replicas is then the gradient of the mean loss over the global batch, as one rank would compute it
     m->dloss = 1.0f / (float)((long)a->B * a->T * run->accum * run->Dg);
@@ -354,9 +375,11 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     st.loss = replicas_mean(run, rr, (float)(loss / run->accum), &st.stop, "step loss");
     st.seconds = now_s() - t0;
     st.comm_seconds = rk->tp.seconds - comm0;
-    st.comm_values = rk->tp.values - values0;
     st.dp_seconds = rk->dp.seconds - dp0;
-    st.dp_values = rk->dp.values - dpv0;
+    for (int k = 0; k < COMM_KINDS; k++) {
+        st.comm_moved[k] = rk->tp.moved[k] - moved0[k];
+        st.dp_moved[k] = rk->dp.moved[k] - dp_moved0[k];
+    }
     if (!std::isfinite(st.loss) || !std::isfinite(st.norm))
         fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)",
               step + 1, st.loss, st.norm);
@@ -417,6 +440,26 @@ static void print_sample(Run* run, RankRun* rr, int step) {
     fflush(stdout);
 }
 
+// " | comm 2.5 ms, 7.35 MB" for the step line: time in collectives and the bytes sent, with the kinds
+// when there is more than one (sequence parallelism: reduce-scatter, all-gather, all-reduce)
+static void comm_summary(char* out, size_t n, double seconds, const double sent[COMM_KINDS]) {
+    double total = 0;
+    int kinds = 0;
+    for (int k = 0; k < COMM_KINDS; k++) {
+        total += sent[k];
+        kinds += sent[k] > 0;
+    }
+    int w = snprintf(out, n, " | comm %.1f ms, %.2f MB", seconds * 1e3, total / 1e6);
+    if (kinds < 2) return;
+    const char* abbrev[COMM_KINDS] = {"AR", "RS", "AG", "BC"};
+    for (int k = 0, first = 1; k < COMM_KINDS && w < (int)n; k++)
+        if (sent[k] > 0) {
+            w += snprintf(out + w, n - w, "%s%s %.2f", first ? " (" : ", ", abbrev[k], sent[k] / 1e6);
+            first = 0;
+        }
+    if (w < (int)n) snprintf(out + w, n - w, ")");
+}
+
 // Ctrl-C / SIGTERM: finish the step, save, exit 0. The handler only sets a flag (g_signal, a lock-free
 // atomic: safe in a signal handler, and read by the rank threads without a race); a second signal kills.
 static void on_signal(int sig) { g_signal.store(sig); }
@@ -465,15 +508,18 @@ static void rank_main(Run* run, int d, int r) {
             total_comm += st.comm_seconds;
             total_dp += st.dp_seconds;
         }
-        if (lead) logger_step(&run->log, step + 1, st.loss, vl, st.lr, st.seconds, tokens, st.comm_seconds, st.comm_values * 4,
-                              st.dp_seconds, st.dp_values * 4);
+        // the bytes this rank sent, by kind, as a ring sends them: over its TP group, and over its DP group
+        double sent[COMM_KINDS], dp_sent[COMM_KINDS];
+        ring_bytes(st.comm_moved, run->P, sent);
+        double dp_total = ring_bytes(st.dp_moved, run->Dg, dp_sent);
+        if (lead) logger_step(&run->log, step + 1, st.loss, vl, st.lr, st.seconds, tokens, st.comm_seconds, sent, st.dp_seconds, dp_total);
         if (lead && print_step(a, step)) {
-            char mfu[32] = "", dp[48] = "";
+            char mfu[32] = "", comm[128] = "", dp[48] = "";
             if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_step / st.seconds / (run->peak_flops * gpus_in_use(run)));
-            if (run->Dg > 1) snprintf(dp, sizeof(dp), " | dp %.1f ms, %.2f MB", st.dp_seconds * 1e3, st.dp_values * 4 / 1e6);
-            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | comm %.1f ms, %.2f MB%s\n",
-                   step + 1, a->max_steps, st.loss, st.lr, st.norm, st.seconds * 1e3, tokens / st.seconds, mfu, st.comm_seconds * 1e3,
-                   st.comm_values * 4 / 1e6, dp);
+            if (run->P > 1) comm_summary(comm, sizeof(comm), st.comm_seconds, sent);
+            if (run->Dg > 1) snprintf(dp, sizeof(dp), " | dp %.1f ms, %.2f MB", st.dp_seconds * 1e3, dp_total / 1e6);
+            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s%s%s\n", step + 1, a->max_steps, st.loss,
+                   st.lr, st.norm, st.seconds * 1e3, tokens / st.seconds, mfu, comm, dp);
             fflush(stdout);
         }
         if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
@@ -576,11 +622,12 @@ static void ranks_teardown(Run* run) {
 }
 
 // The memory one rank holds with P TP ranks, D replicas and ZeRO stage zero, in bytes: parameters,
-// gradients, AdamW's m and v, activations (one micro-batch of B x T)
+// gradients, AdamW's m and v, activations (one micro-batch of B x T; with --sp and -r as given:
+// sp_splits decides whether the batch splits at this P)
 struct RankMemory {
     double params, grads, moments, acts;
 };
-static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T) {
+static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute) {
     ShardPlan s;
     shard_plan_init(&s, c, P, 0);
     long n = 0;
@@ -590,24 +637,24 @@ static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B,
     mem.params = 4.0 * npad;
     mem.grads = 4.0 * npad;
     mem.moments = 2 * 4.0 * (zero ? npad / D : n);
-    mem.acts = 4.0 * acts_floats(c, &s, B, T);
+    mem.acts = 4.0 * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute);
     return mem;
 }
 static double memory_total(const RankMemory* m) { return m->params + m->grads + m->moments + m->acts; }
 
-// The floats each rank's DP collectives move in one step (the payload, as comm_count counts it): the
-// all-reduce of its shard's gradient; with ZeRO-1 the reduce-scatter of the padded shard, the
-// all-reduce of the two squared norms and the all-gather of the padded shard. None with one replica.
-static double dp_floats_per_step(const GPTConfig* c, int P, int D, int zero) {
-    if (D == 1) return 0;
-    RankMemory m = rank_memory(c, P, D, zero, 1, 1);
-    return zero ? 2 * m.params / 4 + 2 : m.params / 4;
-}
-
-// the floats each rank's TP collectives move in one step: per micro-batch the layers' (4L+2) B T C and
-// the loss's 3 B T, once the gradient norm's 1
-static double tp_floats_per_step(const GPTConfig* c, int B, int T, int accum) {
-    return accum * ((4.0 * c->L + 2) * B * T * c->C + 3.0 * B * T) + 1;
+// The payload of one step's DP collectives for one rank, by kind (as comm.cuh counts it): the all-reduce
+// of its shard of the gradient, N floats; with ZeRO-1 the reduce-scatter of the padded shard N' and the
+// all-gather of the updated parameters N', plus the all-reduce of the two squared norms. None with one
+// replica.
+static void dp_step_floats(const GPTConfig* c, int P, int D, int zero, double out[COMM_KINDS]) {
+    for (int k = 0; k < COMM_KINDS; k++) out[k] = 0;
+    if (D == 1) return;
+    double shard = rank_memory(c, P, D, zero, 1, 1, false, 0).params / 4;
+    if (!zero) out[KIND_ALLREDUCE] = shard;
+    else {
+        out[KIND_REDUCESCATTER] = out[KIND_ALLGATHER] = shard;
+        out[KIND_ALLREDUCE] = 2;
+    }
 }
 
 // Process 0 found the model (and the state to resume from); every other process receives them. Their
@@ -747,11 +794,114 @@ static void run_setup(Run* run) {
     if (!tp_valid(c, run->P))
         fatal("--tp %d does not divide the model (%d heads, padded vocab %d): valid --tp values are %s", run->P, c->NH, c->Vp,
               tp_valid_list(c).c_str());
+    if (a->sp && run->P > 1 && ((long)a->B * a->T) % run->P != 0)
+        fatal("--sp 1 splits the %ld tokens of a batch (-b %d x -t %d) over the ranks, and %d ranks do not divide them: "
+              "choose -b and -t with B*T a multiple of %d, or use --sp 0", (long)a->B * a->T, a->B, a->T, run->P, run->P);
     if (run->P * run->D > COMM_MAXP)
         fatal("--tp %d x --dp %d makes %d ranks in one process, more than the %d it can run: use fewer local replicas, and "
               "more processes (mpirun) for more", run->P, run->D, run->P * run->D, COMM_MAXP);
     if (a->sweep && g_procs.n > 1) fatal("--sweep times replicas inside one process (--dp): start it without mpirun");
     ranks_setup(run);
+}
+
+// The memory table: per rank, for this run's settings, for TP alone (no --sp, no -r, no ZeRO) and for
+// TP=1, each column shown once; then the per-layer activation formula of this run, which is what
+// acts_layout allocates (the tests hold the two to each other).
+static void print_memory(const Run* run) {
+    const GPTConfig* c = &run->cfg;
+    const Args* a = &run->args;
+    int zd = a->zero && run->Dg > 1 ? run->Dg : 1;  // the replicas ZeRO-1 splits AdamW's state over (1: none)
+    struct { int P, sp, r, zd; } want[3] = {{run->P, a->sp, a->recompute, zd}, {run->P, 0, 0, 1}, {1, 0, 0, 1}}, cols[3];
+    int ncols = 0;
+    for (auto& w : want) {
+        bool same = false;  // a column that allocates exactly what an earlier one does is left out
+        for (int k = 0; k < ncols; k++)
+            same |= cols[k].P == w.P && sp_splits(cols[k].sp, cols[k].P, a->B, a->T) == sp_splits(w.sp, w.P, a->B, a->T) &&
+                    cols[k].r == w.r && cols[k].zd == w.zd;
+        if (!same) cols[ncols++] = {w.P, w.sp, w.r, w.zd};
+    }
+    double mem[3][5];
+    printf("memory per rank (MB)    ");
+    for (int k = 0; k < ncols; k++) {
+        char name[40];
+        int n = snprintf(name, sizeof(name), "TP=%d", cols[k].P);
+        if (sp_splits(cols[k].sp, cols[k].P, a->B, a->T)) n += snprintf(name + n, sizeof(name) - n, " SP");
+        if (cols[k].r) n += snprintf(name + n, sizeof(name) - n, " -r %d", cols[k].r);
+        if (cols[k].zd > 1) snprintf(name + n, sizeof(name) - n, " ZeRO-1");
+        printf(" %11s", name);
+        RankMemory m = rank_memory(c, cols[k].P, cols[k].zd, cols[k].zd > 1, a->B, a->T, cols[k].sp, cols[k].r);
+        double row[5] = {m.params, m.grads, m.moments, m.acts, memory_total(&m)};
+        for (int i = 0; i < 5; i++) mem[k][i] = row[i];
+    }
+    const char* rows[] = {"parameters", "gradients", "AdamW m, v", "activations (B x T)", "total"};
+    for (int i = 0; i < 5; i++) {
+        printf("\n  %-22s", rows[i]);
+        for (int k = 0; k < ncols; k++) printf(" %11.1f", mem[k][i] / 1e6);
+        if (i == 2 && zd > 1) printf("   (ZeRO-1: each of the %d replicas keeps 1/%d)", zd, zd);
+    }
+    printf("\n");
+    // the formula: per layer, the token-wise buffers (residuals, layernorm outputs and statistics) hold N
+    // tokens, the rank's heads' buffers (qkv, attention, MLP) B*T tokens over P ranks
+    int r = a->recompute;
+    bool split = sp_splits(a->sp, run->P, a->B, a->T);
+    ShardPlan s;
+    shard_plan_init(&s, c, run->P, 0);
+    double per_layer = 4.0 * acts_floats_per_layer(c, &s, a->B, a->T, split, r);
+    double total = 4.0 * acts_floats(c, &s, a->B, a->T, split, r);
+    printf("  activations per layer: N*(%dC + 4) + B*T*%dC/P%s floats, N = %s tokens per rank: %.2f MB x %d layers,\n"
+           "  plus %.2f MB outside the layers\n", r >= 2 ? 2 : 4, r >= 1 ? 8 : 12, r >= 3 ? "" : " + B*NH*T*T/P",
+           split ? "B*T/P" : "B*T", per_layer / 1e6, c->L, (total - c->L * per_layer) / 1e6);
+}
+
+// The DP group's part of the communication: once per step, whatever the micro-steps.
+static void print_dp_communication(const Run* run) {
+    if (run->Dg == 1) return;
+    const Args* a = &run->args;
+    double f[COMM_KINDS], sent[COMM_KINDS];
+    dp_step_floats(&run->cfg, run->P, run->Dg, a->zero, f);
+    double mb = ring_bytes(f, run->Dg, sent) / 1e6;
+    if (!a->zero)
+        printf("communication over each DP group (%d replicas), once per step: all-reduce of the rank's shard of the gradient,\n"
+               "  N = %.0f floats; each rank sends %.2f MB, as a ring does (2(D-1)/D of the data)\n", run->Dg, f[KIND_ALLREDUCE], mb);
+    else
+        printf("communication over each DP group (%d replicas), once per step (ZeRO-1): reduce-scatter of the rank's padded\n"
+               "  shard of the gradient and all-gather of its parameters, N' = %.0f floats each, and all-reduce of 2 (the\n"
+               "  norm); each rank sends %.2f MB, as a ring does ((D-1)/D of each), as much as the all-reduce\n",
+               run->Dg, f[KIND_REDUCESCATTER], mb);
+}
+
+// What a training step's collectives carry (step_comm_floats, dp_step_floats) and what each rank sends for
+// it on a ring, over its TP group and over its DP group.
+static void print_communication(const Run* run) {
+    const GPTConfig* c = &run->cfg;
+    const Args* a = &run->args;
+    bool split = sp_splits(a->sp, run->P, a->B, a->T);
+    int A = run->accum;
+    double f[COMM_KINDS], tp_only[COMM_KINDS], sent = 0, sent_tp = 0;
+    step_comm_floats(c, a->B, a->T, split, A, f);
+    step_comm_floats(c, a->B, a->T, false, A, tp_only);
+    for (int k = 0; k < COMM_KINDS; k++) {
+        sent += comm_ring_bytes(k, f[k], run->P);
+        sent_tp += comm_ring_bytes(k, tp_only[k], run->P);
+    }
+    char micro[64] = "", times[8] = "";  // with -d: A micro-batches per step
+    if (A > 1) {
+        snprintf(micro, sizeof(micro), " (A = %d micro-steps)", A);
+        snprintf(times, sizeof(times), "A*");
+    }
+    if (run->P == 1)
+        printf("communication: none%s (one rank)\n", run->Dg > 1 ? " inside a replica" : "");
+    else if (!split) {
+        printf("communication per step%s: all-reduce of %s%s(4L+2)*B*T*C + 3*B*T%s + 1 = %.0f floats;\n", micro, times, A > 1 ? "(" : "",
+               A > 1 ? ")" : "", f[KIND_ALLREDUCE]);
+        printf("  each rank sends %.2f MB, as a ring does (2(P-1)/P of an all-reduce's data)\n", sent / 1e6);
+    } else {
+        printf("communication per step%s: reduce-scatter %s(4L+2)*B*T*C = %.0f, all-gather %s(6L+2)*B*T*C = %.0f and\n"
+               "  all-reduce %s3*B*T + 1 + T*C + 4*L*C + 2*C = %.0f floats; each rank sends %.2f MB, as a ring does\n"
+               "  ((P-1)/P of a reduce-scatter's or all-gather's data, 2(P-1)/P of an all-reduce's); TP alone sends %.2f MB\n",
+               micro, times, f[KIND_REDUCESCATTER], times, f[KIND_ALLGATHER], times, f[KIND_ALLREDUCE], sent / 1e6, sent_tp / 1e6);
+    }
+    print_dp_communication(run);
 }
 
 // "replica 2-3" or "replica 0"
@@ -819,32 +969,8 @@ static void print_setup(const Run* run) {
         }
         printf("  %-9s %-22s %-22s %s\n", t->name, full, local, t->how);
     }
-    RankMemory m = rank_memory(c, P, run->Dg, a->zero, a->B, a->T), m1 = rank_memory(c, 1, 1, 0, a->B, a->T);
-    char here[32];
-    if (run->Dg > 1) snprintf(here, sizeof(here), "TP=%d DP=%d z%d", P, run->Dg, a->zero);
-    else snprintf(here, sizeof(here), "TP=%d", P);
-    printf("memory per rank (MB)     %14s %9s\n", here, "TP=1");
-    printf("  parameters              %13.1f %9.1f\n", m.params / 1e6, m1.params / 1e6);
-    printf("  gradients               %13.1f %9.1f\n", m.grads / 1e6, m1.grads / 1e6);
-    printf("  AdamW m, v              %13.1f %9.1f%s\n", m.moments / 1e6, m1.moments / 1e6,
-           a->zero && run->Dg > 1 ? "   (ZeRO-1: each replica keeps 1/D of them)" : "");
-    printf("  activations (B x T)     %13.1f %9.1f\n", m.acts / 1e6, m1.acts / 1e6);
-    printf("  total                   %13.1f %9.1f\n", memory_total(&m) / 1e6, memory_total(&m1) / 1e6);
-    double per_step = tp_floats_per_step(c, a->B, a->T, run->accum);
-    if (run->accum == 1)
-        printf("communication per step: (4L+2)*B*T*C + 3*B*T + 1 = %.0f floats (%.2f MB) all-reduced by each rank\n",
-               per_step, per_step * 4 / 1e6);
-    else
-        printf("communication per step: %d micro-steps x ((4L+2)*B*T*C + 3*B*T) + 1 = %.0f floats (%.2f MB) all-reduced by each rank\n",
-               run->accum, per_step, per_step * 4 / 1e6);
-    if (run->Dg > 1) {
-        double dp = dp_floats_per_step(c, P, run->Dg, a->zero);
-        if (a->zero)
-            printf("  and over its DP group: the padded shard gradient reduce-scattered (%.0f) and the parameters all-gathered (%.0f), "
-                   "+ 2 for the norm = %.0f floats (%.2f MB)\n", (dp - 2) / 2, (dp - 2) / 2, dp, dp * 4 / 1e6);
-        else
-            printf("  and over its DP group: its shard of the gradient, %.0f floats (%.2f MB) all-reduced\n", dp, dp * 4 / 1e6);
-    }
+    print_memory(run);
+    print_communication(run);
     if (run->floor_nats > 0)
         printf("data: the embedded corpus, %zu train and %zu val bytes of sentences from a probabilistic grammar;\n"
                "      its entropy is %.4f nats per byte: the loss floor no model can beat\n",
@@ -856,9 +982,9 @@ static void print_setup(const Run* run) {
 // --sweep: every valid P, and every (P, D) that fits the cores or GPUs, for a few steps on the same model
 // and data; one table of the scaling
 
-// world rank 0's time over the timed steps of one grid
+// world rank 0's time and bytes sent (as a ring sends them) over the timed steps of one grid
 struct SweepTime {
-    double seconds, comm_seconds, dp_seconds, comm_values, dp_values;
+    double seconds, comm_seconds, dp_seconds, sent, dp_sent;
     int steps;
 };
 
@@ -870,11 +996,12 @@ static void sweep_rank(Run* run, int d, int r, SweepTime* out) {
     for (int step = 0; step < run->args.sweep_steps; step++) {
         StepStats st = train_step(run, &rr, step);
         if (rr.world.rank == 0 && step >= 2) {
+            double sent[COMM_KINDS];
             out->seconds += st.seconds;
             out->comm_seconds += st.comm_seconds;
             out->dp_seconds += st.dp_seconds;
-            out->comm_values = st.comm_values;
-            out->dp_values = st.dp_values;
+            out->sent += ring_bytes(st.comm_moved, run->P, sent);
+            out->dp_sent += ring_bytes(st.dp_moved, run->Dg, sent);
             out->steps++;
         }
     }
@@ -888,14 +1015,15 @@ static void sweep(Run* run) {
     int units = run->device == DEV_CUDA ? run->ngpu : cores;
     printf("\nsweep: %d steps per grid (the first 2 not timed), batch %d x %d per replica, on the %s; every valid P, and "
            "every (P, D) with P x D <= %d\n", a->sweep_steps, a->B, a->T, run->device == DEV_CUDA ? "GPU" : "CPU", units);
-    printf("%4s %4s %8s %10s %10s %8s %10s %8s %8s %10s %10s %12s\n", "P", "D", "threads", "ms/step", "tok/s", "speedup", "efficiency",
-           "comm %", "dp %", "TP MB", "DP MB", "MB per rank");
+    printf("%4s %4s %8s %10s %10s %8s %10s %8s %8s %9s %9s %12s\n", "P", "D", "threads", "ms/step", "tok/s", "speedup",
+           "efficiency", "comm %", "dp %", "comm MB", "dp MB", "MB per rank");
     FILE* csv = nullptr;
     if (a->outdir) {
         std::string path = std::string(a->outdir) + "/sweep.csv";
         csv = fopen(path.c_str(), "w");
         if (!csv) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
-        fprintf(csv, "P,D,threads_per_rank,ms_per_step,tok_per_s,speedup,efficiency,comm_share,dp_share,tp_mb,dp_mb,mb_per_rank\n");
+        fprintf(csv, "P,D,threads_per_rank,ms_per_step,tok_per_s,speedup,efficiency,comm_share,dp_share,comm_mb_per_step,"
+                     "dp_mb_per_step,mb_per_rank\n");
     }
     ranks_teardown(run);  // run_setup made the groups of the run's own grid
     double base = 0;
@@ -903,6 +1031,10 @@ static void sweep(Run* run) {
     for (int D = 1; D <= units || D == 1; D++)
         for (int P = 1; P <= c->NH && P <= COMM_MAXP; P++) {
             if (!tp_valid(c, P) || (D > 1 && P * D > units) || P * D > COMM_MAXP) continue;
+            if (a->sp && P > 1 && !sp_splits(true, P, a->B, a->T)) {
+                printf("%4d %4d  skipped: --sp 1 needs P to divide B*T = %d\n", P, D, a->B * a->T);
+                continue;
+            }
             run->P = P;
             run->D = run->Dg = D;
             ranks_setup(run);
@@ -919,14 +1051,14 @@ static void sweep(Run* run) {
             if (P == 1 && D == 1) { base = ms; units1 = used; }
             double speedup = base / ms * D, eff = speedup / ((double)used / units1);
             double share = time.comm_seconds / time.seconds, dp_share = time.dp_seconds / time.seconds;
-            RankMemory m = rank_memory(c, P, D, a->zero, a->B, a->T);
-            double mb = memory_total(&m) / 1e6, tp_mb = time.comm_values * 4 / 1e6, dp_mb = time.dp_values * 4 / 1e6;
-            printf("%4d %4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %8.1f %10.2f %10.2f %12.1f\n", P, D, run->threads, ms, tps, speedup,
-                   eff, 100 * share, 100 * dp_share, tp_mb, dp_mb, mb);
+            RankMemory m = rank_memory(c, P, D, a->zero, a->B, a->T, a->sp, a->recompute);
+            double mb = memory_total(&m) / 1e6, comm_mb = time.sent / time.steps / 1e6, dp_mb = time.dp_sent / time.steps / 1e6;
+            printf("%4d %4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %8.1f %9.2f %9.2f %12.1f\n", P, D, run->threads, ms, tps, speedup,
+                   eff, 100 * share, 100 * dp_share, comm_mb, dp_mb, mb);
             fflush(stdout);
             if (csv)
-                fprintf(csv, "%d,%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f\n", P, D, run->threads, ms, tps, speedup, eff, share,
-                        dp_share, tp_mb, dp_mb, mb);
+                fprintf(csv, "%d,%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f\n", P, D, run->threads, ms, tps, speedup, eff,
+                        share, dp_share, comm_mb, dp_mb, mb);
         }
     if (csv) fclose(csv);
 }
