@@ -1,4 +1,4 @@
-# make             builds ./tp and ./test_tp
+# make             builds ./tp and ./test_tp (with MPI, for mpirun, when mpicxx is found; make MPI=0: without)
 # make test        builds and runs the tests
 # make asan tsan   the tests again, under AddressSanitizer + UndefinedBehaviorSanitizer, and ThreadSanitizer
 # make debug       ./tp_debug and ./test_tp_debug for work on kernels: -O0 -g, device debug info with line
