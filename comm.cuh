@@ -17,8 +17,8 @@
 //              comm_bind_cuda. A CUDA kernel reads the P ranks' device pointers directly (one process,
 //              one device or devices with peer access) and sums in the same rank order as COMM_HOST:
 //              bit-identical across ranks and to the host path.
-//   COMM_NCCL  NCCL, one communicator per rank on distinct GPUs, created together: comm_nccl_init
-//              once, then comm_init and comm_bind_cuda per rank. Collectives are enqueued on the rank's
+//   COMM_NCCL  NCCL, one communicator per rank on distinct GPUs, created together: comm_nccl_init_all
+//              (or comm_nccl_init_procs across processes) once, then comm_init and comm_bind_cuda per rank. Collectives are enqueued on the rank's
 //              stream and the host moves on; comm_sync waits for them, polling, within the timeout.
 //
 // A group may span processes (data parallelism across machines, started by mpirun): it is then P ranks
@@ -38,10 +38,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 #include <unistd.h>
-#include <string>
 #include <cuda_runtime.h>
 #include <nccl.h>
 #ifdef TP_MPI
