@@ -5,7 +5,8 @@
 //                           20240326, version 3, maxT, V, L, NH, C, Vp; then the 16 tensors, full and
 //                           unsharded, in llm.c's order), so llm.c and any TP degree can read it;
 //   DIR/state_NNNNNNNN.bin  what an exact resume needs besides the weights: the step, AdamW's t, m and
-//                           v as full tensors, and the train loader's position and random state.
+//                           v as full tensors, the train loader's position and random state, and the
+//                           run's flags (data, steps, schedule, ...), so that `-y 1` alone continues it.
 // Both are written to a temporary name, fsynced and renamed, the state last: a step counts as saved
 // only when its state file exists, and a crash never leaves half a checkpoint in place of a good one.
 #pragma once
@@ -60,7 +61,8 @@ static bool atomic_close(AtomicFile* a) {
 // ----------------------------------------------------------------------------
 // model files (llm.c's GPT-2 fp32 format)
 
-// Reads an llm.c version-3 (fp32) checkpoint's header into c and its tensors into full.
+// Reads an llm.c version-3 (fp32) checkpoint's header into c and its tensors into full (full null: the
+// header only, to size the run before allocating anything).
 static void model_read(const char* path, GPTConfig* c, std::vector<float>* full) {
     FILE* f = fopen(path, "rb");
     if (!f) fatal("cannot open checkpoint %s: %s (give an llm.c model file or a descriptor like d12 to -e)", path, strerror(errno));
@@ -72,6 +74,10 @@ static void model_read(const char* path, GPTConfig* c, std::vector<float>* full)
     if (c->maxT <= 0 || c->V <= 0 || c->L <= 0 || c->NH <= 0 || c->C <= 0 || c->Vp < c->V || c->C % c->NH != 0)
         fatal("checkpoint %s has an invalid header (maxT %d V %d L %d NH %d C %d Vp %d)", path, c->maxT, c->V, c->L, c->NH, c->C, c->Vp);
     long n = gpt_num_params(c);
+    if (!full) {
+        fclose(f);
+        return;
+    }
     full->resize(n);
     size_t got = fread(full->data(), sizeof(float), n, f);
     if ((long)got != n) fatal("checkpoint %s is truncated: %zu of %ld parameters present", path, got, n);
@@ -96,16 +102,24 @@ static int model_write(const char* path, const GPTConfig* c, const float* full) 
 // ----------------------------------------------------------------------------
 // state files, the checkpoints of a directory, resume
 
+// A state file: this header, then flags_bytes of the run's flags (tp.cu's args_saved: "name\0value\0"
+// pairs), then AdamW's m and v (nparams floats each), the loader's shard order (nshards int32) and
+// sample permutation (nsamples int64), and its MT19937 as text (rng_bytes). Version 1 had no flags
+// (its header ends before flags_bytes); tp still reads it.
 #define STATE_MAGIC 20261130
+#define STATE_VERSION 2
 struct StateHeader {
     int64_t magic, version, step, adam_t, nparams, P;
     int64_t maxT, V, Vp, L, NH, C, B, T;
     int64_t shard_pos, sample_pos, nshards, nsamples, rng_bytes;
+    int64_t flags_bytes;
 };
+#define STATE_V1_HEADER_BYTES (19 * sizeof(int64_t))
 
 // what a resume restores besides the weights
 struct TrainState {
     StateHeader h;
+    std::string flags;               // the run's flags when it was saved (empty in a version-1 file)
     std::vector<float> m, v;         // AdamW's moments, full tensors in llm.c's order
     std::vector<int> shard_order;    // the train loader's shard order, position and sample permutation
     std::vector<long> sample_order;
@@ -138,11 +152,12 @@ static std::vector<int> ckpt_steps(const char* dir) {
     return steps;
 }
 
-static int state_write(const char* path, const StateHeader* h, const float* m, const float* v, const DataLoader* d,
-                       const std::string& rng) {
+static int state_write(const char* path, const StateHeader* h, const std::string& flags, const float* m, const float* v,
+                       const DataLoader* d, const std::string& rng) {
     AtomicFile a;
     if (!atomic_open(&a, path)) return a.err;
     atomic_write(&a, h, sizeof(*h));
+    atomic_write(&a, flags.data(), flags.size());
     atomic_write(&a, m, h->nparams * sizeof(float));
     atomic_write(&a, v, h->nparams * sizeof(float));
     atomic_write(&a, d->shard_order.data(), h->nshards * sizeof(int));
@@ -156,17 +171,27 @@ static void read_all(FILE* f, void* p, size_t bytes, const char* path) {
     if (fread(p, 1, bytes, f) != bytes) fatal("state file %s is truncated: delete it to resume from the checkpoint before it", path);
 }
 
-// Reads the state file of `step` in dir; nparams: the parameter count of its model file.
-static void state_read(const char* dir, int step, long nparams, TrainState* s) {
+// Reads the state file of `step` in dir: the header and the run's flags, and with body also the rest
+// (AdamW's moments and the loader's state). nparams: the parameter count of its model file.
+static void state_read(const char* dir, int step, long nparams, bool body, TrainState* s) {
     std::string path = ckpt_path(dir, "state", step);
     FILE* f = fopen(path.c_str(), "rb");
     if (!f) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
     StateHeader* h = &s->h;
-    read_all(f, h, sizeof(*h), path.c_str());
-    if (h->magic != STATE_MAGIC || h->version != 1) fatal("%s is not a tp state file (magic %lld)", path.c_str(), (long long)h->magic);
+    *h = StateHeader{};
+    read_all(f, h, STATE_V1_HEADER_BYTES, path.c_str());
+    if (h->magic != STATE_MAGIC || h->version < 1 || h->version > STATE_VERSION)
+        fatal("%s is not a tp state file this tp reads (magic %lld, version %lld)", path.c_str(), (long long)h->magic, (long long)h->version);
+    if (h->version >= 2) read_all(f, &h->flags_bytes, sizeof(h->flags_bytes), path.c_str());
     if (h->nparams != nparams) fatal("state file %s does not match its model file", path.c_str());
-    if (h->nshards < 0 || h->nsamples < 0 || h->rng_bytes < 0 || h->rng_bytes > 1 << 20)
+    if (h->nshards < 0 || h->nsamples < 0 || h->rng_bytes < 0 || h->rng_bytes > 1 << 20 || h->flags_bytes < 0 || h->flags_bytes > 1 << 20)
         fatal("state file %s is corrupt", path.c_str());
+    s->flags.resize(h->flags_bytes);
+    read_all(f, &s->flags[0], h->flags_bytes, path.c_str());
+    if (!body) {
+        fclose(f);
+        return;
+    }
     s->m.resize(h->nparams);
     s->v.resize(h->nparams);
     s->shard_order.resize(h->nshards);
@@ -186,16 +211,29 @@ static void loader_restore(DataLoader* d, const TrainState* s) {
     if (h->B != d->B || h->T != d->T)
         fatal("the checkpoint was trained with -b %lld -t %lld: resume with the same batch shape", (long long)h->B, (long long)h->T);
     if (h->nshards != (int64_t)d->shard_order.size() || h->shard_pos >= h->nshards)
-        fatal("the training data changed since the checkpoint (%lld shards then, %zu now)", (long long)h->nshards, d->shard_order.size());
+        fatal("the train data has %zu shards, but the run was saved with %lld: resume it with its own data (-i)", d->shard_order.size(),
+              (long long)h->nshards);
     d->shard_order = s->shard_order;
     d->shard_pos = (int)h->shard_pos;
     loader_load_shard(d);  // opens the shard (and draws a permutation that the next lines replace)
     if (d->shuffle && h->nsamples != d->nsamples)
-        fatal("the training data changed since the checkpoint (%lld samples per shard then, %ld now)", (long long)h->nsamples, d->nsamples);
+        fatal("the train data has %ld samples in its current shard, but the run was saved with %lld: resume it with its own data (-i)",
+              d->nsamples, (long long)h->nsamples);
     if (d->shuffle) d->sample_order = s->sample_order;
     d->sample_pos = h->sample_pos;
     std::istringstream rng(s->rng);
     rng >> d->rng;
+}
+
+// Deletes every checkpoint in dir (the state file first, so a half-deleted pair never looks saved);
+// returns how many there were.
+static int ckpt_remove_all(const char* dir) {
+    std::vector<int> steps = ckpt_steps(dir);
+    for (int step : steps) {
+        remove(ckpt_path(dir, "state", step).c_str());
+        remove(ckpt_path(dir, "model", step).c_str());
+    }
+    return (int)steps.size();
 }
 
 // ----------------------------------------------------------------------------
@@ -205,6 +243,7 @@ static void loader_restore(DataLoader* d, const TrainState* s) {
 struct Checkpoints {
     const char* dir;
     int keep;                 // how many of the newest checkpoints to keep
+    std::string flags;        // the run's flags, saved in every state file
     std::vector<float> m, v;  // full tensors, sized before the rank threads start (the parameters gather
                               // into a buffer the caller gives)
 };
@@ -222,13 +261,13 @@ static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* r
         const GPTConfig* c = &m->cfg;
         std::ostringstream rng;
         rng << train->rng;
-        StateHeader h = {STATE_MAGIC, 1, step, m->t, n, rk->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
+        StateHeader h = {STATE_MAGIC, STATE_VERSION, step, m->t, n, rk->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
                          train->B, train->T, train->shard_pos, train->sample_pos, (int64_t)train->shard_order.size(),
-                         (int64_t)train->sample_order.size(), (int64_t)rng.str().size()};
+                         (int64_t)train->sample_order.size(), (int64_t)rng.str().size(), (int64_t)ck->flags.size()};
         int err = model_write(model.c_str(), c, full_params);
         const std::string* failed = &model;
         if (err == 0) {
-            err = state_write(state.c_str(), &h, ck->m.data(), ck->v.data(), train, rng.str());
+            err = state_write(state.c_str(), &h, ck->flags, ck->m.data(), ck->v.data(), train, rng.str());
             failed = &state;
         }
         if (err != 0)
