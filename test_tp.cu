@@ -509,6 +509,16 @@ static void test_loader() {
     bool same = true;
     for (int k = 0; k < 5; k++) same &= seen[k] == perm[k] * BT;
     check(same, "shuffled order is llm.c's MT19937(42) Fisher-Yates permutation");
+    // the startup scan reads a shard in chunks of 2M tokens: the largest id and its first place, past the first chunk
+    std::vector<int> big(5000001, 7);
+    big[3] = 200;
+    big[4500000] = 40000;
+    big[4900000] = 40000;
+    write_tokens(d + "/big.bin", big);
+    std::vector<TokenShard> shards = token_files((d + "/big.bin").c_str(), "train", 2);
+    token_shard_scan(&shards[0], "train");
+    check(shards[0].max_id == 40000 && shards[0].max_pos == 4500000, "scan of %zu tokens in 3 chunks: largest id %d first at token %ld",
+          big.size(), shards[0].max_id, shards[0].max_pos);
 }
 
 // ----------------------------------------------------------------------------
