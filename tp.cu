@@ -296,8 +296,8 @@ static std::string args_saved(const Args* a) {
 }
 
 // -y 1: the run's saved flags (from its newest state file) fill in every saved flag the command line did
-// not give; one it gave with another value changes the run (MAY_CHANGE; returned as the line that says
-// so, empty if none) or is refused (MUST_KEEP).
+// not give; one it gave with another value changes the run (MAY_CHANGE; returned as a list for the line
+// that says so, empty if none) or is refused (MUST_KEEP).
 static std::string args_resume(Args* a, const std::string& saved, const char* dir) {
     std::vector<std::pair<std::string, std::string>> kv;
     for (size_t p = 0; p < saved.size();) {
@@ -331,7 +331,7 @@ static std::string args_resume(Args* a, const std::string& saved, const char* di
         if (f->offset == ARG(max_steps) && a->max_steps == 0) continue;  // -x 0: a sample, the run unchanged
         changed += std::string(changed.empty() ? " " : ", ") + f->name + " " + flag_text(a, f, false) + " (was " + old_text + ")";
     }
-    return changed.empty() ? "" : "tp: continuing with changed flags:" + changed + "\n";
+    return changed;
 }
 
 static void parse_args(int argc, char** argv, Args* a) {
@@ -619,7 +619,7 @@ static void rank_main(Run* run, int r) {
             total_comm += st.comm_seconds;
         }
         if (lead) logger_step(&run->log, step + 1, st.loss, vl, st.lr, st.seconds, BT, st.comm_seconds, st.comm_values * 4);
-        if (lead && print_step(a, step)) {
+        if (lead && (print_step(a, step) || step == run->start_step)) {
             char mfu[32] = "", comm[64] = "";
             if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_step / st.seconds / (run->peak_flops * std::min(run->P, run->ngpu)));
             if (run->P > 1) snprintf(comm, sizeof(comm), " | comm %.1f ms, %.2f MB", st.comm_seconds * 1e3, st.comm_values * 4 / 1e6);
@@ -972,7 +972,7 @@ static void run_setup(Run* run) {
             fatal("the run in %s is at step %d already: give -x larger than %d to train further, or -x 0 to sample from it",
                   a->outdir, run->start_step, run->start_step);
         if (a->max_steps > run->start_step) printf("tp: resuming from %s at step %d\n", model_file.c_str(), run->start_step);
-        printf("%s", changed.c_str());
+        if (!changed.empty()) printf("tp: %s with changed flags:%s\n", a->max_steps > run->start_step ? "continuing" : "sampling", changed.c_str());
     }
     check_data_flags(a);
     run->sample_only = a->max_steps == 0 || (run->resuming && run->start_step == a->max_steps);
