@@ -57,6 +57,14 @@ static const char* comm_kind_name(int kind) {
     return names[kind];
 }
 
+// The bytes one rank sends for `floats` of payload of a kind, as a ring algorithm (what NCCL runs
+// between GPUs) sends them over P ranks: an all-reduce of n floats is a reduce-scatter then an
+// all-gather, each sending (P-1)/P of the data; a broadcast, pipelined, (P-1)/P. One rank sends nothing.
+static double comm_ring_bytes(int kind, double floats, int P) {
+    double f = (double)(P - 1) / P;
+    return 4.0 * floats * (kind == KIND_ALLREDUCE ? 2.0 * f : f);
+}
+
 // what one rank is doing in a collective, published for the other ranks to check
 struct CommCall {
     int op;
@@ -659,14 +667,18 @@ static void comm_reducescatter(Comm* c, float* out, const float* in, long n, con
     c->seconds += comm_now() - t0;
 }
 
-// out (P*n) on every rank <- the concatenation of every rank's in (n), rank 0 first
+// out (P*n) on every rank <- the concatenation of every rank's in (n), rank 0 first. in must not overlap
+// out, except as out + rank*n (in place: the rank's own slice is already there), as NCCL allows.
 static void comm_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
     if (c->backend == COMM_CUDA) { comm_cuda_allgather(c, out, in, n, where, layer); return; }
     if (c->backend == COMM_NCCL) { comm_nccl_allgather(c, out, in, n, where, layer); return; }
     double t0 = comm_now();
     comm_begin(c, COMM_GATHER, n, in, where, layer);
     if (c->P > 1) comm_wait_all(c, true);
-    for (int r = 0; r < c->P; r++) memmove(out + (long)r * n, c->g->call[r].ptr, n * sizeof(float));
+    for (int r = 0; r < c->P; r++) {
+        float* dst = out + (long)r * n;
+        if (dst != c->g->call[r].ptr) memcpy(dst, c->g->call[r].ptr, n * sizeof(float));  // in place: nothing to copy
+    }
     if (c->P > 1) comm_wait_all(c, false);  // no rank may change its input before everyone copied it
     comm_count(c, COMM_GATHER, (double)n * c->P);
     c->seconds += comm_now() - t0;

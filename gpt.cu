@@ -13,8 +13,11 @@
 //   gpt_update:     the all-reduce of the sharded tensors' squared gradient norm (one float), for clipping
 //   gpt_logits_row: an all-gather of one position's logits (sampling only, never in training)
 // A training step moves (4L + 2) B T C floats, plus 3 B T for the loss and 1 for the gradient norm.
-// Outside this file ranks only line up (comm_barrier: around checkpoints, and to stop together on
-// Ctrl-C); no data moves between them anywhere else.
+// With sequence parallelism (--sp 1) each all-reduce around a layer becomes a reduce-scatter or an
+// all-gather (all_tokens and my_tokens_summed below), the backward all-gathers the layernorm outputs
+// again, and the end of gpt_backward all-reduces the layernorm and wpe gradients (step_comm_floats
+// counts it all). Outside this file ranks only line up (comm_barrier: around checkpoints, and to stop
+// together on Ctrl-C); no data moves between them anywhere else.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -227,70 +230,109 @@ static void params_point(Params* p, float* mem, const ShardPlan* s) {
     }
 }
 
-// The activations of one rank for batches of (B, T); Cl, C4l, Vl are the rank's local widths. The sizes
-// are in one place, acts_layout; LayerActs is layer l's view of the per-layer buffers.
+// ----------------------------------------------------------------------------
+// activation memory: sequence parallelism (--sp 1) and recomputation (-r)
+//
+// Sequence parallelism splits the token-wise regions of a layer -- the layernorms, the residual adds,
+// the embedding output -- along the B*T tokens of a batch: rank r keeps the N = B*T/P tokens starting
+// at t0 = r*N, and only the matmuls and attention between a column-parallel and a row-parallel layer
+// see every token. Without it every rank keeps all N = B*T tokens of those regions. Recomputation drops
+// what is cheap to recompute and big, and recomputes it in the backward with the same ops in the same
+// order, so no bit of the result changes: -r 1 the GELU output, -r 2 also the two layernorm outputs,
+// -r 3 also the attention probabilities (B, NH/P, T, T).
+//
+// The activations of one rank; Cl, C4l, Vl are the rank's local widths, N its tokens. The sizes are in
+// one place, acts_layout; LayerActs is layer l's view of the per-layer buffers.
 struct Acts {
-    float* encoded;                    // (B, T, C) embedding output, the first layer's residual input
-    float *ln1, *ln1_mean, *ln1_rstd;  // per layer: (B, T, C), (B, T), (B, T)
+    float* encoded;                    // (N, C) embedding output, the first layer's residual input
+    float *ln1, *ln1_mean, *ln1_rstd;  // per layer: (N, C), (N), (N)
     float* qkv;                        // per layer: (B, T, 3 Cl) q, k, v of the local heads
     float* atty;                       // per layer: (B, T, Cl) attention output of the local heads
     float* att;                        // per layer: (B, NHl, T, T) attention probabilities
-    float* residual2;                  // per layer: (B, T, C) after the attention block
-    float *ln2, *ln2_mean, *ln2_rstd;  // per layer: (B, T, C), (B, T), (B, T)
+    float* residual2;                  // per layer: (N, C) after the attention block
+    float *ln2, *ln2_mean, *ln2_rstd;  // per layer: (N, C), (N), (N)
     float *fch, *fch_gelu;             // per layer: (B, T, 4 Cl) the local slice of the MLP
-    float* residual3;                  // per layer: (B, T, C) after the MLP block: the layer's output
-    float *lnf, *lnf_mean, *lnf_rstd;  // (B, T, C), (B, T), (B, T)
+    float* residual3;                  // per layer: (N, C) after the MLP block: the layer's output
+    float *lnf, *lnf_mean, *lnf_rstd;  // (B, T, C) the LM head's input, every token; (N), (N)
     float* logits;                     // (B, T, Vl) the local vocab slice; dlogits after a training forward
     float *ce_max, *ce_sums, *losses;  // (B, T), (B, T, 2), (B, T)
     float* partial;                    // (B, T, C) a row-parallel layer's partial output, summed in place
+    float* gathered;                   // (B, T, C) with --sp 1: the all-gathered tokens (else empty)
     // backward scratch
-    float *dres, *dln, *datty, *dqkv, *dfch;  // (B,T,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
+    float *dres, *dln, *datty, *dqkv, *dfch;  // (N,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
 };
 #define NUM_ACTS ((int)(sizeof(Acts) / sizeof(float*)))
 
-// For each buffer of Acts, in its order: floats per copy, and copies (L for the per-layer buffers, else 1).
+// What a buffer of Acts is: kept by each layer for the backward (L copies), one copy every layer reuses
+// (what -r recomputes in the backward), one buffer outside the layers, or not used by this configuration.
+enum ActKind { ACT_UNUSED, ACT_ONCE, ACT_PER_LAYER, ACT_REUSED };
+
+// for each buffer of Acts, in its order: floats per copy, and what it is
 struct ActsLayout {
     long size[NUM_ACTS];
-    int copies[NUM_ACTS];
+    int kind[NUM_ACTS];
 };
 
-static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, ActsLayout* lay) {
-    long L = c->L, C = c->C, BT = (long)B * T;
-    struct { long size; long copies; } t[] = {
-        {BT * C, 1},                                                           // encoded
-        {BT * C, L}, {BT, L}, {BT, L},                                         // ln1, ln1_mean, ln1_rstd
-        {BT * 3 * s->Cl, L},                                                   // qkv
-        {BT * s->Cl, L},                                                       // atty
-        {B * s->NHl * (long)T * T, L},                                         // att
-        {BT * C, L},                                                           // residual2
-        {BT * C, L}, {BT, L}, {BT, L},                                         // ln2, ln2_mean, ln2_rstd
-        {BT * s->C4l, L}, {BT * s->C4l, L},                                    // fch, fch_gelu
-        {BT * C, L},                                                           // residual3
-        {BT * C, 1}, {BT, 1}, {BT, 1},                                         // lnf, lnf_mean, lnf_rstd
-        {BT * s->Vl, 1},                                                       // logits
-        {BT, 1}, {2 * BT, 1}, {BT, 1},                                         // ce_max, ce_sums, losses
-        {BT * C, 1},                                                           // partial
-        {BT * C, 1}, {BT * C, 1}, {BT * s->Cl, 1}, {BT * 3 * s->Cl, 1}, {BT * s->C4l, 1},  // dres, dln, datty, dqkv, dfch
+static long act_copies(const ActsLayout* lay, int i, int L) {
+    return lay->kind[i] == ACT_PER_LAYER ? L : lay->kind[i] == ACT_UNUSED ? 0 : 1;
+}
+
+// split: sequence parallelism on (N = B*T/P tokens per rank); recompute: -r 0..3
+static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute, ActsLayout* lay) {
+    long C = c->C, BT = (long)B * T, N = split ? BT / s->P : BT;
+    const int LAYER = ACT_PER_LAYER, ONCE = ACT_ONCE;
+    int ln = recompute >= 2 ? ACT_REUSED : LAYER, gelu = recompute >= 1 ? ACT_REUSED : LAYER;
+    int att = recompute >= 3 ? ACT_REUSED : LAYER;
+    struct { long size; int kind; } t[] = {
+        {N * C, ONCE},                                                          // encoded
+        {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln1, ln1_mean, ln1_rstd
+        {BT * 3 * s->Cl, LAYER},                                                // qkv
+        {BT * s->Cl, LAYER},                                                    // atty
+        {B * s->NHl * (long)T * T, att},                                        // att
+        {N * C, LAYER},                                                         // residual2
+        {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln2, ln2_mean, ln2_rstd
+        {BT * s->C4l, LAYER}, {BT * s->C4l, gelu},                              // fch, fch_gelu
+        {N * C, LAYER},                                                         // residual3
+        {BT * C, ONCE}, {N, ONCE}, {N, ONCE},                                   // lnf, lnf_mean, lnf_rstd
+        {BT * s->Vl, ONCE},                                                     // logits
+        {BT, ONCE}, {2 * BT, ONCE}, {BT, ONCE},                                 // ce_max, ce_sums, losses
+        {BT * C, ONCE},                                                         // partial
+        {BT * C, split ? ONCE : ACT_UNUSED},                                    // gathered
+        {N * C, ONCE}, {BT * C, ONCE}, {BT * s->Cl, ONCE}, {BT * 3 * s->Cl, ONCE}, {BT * s->C4l, ONCE},  // dres, dln, datty, dqkv, dfch
     };
     static_assert(sizeof(t) / sizeof(t[0]) == NUM_ACTS, "Acts and acts_layout disagree");
     for (int i = 0; i < NUM_ACTS; i++) {
         lay->size[i] = t[i].size;
-        lay->copies[i] = (int)t[i].copies;
+        lay->kind[i] = t[i].kind;
     }
 }
 
 // the activation floats of one rank: what gpt_alloc_acts allocates
-static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T) {
+static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute) {
     ActsLayout lay;
-    acts_layout(c, s, B, T, &lay);
+    acts_layout(c, s, B, T, split, recompute, &lay);
     long n = 0;
-    for (int i = 0; i < NUM_ACTS; i++) n += lay.size[i] * lay.copies[i];
+    for (int i = 0; i < NUM_ACTS; i++) n += lay.size[i] * act_copies(&lay, i, c->L);
     return n;
 }
 
+// of those, what every layer keeps for itself (the rest is the layers' shared buffers and the buffers
+// outside the layers)
+static long acts_floats_per_layer(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute) {
+    ActsLayout lay;
+    acts_layout(c, s, B, T, split, recompute, &lay);
+    long n = 0;
+    for (int i = 0; i < NUM_ACTS; i++) n += lay.kind[i] == ACT_PER_LAYER ? lay.size[i] : 0;
+    return n;
+}
+
+// whether a batch of (B, T) is split along its tokens: --sp 1 asked for, more than one rank, and the
+// tokens divide into the ranks (sampling's batch of one sequence may not; it then runs unsplit)
+static bool sp_splits(bool sp, int P, int B, int T) { return sp && P > 1 && ((long)B * T) % P == 0; }
+
 // layer l's view of the per-layer activations
 struct LayerActs {
-    float* residual;  // (B, T, C) the layer's input: encoded for layer 0, else the previous layer's residual3
+    float* residual;  // (N, C) the layer's input: encoded for layer 0, else the previous layer's residual3
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
 };
@@ -298,8 +340,10 @@ struct LayerActs {
 struct GPT {
     GPTConfig cfg;
     ShardPlan plan;
-    int hs;        // head size
-    long nparams;  // this rank's parameter count
+    int hs;         // head size
+    long nparams;   // this rank's parameter count
+    bool sp;        // --sp 1: sequence parallelism (set by the caller after gpt_build)
+    int recompute;  // -r: 0 none, 1 GELU, 2 also the layernorms, 3 also the attention probabilities
     float* params_mem;
     float* grads_mem;
     float *m_mem, *v_mem;  // AdamW moments
@@ -307,6 +351,8 @@ struct GPT {
     float* norm2;  // (2) squared gradient norm: [sharded tensors summed over ranks, replicated tensors]
     // activations, allocated for one (B, T)
     int B, T;
+    bool split;     // this allocation splits the tokens (sp_splits)
+    int ntok, t0;   // the tokens of the token-wise regions on this rank: N and the first one
     float* acts_mem;
     Acts acts;
     ActsLayout layout;
@@ -315,8 +361,10 @@ struct GPT {
     float* row;             // (Vp) one position's gathered logits, for sampling
 };
 
-// layer l's copy of the per-layer buffer `name` of Acts
-#define LAYER_BUF(m, name, l) ((m)->acts.name + (long)(l) * (m)->layout.size[offsetof(Acts, name) / sizeof(float*)])
+// layer l's buffer `name` of Acts: its own copy when the layer keeps one, else the one every layer reuses
+#define LAYER_BUF(m, name, l)                                                                        \
+    ((m)->acts.name + ((m)->layout.kind[offsetof(Acts, name) / sizeof(float*)] == ACT_PER_LAYER ? (long)(l) : 0) * \
+                          (m)->layout.size[offsetof(Acts, name) / sizeof(float*)])
 
 static LayerActs layer_acts(const GPT* m, int l) {
     LayerActs la;
@@ -412,25 +460,60 @@ static void gpt_free(GPT* m, Rank* rk) {
 
 // (Re)allocates the activations for batches of (B, T).
 static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
-    if (m->acts_mem && m->B == B && m->T == T) return;
+    bool split = sp_splits(m->sp, rk->P, B, T);
+    if (m->acts_mem && m->B == B && m->T == T && m->split == split) return;
     if (m->acts_mem) dev_free(rk, m->acts_mem);
     if (m->tokens) { dev_free(rk, m->tokens); dev_free(rk, m->targets); }
-    acts_layout(&m->cfg, &m->plan, B, T, &m->layout);
-    m->acts_mem = dev_alloc(rk, acts_floats(&m->cfg, &m->plan, B, T));
+    acts_layout(&m->cfg, &m->plan, B, T, split, m->recompute, &m->layout);
+    m->acts_mem = dev_alloc(rk, acts_floats(&m->cfg, &m->plan, B, T, split, m->recompute));
     float** ptrs = (float**)&m->acts;
     float* p = m->acts_mem;
     for (int i = 0; i < NUM_ACTS; i++) {
         ptrs[i] = p;
-        p += m->layout.size[i] * m->layout.copies[i];
+        p += m->layout.size[i] * act_copies(&m->layout, i, m->cfg.L);
     }
     m->tokens = (int*)dev_alloc(rk, (long)B * T);
     m->targets = (int*)dev_alloc(rk, (long)B * T);
     m->B = B;
     m->T = T;
+    m->split = split;
+    m->ntok = split ? B * T / rk->P : B * T;
+    m->t0 = split ? rk->rank * m->ntok : 0;
 }
 
 // ----------------------------------------------------------------------------
 // forward, backward, update: the TP recipe
+
+// Where a layer enters and leaves the tensor-parallel region, the two places the collectives sit.
+//                                  without --sp (TP)                       with --sp 1 (SP)
+//   into qkv, fc, the LM head    f: identity fwd, all-reduce bwd         all-gather fwd, reduce-scatter bwd
+//   out of attproj, fcproj       g: all-reduce fwd, identity bwd         reduce-scatter fwd, all-gather bwd
+// A column-parallel matmul needs every token as input; a row-parallel one leaves every rank a partial
+// sum over the ranks. The backward of "gather the tokens" is "sum the partials" and vice versa, so the
+// two functions below serve both passes. A ring all-reduce is a reduce-scatter followed by an
+// all-gather, so SP moves the same bytes here as TP; it moves more in two places, both marked below.
+
+// Every token's rows, (B, T, C), from this rank's rows x (N, C). With SP an all-gather into
+// acts.gathered; without SP x already holds every token and is returned as it is.
+static float* all_tokens(GPT* m, Rank* rk, float* x, const char* where, int l) {
+    if (!m->split) return x;
+    comm_allgather(&rk->tp, m->acts.gathered, x, (long)m->ntok * m->cfg.C, where, l);
+    return m->acts.gathered;
+}
+
+// partial (B, T, C) holds this rank's partial sums; returns the sums over all ranks of this rank's
+// rows (N, C). Without SP an all-reduce of every row (in place); with SP a reduce-scatter that leaves
+// this rank's rows, summed, in place at row t0.
+static float* my_tokens_summed(GPT* m, Rank* rk, float* partial, const char* where, int l) {
+    long C = m->cfg.C;
+    if (!m->split) {
+        comm_allreduce(&rk->tp, partial, (long)m->B * m->T * C, COMM_SUM, where, l);
+        return partial;
+    }
+    float* mine = partial + (long)m->t0 * C;
+    comm_reducescatter(&rk->tp, mine, partial, (long)m->ntok * C, where, l);
+    return mine;
+}
 
 // Forward pass of one rank on tokens (B, T) (host memory, the same on every rank).
 // With targets (B, T): computes the per-position losses, identical on every rank (read them with
@@ -444,47 +527,59 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     Params* p = &m->params;
     Comm* tp = &rk->tp;
     int L = c->L, C = c->C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, hs = m->hs;
-    int BT = B * T;
+    int BT = B * T, N = m->ntok;
     dev_upload(rk, m->tokens, tokens, BT * sizeof(int));
     if (targets) dev_upload(rk, m->targets, targets, BT * sizeof(int));
 
     // Vocab-parallel embedding: each rank holds wte rows [v0, v0+Vl) and looks up only the tokens it
     // owns, writing zeros for the rest. Summing over ranks puts every token's row in place (the other
-    // ranks add exact zeros, so this is bit-identical to TP=1). Then the replicated wpe is added.
-    OP(rk, encoder_forward, a->encoded, m->tokens, p->wte, s->v0, Vl, BT, C);
-    comm_allreduce(tp, a->encoded, (long)BT * C, COMM_SUM, "embedding fwd", -1);
-    OP(rk, position_forward, a->encoded, p->wpe, B, T, C);
+    // ranks add exact zeros, so this is bit-identical to TP=1): g, an all-reduce; with SP a
+    // reduce-scatter, which leaves each rank its own tokens. Then the replicated wpe is added.
+    if (!m->split) {
+        OP(rk, encoder_forward, a->encoded, m->tokens, p->wte, s->v0, Vl, BT, C);
+        comm_allreduce(tp, a->encoded, (long)BT * C, COMM_SUM, "embedding fwd", -1);
+    } else {
+        OP(rk, encoder_forward, a->partial, m->tokens, p->wte, s->v0, Vl, BT, C);
+        comm_reducescatter(tp, a->encoded, a->partial, (long)N * C, "embedding fwd", -1);
+    }
+    OP(rk, position_forward, a->encoded, p->wpe, N, m->t0, T, C);
 
     for (int l = 0; l < L; l++) {
         LayerActs la = layer_acts(m, l);
 
-        // attention block. ln1 is replicated: every rank normalises the same residual stream.
-        OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, BT, C);
-        // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only
-        OP(rk, matmul_forward, la.qkv, la.ln1, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
+        // attention block. ln1 is replicated: every rank normalises the same residual stream (with SP,
+        // its own tokens of it).
+        OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
+        // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
+        // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
+        float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 fwd", l);
+        OP(rk, matmul_forward, la.qkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
         // heads are independent, so attention needs nothing from the other ranks
         OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
         // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
         // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
-        // the heads of all ranks into the full projection, the same on every rank.
+        // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
         OP(rk, matmul_forward, a->partial, la.atty, p->attprojw + (long)l * C * Cl, nullptr, BT, Cl, C);
-        comm_allreduce(tp, a->partial, (long)BT * C, COMM_SUM, "attproj fwd", l);
-        OP(rk, residual_forward, la.residual2, la.residual, a->partial, p->attprojb + l * C, BT, C);  // bias once, after the sum
+        float* attn_out = my_tokens_summed(m, rk, a->partial, "attproj fwd", l);
+        OP(rk, residual_forward, la.residual2, la.residual, attn_out, p->attprojb + l * C, N, C);  // bias once, after the sum
 
         // MLP block: fc is column-parallel (this rank's 4C/P hidden units), GELU is elementwise on them,
-        // fcproj is row-parallel over the same units: again a partial sum, again g: all-reduce.
-        OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, BT, C);
-        OP(rk, matmul_forward, la.fch, la.ln2, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l);
+        // fcproj is row-parallel over the same units: again a partial sum, again g.
+        OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
+        float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 fwd", l);
+        OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l);
         OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
         OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C);
-        comm_allreduce(tp, a->partial, (long)BT * C, COMM_SUM, "fcproj fwd", l);
-        OP(rk, residual_forward, la.residual3, la.residual2, a->partial, p->fcprojb + l * C, BT, C);
+        float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", l);
+        OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
     }
 
     // final layernorm (replicated), then the LM head on this rank's vocab slice: logits (B, T, Vl).
-    // The full (B, T, Vp) logits never exist on one rank.
+    // The full (B, T, Vp) logits never exist on one rank. The head needs every token: with SP the
+    // layernorm writes this rank's tokens in place at row t0 and an all-gather fills in the rest.
     float* last = LAYER_BUF(m, residual3, L - 1);
-    OP(rk, layernorm_forward, a->lnf, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, BT, C);
+    OP(rk, layernorm_forward, a->lnf + (long)m->t0 * C, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, N, C);
+    if (m->split) comm_allgather(tp, a->lnf, a->lnf + (long)m->t0 * C, (long)N * C, "lnf fwd", -1);
     OP(rk, matmul_forward, a->logits, a->lnf, p->wte, nullptr, BT, C, Vl);
     if (!targets) return;
 
@@ -521,51 +616,98 @@ static void gpt_backward(GPT* m, Rank* rk) {
     Params* g = &m->grads;
     Comm* tp = &rk->tp;
     int B = m->B, T = m->T, L = c->L, C = c->C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, hs = m->hs;
-    int BT = B * T;
+    int BT = B * T, N = m->ntok;
 
     // LM head: dlnf is a partial sum over this rank's vocab slice. lnf is replicated and feeds a
     // vocab(column)-parallel matmul, so this is Megatron's f operator: identity forward, all-reduce
-    // backward. Every rank then holds the same dlnf, and from here on the residual-stream gradient
-    // dres is identical on every rank, which is why replicated parameters need no communication.
+    // backward (SP: reduce-scatter). Every rank then holds the same dlnf, and from here on the
+    // residual-stream gradient dres is identical on every rank (SP: each rank has its own tokens' rows).
     OP(rk, matmul_backward, a->dln, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);
-    comm_allreduce(tp, a->dln, (long)BT * C, COMM_SUM, "lm head bwd", -1);
-    dev_zero(rk, a->dres, (long)BT * C);
+    float* dlnf = my_tokens_summed(m, rk, a->dln, "lm head bwd", -1);
+    dev_zero(rk, a->dres, (long)N * C);
     float* last = LAYER_BUF(m, residual3, L - 1);
-    OP(rk, layernorm_backward, a->dres, g->lnfw, g->lnfb, a->dln, last, p->lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
+    OP(rk, layernorm_backward, a->dres, g->lnfw, g->lnfb, dlnf, last, p->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
 
     for (int l = L - 1; l >= 0; l--) {
         LayerActs la = layer_acts(m, l);
 
         // dres is d(layer output). The residual passes it straight through to the block inputs.
         // fcproj is row-parallel: its input gradient dfch is local (this rank's hidden units), so no
-        // communication (g's backward is the identity). Its bias was added once after the all-reduce,
-        // and its gradient, the column sum of dres, comes out the same on every rank.
-        OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, a->dres, la.fch_gelu,
+        // communication (g's backward is the identity; with SP, the reduce-scatter's backward is an
+        // all-gather of the output gradient). Its bias was added once after the sum, and its gradient,
+        // the column sum of every token's dres, comes out the same on every rank.
+        float* dout = all_tokens(m, rk, a->dres, "fcproj bwd", l);
+        if (m->recompute >= 1) OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);  // -r 1: not kept
+        OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, la.fch_gelu,
            p->fcprojw + (long)l * C * C4l, BT, C4l, C);
         OP(rk, gelu_backward, a->dfch, la.fch, a->dfch, (long)BT * C4l);
         // fc is column-parallel: its input ln2 is replicated, and each rank's dln2 covers only its
-        // hidden units. f operator: all-reduce backward sums them into the full dln2.
-        OP(rk, matmul_backward, a->dln, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, la.ln2,
+        // hidden units. f operator: all-reduce backward sums them into the full dln2 (SP: reduce-scatter).
+        // Its weight gradient needs the input of every token: with SP the all-gather of ln2 is done again
+        // (the first of SP's two extra costs: it keeps only its own tokens' rows, as Megatron does).
+        if (m->recompute >= 2)  // -r 2: not kept
+            OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
+        float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 bwd", l);
+        OP(rk, matmul_backward, a->dln, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_all,
            p->fcw + (long)l * C4l * C, BT, C, C4l);
-        comm_allreduce(tp, a->dln, (long)BT * C, COMM_SUM, "fc bwd", l);
-        OP(rk, layernorm_backward, a->dres, g->ln2w + l * C, g->ln2b + l * C, a->dln, la.residual2, p->ln2w + l * C,
-           la.ln2_mean, la.ln2_rstd, BT, C);
+        float* dln2 = my_tokens_summed(m, rk, a->dln, "fc bwd", l);
+        OP(rk, layernorm_backward, a->dres, g->ln2w + l * C, g->ln2b + l * C, dln2, la.residual2, p->ln2w + l * C,
+           la.ln2_mean, la.ln2_rstd, N, C);
 
-        // attention block, the same pattern: attproj row-parallel (no communication), attention on
-        // local heads, qkv column-parallel with the f all-reduce of dln1.
-        OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, a->dres, la.atty,
+        // attention block, the same pattern: attproj row-parallel (no communication, SP: all-gather),
+        // attention on local heads, qkv column-parallel with the f all-reduce of dln1 (SP: reduce-scatter).
+        dout = all_tokens(m, rk, a->dres, "attproj bwd", l);
+        OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout, la.atty,
            p->attprojw + (long)l * C * Cl, BT, Cl, C);
+        if (m->recompute >= 3) OP(rk, attention_probs, la.att, la.qkv, B, T, NHl, hs);  // -r 3: from q and k again
         OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);
-        OP(rk, matmul_backward, a->dln, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, la.ln1,
+        if (m->recompute >= 2)
+            OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
+        float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 bwd", l);
+        OP(rk, matmul_backward, a->dln, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_all,
            p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);
-        comm_allreduce(tp, a->dln, (long)BT * C, COMM_SUM, "qkv bwd", l);
-        OP(rk, layernorm_backward, a->dres, g->ln1w + l * C, g->ln1b + l * C, a->dln, la.residual, p->ln1w + l * C,
-           la.ln1_mean, la.ln1_rstd, BT, C);
+        float* dln1 = my_tokens_summed(m, rk, a->dln, "qkv bwd", l);
+        OP(rk, layernorm_backward, a->dres, g->ln1w + l * C, g->ln1b + l * C, dln1, la.residual, p->ln1w + l * C,
+           la.ln1_mean, la.ln1_rstd, N, C);
     }
 
-    // embedding: its forward all-reduce was a g operator, so each rank's lookup receives the full dres
-    // and scatters it into the wte rows it owns; wpe (replicated) gets the same sum on every rank.
-    OP(rk, encoder_backward, g->wte, g->wpe, a->dres, m->tokens, s->v0, Vl, B, T, C);
+    // embedding: its forward sum was a g operator, so each rank's lookup receives every token's dres
+    // (SP: all-gathered) and scatters it into the wte rows it owns; wpe gets the rows of this rank's
+    // tokens (all of them without SP: the same sum on every rank).
+    OP(rk, position_backward, g->wpe, a->dres, N, m->t0, T, C);
+    float* demb = all_tokens(m, rk, a->dres, "embedding bwd", -1);
+    OP(rk, encoder_backward, g->wte, demb, m->tokens, s->v0, Vl, BT, C);
+
+    // The one collective SP adds (its second extra cost). The layernorms and wpe worked on this rank's
+    // tokens only, so their gradients are partial sums over the ranks' tokens: all-reduce them (wpe only
+    // over the T rows a batch uses; each layernorm's weight and bias are adjacent in memory). The
+    // row-parallel biases need nothing: their gradients came from the all-gathered gradient of every token.
+    if (m->split) {
+        comm_allreduce(tp, g->wpe, (long)T * C, COMM_SUM, "wpe grad", -1);
+        comm_allreduce(tp, g->ln1w, 2L * L * C, COMM_SUM, "ln1 grads", -1);
+        comm_allreduce(tp, g->ln2w, 2L * L * C, COMM_SUM, "ln2 grads", -1);
+        comm_allreduce(tp, g->lnfw, 2L * C, COMM_SUM, "lnf grads", -1);
+    }
+}
+
+// The payload of a training step's collectives, by kind (as comm.cuh counts it: an all-reduce of n
+// floats counts n, a reduce-scatter or all-gather of a whole tensor of n counts n). X = B*T*C.
+//   TP: all-reduce (4L+2) X + 3 B T + 1: per layer 2 forward (attproj, fcproj) and 2 backward (fc, qkv),
+//       the embedding and the LM head, the loss's max and two sums, the gradient norm.
+//   SP: the 4L+2 all-reduces of X become a reduce-scatter and an all-gather each (the same bytes on a
+//       ring), plus 2L all-gathers of X that re-gather the layernorm outputs in the backward, plus the
+//       all-reduce of the replicated parameters' gradients, T C + 4 L C + 2 C:
+//       reduce-scatter (4L+2) X, all-gather (6L+2) X, all-reduce 3 B T + 1 + T C + 4 L C + 2 C.
+static void step_comm_floats(const GPTConfig* c, int B, int T, bool split, double out[COMM_KINDS]) {
+    double L = c->L, C = c->C, BT = (double)B * T, X = BT * C;
+    for (int k = 0; k < COMM_KINDS; k++) out[k] = 0;
+    if (!split) {
+        out[KIND_ALLREDUCE] = (4 * L + 2) * X + 3 * BT + 1;
+    } else {
+        out[KIND_REDUCESCATTER] = (4 * L + 2) * X;
+        out[KIND_ALLGATHER] = (6 * L + 2) * X;
+        out[KIND_ALLREDUCE] = 3 * BT + 1 + T * C + 4 * L * C + 2 * C;
+    }
 }
 
 // AdamW's settings for one step

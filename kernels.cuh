@@ -453,13 +453,13 @@ static void encoder_forward_cuda(CudaCtx* cx, float* out, const int* tokens, con
     CUDA_LAUNCH_CHECK(cx->rank, "encoder_forward_kernel");
 }
 
-// x (B, T, C) += wpe (T, C) broadcast over the batch; a warp per (b, t) row
+// x (N, C) += wpe row (t0 + n) % T for row n (the flattened batch's token t0 + n); a warp per row
 template <int VEC>
-__global__ void position_forward_kernel(float* x, const float* wpe, int N, int T, int C) {
+__global__ void position_forward_kernel(float* x, const float* wpe, int N, int t0, int T, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     int lane = threadIdx.x % 32;
-    const float* p = wpe + (n % T) * C;
+    const float* p = wpe + ((t0 + n) % T) * C;
     float* o = x + n * C;
     for (int i = lane * VEC; i < C; i += 32 * VEC) {
         Fv<VEC> a = ldv<VEC>(o + i), b = ldv<VEC>(p + i);
@@ -468,14 +468,13 @@ __global__ void position_forward_kernel(float* x, const float* wpe, int N, int T
     }
 }
 
-static void position_forward_cuda(CudaCtx* cx, float* x, const float* wpe, int B, int T, int C) {
-    int N = B * T;
+static void position_forward_cuda(CudaCtx* cx, float* x, const float* wpe, int N, int t0, int T, int C) {
     if (N <= 0) return;
     unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
     if (C % 4 == 0 && aligned16(x) && aligned16(wpe))
-        position_forward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(x, wpe, N, T, C);
+        position_forward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(x, wpe, N, t0, T, C);
     else
-        position_forward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(x, wpe, N, T, C);
+        position_forward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(x, wpe, N, t0, T, C);
     CUDA_LAUNCH_CHECK(cx->rank, "position_forward_kernel");
 }
 
@@ -533,26 +532,29 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
     if (c < C && cur >= 0) dwte[(long)cur * C + c] = acc;
 }
 
-// dwpe (T, C) += dout summed over the batch; a thread per (t, c) adds b = 0, 1, ... in order (the CPU order)
-__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    long TC = (long)T * C;
-    if (i >= TC) return;
-    float acc = dwpe[i];
-    for (int b = 0; b < B; b++) acc += dout[b * TC + i];
-    dwpe[i] = acc;
-}
-
-// dwte (Vl, C) += dout rows of the tokens this rank owns; dwpe (T, C) += dout summed over the batch
-static void encoder_backward_cuda(CudaCtx* cx, float* dwte, float* dwpe, const float* dout, const int* tokens,
-                                  int v0, int Vl, int B, int T, int C) {
-    int N = B * T;
+// dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns
+static void encoder_backward_cuda(CudaCtx* cx, float* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
     if (N <= 0 || C <= 0) return;
     encoder_backward_wte_kernel<<<dim3(ceil_div(C, ENC_THREADS), ENC_BUCKETS), ENC_THREADS, 0, cx->stream>>>(
         dwte, dout, tokens, v0, Vl, N, C);
     CUDA_LAUNCH_CHECK(cx->rank, "encoder_backward_wte_kernel");
-    encoder_backward_wpe_kernel<<<ceil_div((long)T * C, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dwpe, dout, B, T, C);
-    CUDA_LAUNCH_CHECK(cx->rank, "encoder_backward_wpe_kernel");
+}
+
+// dwpe (T, C) += dout (N, C), row n at position (t0 + n) % T; a thread per (t, c) adds its rows
+// n = (t - t0) mod T, then + T, + 2T, ... in increasing order (the CPU order)
+__global__ void position_backward_kernel(float* dwpe, const float* dout, int N, int t0, int T, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)T * C) return;
+    int t = (int)(i / C), c = (int)(i % C);
+    float acc = dwpe[i];
+    for (long n = ((t - t0) % T + T) % T; n < N; n += T) acc += dout[n * C + c];
+    dwpe[i] = acc;
+}
+
+static void position_backward_cuda(CudaCtx* cx, float* dwpe, const float* dout, int N, int t0, int T, int C) {
+    if (N <= 0 || C <= 0) return;
+    position_backward_kernel<<<ceil_div((long)T * C, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dwpe, dout, N, t0, T, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "position_backward_kernel");
 }
 
 // ----------------------------------------------------------------------------
@@ -831,14 +833,14 @@ __global__ void softmax_causal_backward_kernel(float* datt, const float* att, lo
     }
 }
 
-// qkv (B, T, 3*NH*hs): q, k, v blocks of NH*hs channels each, head h at [h*hs, (h+1)*hs) in each.
-// out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  att (B, NH, T, T) saves the probabilities.
-static void attention_forward_cuda(CudaCtx* cx, float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
+// att (B, NH, T, T) = the probabilities of attention_forward alone, bit for bit (-r 3 recomputes them
+// in the backward). Leaves q, k, v permuted in the scratch, where attention_forward picks up v.
+static void attention_probs_cuda(CudaCtx* cx, float* att, const float* qkv, int B, int T, int NH, int hs) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
     long BTC = (long)B * T * NH * hs, TT = (long)T * T, Ths = (long)T * hs;
     int BH = B * NH;
     float* s = (float*)cuda_scratch(cx, (void**)&cx->attn, &cx->attn_bytes, 4 * BTC * sizeof(float));
-    float *q = s, *k = s + BTC, *v = s + 2 * BTC, *y = s + 3 * BTC;
+    float *q = s, *k = s + BTC;
     heads_split_kernel<<<B * T, 256, 0, cx->stream>>>(q, qkv, T, NH, hs, 3, BTC);
     CUDA_LAUNCH_CHECK(cx->rank, "heads_split_kernel");
     // att[bh] (T, T) = (q[bh] (T, hs) . k[bh]^T) / sqrt(hs), the scale folded into alpha
@@ -850,8 +852,18 @@ static void attention_forward_cuda(CudaCtx* cx, float* out, float* att, const fl
     else
         softmax_causal_forward_kernel<1><<<ceil_div(R, ROWS_PER_BLOCK), ROW_THREADS, 0, cx->stream>>>(att, R, T);
     CUDA_LAUNCH_CHECK(cx->rank, "softmax_causal_forward_kernel");
+}
+
+// qkv (B, T, 3*NH*hs): q, k, v blocks of NH*hs channels each, head h at [h*hs, (h+1)*hs) in each.
+// out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  att (B, NH, T, T) saves the probabilities.
+static void attention_forward_cuda(CudaCtx* cx, float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    attention_probs_cuda(cx, att, qkv, B, T, NH, hs);
+    long BTC = (long)B * T * NH * hs, TT = (long)T * T, Ths = (long)T * hs;
+    float* s = (float*)cuda_scratch(cx, (void**)&cx->attn, &cx->attn_bytes, 4 * BTC * sizeof(float));  // as left above
+    float *v = s + 2 * BTC, *y = s + 3 * BTC;
     // y[bh] (T, hs) = att[bh] (T, T) . v[bh] (T, hs)
-    gemm_cuda(cx, false, false, T, hs, T, 1.0f, att, T, TT, v, hs, Ths, 0.0f, y, hs, Ths, BH);
+    gemm_cuda(cx, false, false, T, hs, T, 1.0f, att, T, TT, v, hs, Ths, 0.0f, y, hs, Ths, B * NH);
     heads_merge_kernel<<<B * T, 256, 0, cx->stream>>>(out, y, T, NH, hs, 1, BTC);
     CUDA_LAUNCH_CHECK(cx->rank, "heads_merge_kernel");
 }

@@ -186,29 +186,35 @@ static void encoder_forward_cpu(float* out, const int* tokens, const float* wte,
     }
 }
 
-// x (B, T, C) += wpe (T, C) broadcast over the batch
-static void position_forward_cpu(float* x, const float* wpe, int B, int T, int C) {
+// x (N, C) += the position embedding of each row: row n is token t0 + n of the flattened (B, T) batch,
+// at position (t0 + n) % T. Without sequence parallelism t0 = 0 and N = B*T; with it a rank holds the
+// N = B*T/P tokens starting at t0.
+static void position_forward_cpu(float* x, const float* wpe, int N, int t0, int T, int C) {
     #pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
-        const float* p = wpe + (size_t)(bt % T) * C;
-        float* o = x + (size_t)bt * C;
+    for (int n = 0; n < N; n++) {
+        const float* p = wpe + (size_t)((t0 + n) % T) * C;
+        float* o = x + (size_t)n * C;
         for (int c = 0; c < C; c++) o[c] += p[c];
     }
 }
 
-// dwte (Vl, C) += dout rows of the tokens this rank owns; dwpe (T, C) += dout summed over the batch.
+// dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns.
 // Parallel over channels: repeated tokens then never race, and each sum keeps the n order.
-static void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int* tokens,
-                                 int v0, int Vl, int B, int T, int C) {
+static void encoder_backward_cpu(float* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
     #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        for (int n = 0; n < B * T; n++) {
-            float d = dout[(size_t)n * C + c];
+    for (int c = 0; c < C; c++)
+        for (int n = 0; n < N; n++) {
             int row = tokens[n] - v0;
-            if (row >= 0 && row < Vl) dwte[(size_t)row * C + c] += d;
-            dwpe[(size_t)(n % T) * C + c] += d;
+            if (row >= 0 && row < Vl) dwte[(size_t)row * C + c] += dout[(size_t)n * C + c];
         }
-    }
+}
+
+// dwpe (T, C) += dout (N, C), row n at position (t0 + n) % T as in position_forward. Each (t, c) sum
+// runs over n in increasing order.
+static void position_backward_cpu(float* dwpe, const float* dout, int N, int t0, int T, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++)
+        for (int n = 0; n < N; n++) dwpe[(size_t)((t0 + n) % T) * C + c] += dout[(size_t)n * C + c];
 }
 
 // ----------------------------------------------------------------------------
@@ -324,30 +330,46 @@ static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, 
 // Head h's q, k and v are (T, hs) matrices inside qkv with row stride 3C: q at column h*hs, k at C + h*hs,
 // v at 2C + h*hs.
 
-// qkv (B, T, 3*NH*hs): q, k, v blocks of NH*hs channels each, head h at [h*hs, (h+1)*hs) in each.
-// out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  att (B, NH, T, T) saves the probabilities.
-static void attention_forward_cpu(float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
-    const int C = NH * hs, C3 = 3 * C;
+// att (T, T) of one (b, h) pair = softmax(q k^T / sqrt(hs), causal), zero above the diagonal.
+// q and k are (T, hs) with row stride C3 = 3 * NH * hs.
+static void attention_probs_head(float* a, const float* q, const float* k, int T, int hs, int C3) {
     const float scale = 1.0f / sqrtf((float)hs);
+    gemm_cpu(T, T, hs, q, C3, 1, k, 1, C3, a, T, false, nullptr);  // a (T, T) = q k^T
+    for (int t = 0; t < T; t++) {
+        float* row = a + (size_t)t * T;
+        float maxv = -FLT_MAX;
+        for (int t2 = 0; t2 <= t; t2++) { row[t2] *= scale; maxv = row[t2] > maxv ? row[t2] : maxv; }
+        float sum = 0.0f;
+        #pragma omp simd reduction(+ : sum)
+        for (int t2 = 0; t2 <= t; t2++) { float e = exp_fast(row[t2] - maxv); row[t2] = e; sum += e; }
+        float inv = 1.0f / sum;
+        for (int t2 = 0; t2 < T; t2++) row[t2] = t2 <= t ? row[t2] * inv : 0.0f;
+    }
+}
+
+// att (B, NH, T, T) = the attention probabilities of attention_forward alone, bit for bit: what the
+// backward needs when -r 3 recomputes them from q and k instead of keeping them
+static void attention_probs_cpu(float* att, const float* qkv, int B, int T, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C;
     #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const float* q = qkv + (size_t)b * T * C3 + h * hs;
-            const float* k = q + C;
-            const float* v = q + 2 * C;
+            attention_probs_head(att + ((size_t)b * NH + h) * T * T, q, q + C, T, hs, C3);
+        }
+}
+
+// qkv (B, T, 3*NH*hs): q, k, v blocks of NH*hs channels each, head h at [h*hs, (h+1)*hs) in each.
+// out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  att (B, NH, T, T) saves the probabilities.
+static void attention_forward_cpu(float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float* q = qkv + (size_t)b * T * C3 + h * hs;
             float* a = att + ((size_t)b * NH + h) * T * T;
-            gemm_cpu(T, T, hs, q, C3, 1, k, 1, C3, a, T, false, nullptr);  // a (T, T) = q k^T
-            for (int t = 0; t < T; t++) {
-                float* row = a + (size_t)t * T;
-                float maxv = -FLT_MAX;
-                for (int t2 = 0; t2 <= t; t2++) { row[t2] *= scale; maxv = row[t2] > maxv ? row[t2] : maxv; }
-                float sum = 0.0f;
-                #pragma omp simd reduction(+ : sum)
-                for (int t2 = 0; t2 <= t; t2++) { float e = exp_fast(row[t2] - maxv); row[t2] = e; sum += e; }
-                float inv = 1.0f / sum;
-                for (int t2 = 0; t2 < T; t2++) row[t2] = t2 <= t ? row[t2] * inv : 0.0f;
-            }
-            gemm_cpu(T, hs, T, a, T, 1, v, C3, 1, out + (size_t)b * T * C + h * hs, C, false, nullptr);  // a v
+            attention_probs_head(a, q, q + C, T, hs, C3);
+            gemm_cpu(T, hs, T, a, T, 1, q + 2 * C, C3, 1, out + (size_t)b * T * C + h * hs, C, false, nullptr);  // a v
         }
 }
 

@@ -58,6 +58,8 @@ struct Args {
     const char* prompt;
     const char* tokenizer;
     int keep;            // checkpoints kept in -o
+    int sp;              // --sp: sequence parallelism
+    int recompute;       // -r: what the backward recomputes (0..3)
     int sweep;           // --sweep: time every valid P instead of training
     int sweep_steps;
     int fresh;           // --fresh 1: start over in an -o that holds another run's checkpoints
@@ -100,6 +102,10 @@ static void usage(FILE* out) {
         "  --threads N CPU threads per rank (0: cores / ranks)                  (default 0)\n"
         "  --timeout S abort if a collective waits longer than S seconds       (default 600)\n"
         "  --keep K    keep the last K checkpoints in -o                        (default 3)\n"
+        "  --sp S      1: sequence parallelism: each rank keeps its B*T/P tokens of the layernorms,\n"
+        "              residuals and embedding (activation memory / P)            (default 0)\n"
+        "  -r N        recompute in the backward instead of keeping: 0 nothing, 1 GELU, 2 also the\n"
+        "              layernorms, 3 also the attention probabilities (same numbers) (default 0)\n"
         "  --sweep 1   time P = 1, 2, ... (every valid P) and print a scaling table (-o: sweep.csv)\n"
         "  --sweep-steps N  steps per P in the sweep, the first 2 not timed     (default 8)\n"
         "  --temperature X  sampling temperature (0: greedy)                   (default 0.8)\n"
@@ -167,6 +173,8 @@ static const FlagSpec g_flags[] = {
     {"--prompt", FLAG_STR, ARG(prompt), 0, 0, MAY_CHANGE, nullptr},
     {"--tokenizer", FLAG_PATH, ARG(tokenizer), 0, 0, MAY_CHANGE, nullptr},
     {"--keep", FLAG_INT, ARG(keep), 1, 1 << 20, MAY_CHANGE, nullptr},
+    {"--sp", FLAG_INT, ARG(sp), 0, 1, MAY_CHANGE, nullptr},
+    {"-r", FLAG_INT, ARG(recompute), 0, 3, MAY_CHANGE, nullptr},
     {"--sweep", FLAG_INT, ARG(sweep), 0, 1, NOT_SAVED, nullptr},
     {"--sweep-steps", FLAG_INT, ARG(sweep_steps), 3, 1 << 20, NOT_SAVED, nullptr},
     {"--fresh", FLAG_INT, ARG(fresh), 0, 1, NOT_SAVED, nullptr},
@@ -438,6 +446,8 @@ static void rank_run_start(RankRun* rr, Run* run, int r) {
     const Args* a = &run->args;
     rank_init(&rr->rk, &run->group, r, run->device, run->device == DEV_CUDA ? r % run->ngpu : 0, run->threads);
     gpt_build(&rr->m, &rr->rk, &run->cfg, run->init.data());
+    rr->m.sp = a->sp;
+    rr->m.recompute = a->recompute;
     rr->train = rr->val = DataLoader();
     if (run->sample_only) return;  // no data needed
     bool files = a->train != nullptr;
@@ -457,7 +467,7 @@ struct StepStats {
     float loss, norm, lr;
     double seconds;       // the whole step
     double comm_seconds;  // of it, inside collectives
-    double comm_values;   // floats the rank's collectives moved
+    double comm_moved[COMM_KINDS];  // the payload of the rank's collectives, by kind (floats)
 };
 
 // One training step of one rank: the next batch, forward, backward and the AdamW update.
@@ -466,7 +476,8 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     Rank* rk = &rr->rk;
     GPT* m = &rr->m;
     StepStats st;
-    double t0 = now_s(), comm0 = rk->tp.seconds, values0 = rk->tp.values;
+    double t0 = now_s(), comm0 = rk->tp.seconds, moved0[COMM_KINDS];
+    for (int k = 0; k < COMM_KINDS; k++) moved0[k] = rk->tp.moved[k];
     loader_next(&rr->train);
     gpt_forward(m, rk, rr->train.inputs.data(), rr->train.targets.data(), a->B, a->T, true);
     gpt_zero_grad(m, rk);
@@ -478,7 +489,7 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     st.norm = gpt_read_norm(m, rk);
     st.seconds = now_s() - t0;
     st.comm_seconds = rk->tp.seconds - comm0;
-    st.comm_values = rk->tp.values - values0;
+    for (int k = 0; k < COMM_KINDS; k++) st.comm_moved[k] = rk->tp.moved[k] - moved0[k];
     if (!std::isfinite(st.loss) || !std::isfinite(st.norm))
         fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)",
               step + 1, st.loss, st.norm);
@@ -570,6 +581,26 @@ static void stop_run(Run* run, RankRun* rr, int steps, int last_saved) {
     }
 }
 
+// " | comm 2.5 ms, 7.35 MB" for the step line: time in collectives and the bytes sent, with the kinds
+// when there is more than one (sequence parallelism: reduce-scatter, all-gather, all-reduce)
+static void comm_summary(char* out, size_t n, double seconds, const double sent[COMM_KINDS]) {
+    double total = 0;
+    int kinds = 0;
+    for (int k = 0; k < COMM_KINDS; k++) {
+        total += sent[k];
+        kinds += sent[k] > 0;
+    }
+    int w = snprintf(out, n, " | comm %.1f ms, %.2f MB", seconds * 1e3, total / 1e6);
+    if (kinds < 2) return;
+    const char* abbrev[COMM_KINDS] = {"AR", "RS", "AG", "BC"};
+    for (int k = 0, first = 1; k < COMM_KINDS && w < (int)n; k++)
+        if (sent[k] > 0) {
+            w += snprintf(out + w, n - w, "%s%s %.2f", first ? " (" : ", ", abbrev[k], sent[k] / 1e6);
+            first = 0;
+        }
+    if (w < (int)n) snprintf(out + w, n - w, ")");
+}
+
 static void rank_main(Run* run, int r) {
     const Args* a = &run->args;
     RankRun rr;
@@ -618,13 +649,15 @@ static void rank_main(Run* run, int r) {
             total_time += st.seconds;
             total_comm += st.comm_seconds;
         }
-        if (lead) logger_step(&run->log, step + 1, st.loss, vl, st.lr, st.seconds, BT, st.comm_seconds, st.comm_values * 4);
+        double sent[COMM_KINDS], sent_total = 0;  // the bytes this rank sent, by kind, as a ring sends them
+        for (int k = 0; k < COMM_KINDS; k++) sent_total += sent[k] = comm_ring_bytes(k, st.comm_moved[k], run->P);
+        if (lead) logger_step(&run->log, step + 1, st.loss, vl, st.lr, st.seconds, BT, st.comm_seconds, sent);
         if (lead && (print_step(a, step) || step == run->start_step)) {
-            char mfu[32] = "", comm[64] = "";
+            char mfu[32] = "", comm[128] = "";
             if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_step / st.seconds / (run->peak_flops * std::min(run->P, run->ngpu)));
-            if (run->P > 1) snprintf(comm, sizeof(comm), " | comm %.1f ms, %.2f MB", st.comm_seconds * 1e3, st.comm_values * 4 / 1e6);
-            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n",
-                   step + 1, a->max_steps, st.loss, st.lr, st.norm, st.seconds * 1e3, BT / st.seconds, mfu, comm);
+            if (run->P > 1) comm_summary(comm, sizeof(comm), st.comm_seconds, sent);
+            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step + 1, a->max_steps, st.loss,
+                   st.lr, st.norm, st.seconds * 1e3, BT / st.seconds, mfu, comm);
             fflush(stdout);
         }
         if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
@@ -672,14 +705,16 @@ static void ranks_setup(Run* run) {
 }
 
 // the memory one rank holds at TP=P, in bytes: parameters, then gradients + AdamW m and v, then activations
-static void rank_memory(const GPTConfig* c, int P, int B, int T, double* params, double* grads_opt, double* acts) {
+// (with --sp and -r as given: sp_splits decides whether the batch splits at this P)
+static void rank_memory(const GPTConfig* c, int P, int B, int T, bool sp, int recompute, double* params, double* grads_opt,
+                        double* acts) {
     ShardPlan s;
     shard_plan_init(&s, c, P, 0);
     long n = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += shard_local_size(&s.t[i]);
     *params = 4.0 * n;
     *grads_opt = 3 * 4.0 * n;
-    *acts = 4.0 * acts_floats(c, &s, B, T);
+    *acts = 4.0 * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute);
 }
 
 // ----------------------------------------------------------------------------
@@ -742,7 +777,7 @@ static MemoryEstimate memory_estimate(const Run* run, int P) {
     const GPTConfig* c = &run->cfg;
     int B = run->sample_only ? 1 : a->B;  // sampling runs one sequence at a time
     double mp, mg, ma;
-    rank_memory(c, P, B, a->T, &mp, &mg, &ma);
+    rank_memory(c, P, B, a->T, a->sp, a->recompute, &mp, &mg, &ma);
     double full = 4.0 * gpt_num_params(c);
     // the host's own copies: the full weights (initial or loaded, and gathered into for checkpoints),
     // AdamW's full m and v to save checkpoints and from a resumed state file, the embedded corpus
@@ -1021,6 +1056,9 @@ static void run_setup(Run* run) {
     if (!tp_valid(c, run->P))
         fatal("--tp %d does not divide the model (%d heads, padded vocab %d): valid --tp values are %s", run->P, c->NH, c->Vp,
               tp_valid_list(c).c_str());
+    if (a->sp && run->P > 1 && ((long)a->B * a->T) % run->P != 0)
+        fatal("--sp 1 splits the %ld tokens of a batch (-b %d x -t %d) over the ranks, and %d ranks do not divide them: "
+              "choose -b and -t with B*T a multiple of %d, or use --sp 0", (long)a->B * a->T, a->B, a->T, run->P, run->P);
     std::string why;
     if (!memory_fits(run, run->P, &why)) fatal("%s", why.c_str());
     // now the big allocations: the weights, the resumed optimizer state, the corpus
@@ -1053,6 +1091,77 @@ static void run_setup(Run* run) {
     if (a->tokenizer) tokenizer_load(&run->tokenizer, a->tokenizer, c->V);
     prompt_setup(run);
     ranks_setup(run);
+}
+
+// The memory table: per rank, for this run's settings, for TP alone (no --sp, no -r) and for TP=1, each
+// column shown once; then the per-layer activation formula of this run, which is what acts_layout
+// allocates (the tests hold the two to each other).
+static void print_memory(const Run* run) {
+    const GPTConfig* c = &run->cfg;
+    const Args* a = &run->args;
+    struct { int P, sp, r; } want[3] = {{run->P, a->sp, a->recompute}, {run->P, 0, 0}, {1, 0, 0}}, cols[3];
+    int ncols = 0;
+    for (auto& w : want) {
+        bool same = false;  // a column that allocates exactly what an earlier one does is left out
+        for (int k = 0; k < ncols; k++)
+            same |= cols[k].P == w.P && sp_splits(cols[k].sp, cols[k].P, a->B, a->T) == sp_splits(w.sp, w.P, a->B, a->T) &&
+                    cols[k].r == w.r;
+        if (!same) cols[ncols++] = {w.P, w.sp, w.r};
+    }
+    double mem[3][3];
+    printf("memory per rank (MB)    ");
+    for (int k = 0; k < ncols; k++) {
+        char name[32];
+        int n = snprintf(name, sizeof(name), "TP=%d", cols[k].P);
+        if (sp_splits(cols[k].sp, cols[k].P, a->B, a->T)) n += snprintf(name + n, sizeof(name) - n, " SP");
+        if (cols[k].r) snprintf(name + n, sizeof(name) - n, " -r %d", cols[k].r);
+        printf(" %11s", name);
+        rank_memory(c, cols[k].P, a->B, a->T, cols[k].sp, cols[k].r, &mem[k][0], &mem[k][1], &mem[k][2]);
+    }
+    const char* rows[] = {"parameters", "gradients + AdamW m, v", "activations (B x T)", "total"};
+    for (int i = 0; i < 4; i++) {
+        printf("\n  %-22s", rows[i]);
+        for (int k = 0; k < ncols; k++) printf(" %11.1f", (i < 3 ? mem[k][i] : mem[k][0] + mem[k][1] + mem[k][2]) / 1e6);
+    }
+    printf("\n");
+    // the formula: per layer, the token-wise buffers (residuals, layernorm outputs and statistics) hold N
+    // tokens, the rank's heads' buffers (qkv, attention, MLP) B*T tokens over P ranks
+    int r = a->recompute;
+    bool split = sp_splits(a->sp, run->P, a->B, a->T);
+    ShardPlan s;
+    shard_plan_init(&s, c, run->P, 0);
+    double per_layer = 4.0 * acts_floats_per_layer(c, &s, a->B, a->T, split, r);
+    double total = 4.0 * acts_floats(c, &s, a->B, a->T, split, r);
+    printf("  activations per layer: N*(%dC + 4) + B*T*%dC/P%s floats, N = %s tokens per rank: %.2f MB x %d layers,\n"
+           "  plus %.2f MB outside the layers\n", r >= 2 ? 2 : 4, r >= 1 ? 8 : 12, r >= 3 ? "" : " + B*NH*T*T/P",
+           split ? "B*T/P" : "B*T", per_layer / 1e6, c->L, (total - c->L * per_layer) / 1e6);
+}
+
+// What a training step's collectives carry (step_comm_floats) and what each rank sends for it on a ring.
+static void print_communication(const Run* run) {
+    const GPTConfig* c = &run->cfg;
+    const Args* a = &run->args;
+    if (run->P == 1) {
+        printf("communication: none (one rank)\n");
+        return;
+    }
+    bool split = sp_splits(a->sp, run->P, a->B, a->T);
+    double f[COMM_KINDS], tp_only[COMM_KINDS], sent = 0, sent_tp = 0;
+    step_comm_floats(c, a->B, a->T, split, f);
+    step_comm_floats(c, a->B, a->T, false, tp_only);
+    for (int k = 0; k < COMM_KINDS; k++) {
+        sent += comm_ring_bytes(k, f[k], run->P);
+        sent_tp += comm_ring_bytes(k, tp_only[k], run->P);
+    }
+    if (!split) {
+        printf("communication per step: all-reduce of (4L+2)*B*T*C + 3*B*T + 1 = %.0f floats;\n", f[KIND_ALLREDUCE]);
+        printf("  each rank sends %.2f MB, as a ring does (2(P-1)/P of an all-reduce's data)\n", sent / 1e6);
+    } else {
+        printf("communication per step: reduce-scatter (4L+2)*B*T*C = %.0f, all-gather (6L+2)*B*T*C = %.0f and\n"
+               "  all-reduce 3*B*T + 1 + T*C + 4*L*C + 2*C = %.0f floats; each rank sends %.2f MB, as a ring does\n"
+               "  ((P-1)/P of a reduce-scatter's or all-gather's data, 2(P-1)/P of an all-reduce's); TP alone sends %.2f MB\n",
+               f[KIND_REDUCESCATTER], f[KIND_ALLGATHER], f[KIND_ALLREDUCE], sent / 1e6, sent_tp / 1e6);
+    }
 }
 
 // the data line: what each split's pattern matched, its tokens and samples
@@ -1125,25 +1234,8 @@ static void print_setup(const Run* run) {
         }
         printf("  %-9s %-22s %-22s %s\n", t->name, full, local, t->how);
     }
-    double mp, mg, ma, p1, g1, a1;
-    rank_memory(c, run->P, a->B, a->T, &mp, &mg, &ma);
-    rank_memory(c, 1, a->B, a->T, &p1, &g1, &a1);
-    // at TP=1 one column: there is nothing to compare it with
-    auto row = [&](const char* name, double x, double x1) {
-        if (run->P > 1) printf("  %-23s %9.1f %9.1f\n", name, x / 1e6, x1 / 1e6);
-        else printf("  %-23s %9.1f\n", name, x / 1e6);
-    };
-    if (run->P > 1) printf("memory per rank (MB)          TP=%-4d  TP=1\n", run->P);
-    else printf("memory (MB)\n");
-    row("parameters", mp, p1);
-    row("gradients + AdamW m, v", mg, g1);
-    row("activations (B x T)", ma, a1);
-    row("total", mp + mg + ma, p1 + g1 + a1);
-    if (run->P > 1) {
-        double per_step = (4.0 * c->L + 2) * a->B * a->T * c->C + 3.0 * a->B * a->T + 1;
-        printf("communication per step: (4L+2)*B*T*C + 3*B*T + 1 = %.0f floats (%.2f MB) all-reduced by each rank\n",
-               per_step, per_step * 4 / 1e6);
-    }
+    print_memory(run);
+    print_communication(run);
     if (run->floor_nats > 0)
         printf("data: the embedded corpus, %zu train and %zu val bytes of sentences from a probabilistic grammar;\n"
                "      its entropy is %.4f nats per byte: the loss floor no model can beat\n",
@@ -1165,9 +1257,9 @@ static void print_setup(const Run* run) {
 // ----------------------------------------------------------------------------
 // --sweep: every valid P for a few steps on the same model and data; one table of the scaling
 
-// rank 0's time over the timed steps of one P
+// rank 0's time and bytes sent over the timed steps of one P
 struct SweepTime {
-    double seconds, comm_seconds;
+    double seconds, comm_seconds, sent;
     int steps;
 };
 
@@ -1181,6 +1273,7 @@ static void sweep_rank(Run* run, int r, SweepTime* out) {
         if (r == 0 && step >= 2) {
             out->seconds += st.seconds;
             out->comm_seconds += st.comm_seconds;
+            for (int k = 0; k < COMM_KINDS; k++) out->sent += comm_ring_bytes(k, st.comm_moved[k], rr.rk.P);
             out->steps++;
         }
     }
@@ -1193,18 +1286,23 @@ static void sweep(Run* run) {
     int cores = (int)std::max(1u, std::thread::hardware_concurrency());
     printf("\nsweep: %d steps per P (the first 2 not timed), batch %d x %d, on the %s\n", a->sweep_steps, a->B, a->T,
            run->device == DEV_CUDA ? "GPU" : "CPU");
-    printf("%4s %8s %10s %10s %8s %10s %8s %12s\n", "P", "threads", "ms/step", "tok/s", "speedup", "efficiency", "comm %", "MB per rank");
+    printf("%4s %8s %10s %10s %8s %10s %8s %9s %12s\n", "P", "threads", "ms/step", "tok/s", "speedup", "efficiency", "comm %",
+           "comm MB", "MB per rank");
     FILE* csv = nullptr;
     if (a->outdir) {
         std::string path = std::string(a->outdir) + "/sweep.csv";
         csv = fopen(path.c_str(), "w");
         if (!csv) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
-        fprintf(csv, "P,threads_per_rank,ms_per_step,tok_per_s,speedup,efficiency,comm_share,mb_per_rank\n");
+        fprintf(csv, "P,threads_per_rank,ms_per_step,tok_per_s,speedup,efficiency,comm_share,comm_mb_per_step,mb_per_rank\n");
     }
     double base = 0;
     int units1 = 0;
     for (int P = 1; P <= c->NH && P <= COMM_MAXP; P++) {
         if (!tp_valid(c, P)) continue;
+        if (a->sp && P > 1 && !sp_splits(true, P, a->B, a->T)) {
+            printf("%4d  skipped: --sp 1 needs P to divide B*T = %d\n", P, a->B * a->T);
+            continue;
+        }
         std::string why;
         if (!memory_fits(run, P, &why)) {
             printf("%4d  skipped: %s\n", P, why.c_str());
@@ -1212,7 +1310,7 @@ static void sweep(Run* run) {
         }
         run->P = P;
         ranks_setup(run);
-        SweepTime time = {0, 0, 0};
+        SweepTime time = {0, 0, 0, 0};
         std::vector<std::thread> threads;
         for (int r = 0; r < P; r++) threads.emplace_back(sweep_rank, run, r, &time);
         for (auto& t : threads) t.join();
@@ -1223,11 +1321,13 @@ static void sweep(Run* run) {
         if (base == 0) { base = ms; units1 = units; }  // P = 1, unless it did not fit
         double speedup = base / ms, eff = speedup / ((double)units / units1), share = time.comm_seconds / time.seconds;
         double mp, mg, ma;
-        rank_memory(c, P, a->B, a->T, &mp, &mg, &ma);
-        double mb = (mp + mg + ma) / 1e6;
-        printf("%4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %12.1f\n", P, run->threads, ms, tps, speedup, eff, 100 * share, mb);
+        rank_memory(c, P, a->B, a->T, a->sp, a->recompute, &mp, &mg, &ma);
+        double mb = (mp + mg + ma) / 1e6, comm_mb = time.sent / time.steps / 1e6;
+        printf("%4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %9.2f %12.1f\n", P, run->threads, ms, tps, speedup, eff, 100 * share,
+               comm_mb, mb);
         fflush(stdout);
-        if (csv) fprintf(csv, "%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.2f\n", P, run->threads, ms, tps, speedup, eff, share, mb);
+        if (csv)
+            fprintf(csv, "%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.2f\n", P, run->threads, ms, tps, speedup, eff, share, comm_mb, mb);
     }
     if (csv) fclose(csv);
 }

@@ -128,7 +128,7 @@ static void test_matmul(CudaCtx* cx) {
 // embedding
 
 static void test_encoder(CudaCtx* cx) {
-    printf("encoder_forward / position_forward / encoder_backward (vocab-parallel)\n");
+    printf("encoder_forward / encoder_backward (vocab-parallel), position_forward / position_backward (token slices)\n");
     Rnd r = {2};
     struct { int B, T, C, Vp, P, vocab_used, pad; } cases[] = {
         {1, 1, 1, 128, 1, 128, 0},   {2, 5, 7, 128, 2, 128, 0},  {3, 17, 64, 256, 4, 256, 0},
@@ -141,26 +141,31 @@ static void test_encoder(CudaCtx* cx) {
         auto wpe = rnd_vec(&r, (long)k.T * k.C);
         for (int rank = 0; rank < k.P; rank++) {
             int v0 = rank * Vl;
+            // the position ops on every token (rank 0), or as sequence parallelism has them on rank r > 0:
+            // the N/P tokens starting at t0 = r*N/P, which need not start at a sequence boundary
+            int Nr = rank == 0 ? N : N / k.P, t0 = rank == 0 ? 0 : rank * (N / k.P);
             char s[96];
-            snprintf(s, sizeof(s), "B=%d T=%d C=%d Vl=%d v0=%d%s", k.B, k.T, k.C, Vl, v0, k.pad ? " unaligned" : "");
+            snprintf(s, sizeof(s), "B=%d T=%d C=%d Vl=%d v0=%d t0=%d%s", k.B, k.T, k.C, Vl, v0, t0, k.pad ? " unaligned" : "");
             auto wte = rnd_vec(&r, (long)Vl * k.C), dout = rnd_vec(&r, (long)N * k.C);
             auto dwte0 = rnd_vec(&r, (long)Vl * k.C), dwpe0 = rnd_vec(&r, (long)k.T * k.C);
             std::vector<float> out_c((long)N * k.C), dwte_c = dwte0, dwpe_c = dwpe0;
             encoder_forward_cpu(out_c.data(), tokens.data(), wte.data(), v0, Vl, N, k.C);
             std::vector<float> enc_c = out_c;
-            position_forward_cpu(out_c.data(), wpe.data(), k.B, k.T, k.C);
-            encoder_backward_cpu(dwte_c.data(), dwpe_c.data(), dout.data(), tokens.data(), v0, Vl, k.B, k.T, k.C);
+            position_forward_cpu(out_c.data(), wpe.data(), Nr, t0, k.T, k.C);
+            encoder_backward_cpu(dwte_c.data(), dout.data(), tokens.data(), v0, Vl, N, k.C);
+            position_backward_cpu(dwpe_c.data(), dout.data(), Nr, t0, k.T, k.C);
             int* dtok = dev_up_int(cx, tokens);
             DevBuf dwte = dev_up(cx, wte, k.pad), dwpe = dev_up(cx, wpe, k.pad), ddout = dev_up(cx, dout, k.pad);
             DevBuf dout_g = dev_up(cx, rnd_vec(&r, (long)N * k.C, 5, 6), k.pad);
             DevBuf ddwte = dev_up(cx, dwte0, k.pad), ddwpe = dev_up(cx, dwpe0, k.pad);
             encoder_forward_cuda(cx, dout_g.p, dtok, dwte.p, v0, Vl, N, k.C);
             expect_exact("encoder_forward", s, dev_down(cx, dout_g.p, (long)N * k.C), enc_c);
-            position_forward_cuda(cx, dout_g.p, dwpe.p, k.B, k.T, k.C);
+            position_forward_cuda(cx, dout_g.p, dwpe.p, Nr, t0, k.T, k.C);
             expect_exact("position_forward", s, dev_down(cx, dout_g.p, (long)N * k.C), out_c);
-            encoder_backward_cuda(cx, ddwte.p, ddwpe.p, ddout.p, dtok, v0, Vl, k.B, k.T, k.C);
+            encoder_backward_cuda(cx, ddwte.p, ddout.p, dtok, v0, Vl, N, k.C);
             expect_exact("encoder_backward dwte", s, dev_down(cx, ddwte.p, (long)Vl * k.C), dwte_c);
-            expect_exact("encoder_backward dwpe", s, dev_down(cx, ddwpe.p, (long)k.T * k.C), dwpe_c);
+            position_backward_cuda(cx, ddwpe.p, ddout.p, Nr, t0, k.T, k.C);
+            expect_exact("position_backward dwpe", s, dev_down(cx, ddwpe.p, (long)k.T * k.C), dwpe_c);
             cuda_free(cx, dtok);
             for (DevBuf* d : {&dwte, &dwpe, &ddout, &dout_g, &ddwte, &ddwpe}) cuda_free(cx, d->base);
         }
@@ -243,7 +248,7 @@ static void test_gelu(CudaCtx* cx) {
 // attention
 
 static void test_attention(CudaCtx* cx) {
-    printf("attention_forward / attention_backward (%s GEMMs)\n", cx->tf32 ? "TF32" : "fp32");
+    printf("attention_forward / attention_probs / attention_backward (%s GEMMs)\n", cx->tf32 ? "TF32" : "fp32");
     const double MM_BOUND = cx->tf32 ? TF32_BOUND : SUM_BOUND;
     Rnd r = {5};
     struct { int B, T, NH, hs; } cases[] = {{1, 1, 1, 1}, {1, 2, 1, 8}, {2, 5, 2, 13}, {1, 17, 3, 16}, {2, 32, 2, 64},
@@ -268,6 +273,11 @@ static void test_attention(CudaCtx* cx) {
         for (long row = 0; row < (long)k.B * k.NH * k.T; row++)
             for (int t2 = (int)(row % k.T) + 1; t2 < k.T; t2++) upper += att_g[row * k.T + t2] != 0.0f;
         check_le(upper, 0, "%-22s %-44s nonzeros above the diagonal", "attention_forward att", s);
+        // -r 3 recomputes the probabilities alone: the same bits as the forward's
+        DevBuf datt2 = dev_up(cx, std::vector<float>(n_att, 7.0f));
+        attention_probs_cuda(cx, datt2.p, dq.p, k.B, k.T, k.NH, k.hs);
+        expect_exact("attention_probs", s, dev_down(cx, datt2.p, n_att), att_g);
+        cuda_free(cx, datt2.base);
         // the backward from the CPU's probabilities, so it is compared alone
         DevBuf catt = dev_up(cx, att_c);
         attention_backward_cuda(cx, ddqkv.p, dd.p, dq.p, catt.p, k.B, k.T, k.NH, k.hs);
@@ -546,7 +556,8 @@ static void bench(CudaCtx* cx) {
     time("gelu_backward", [&] { gelu_backward_cuda(cx, h2, h, h2, N * 4 * C); }, 0);
     time("layernorm_backward", [&] { layernorm_backward_cuda(cx, x, dw, db, y, x, w, mean, rstd, (int)N, C); }, 0);
     time("attention_backward", [&] { attention_backward_cuda(cx, dqkv, y, qkv, att, B, T, NH, hs); }, 8.0 * B * NH * T * T * hs);
-    time("encoder_backward", [&] { encoder_backward_cuda(cx, wte, x, y, dtok, 0, Vp, B, T, C); }, 0);
+    time("encoder_backward", [&] { encoder_backward_cuda(cx, wte, y, dtok, 0, Vp, (int)N, C); }, 0);
+    time("position_backward", [&] { position_backward_cuda(cx, x, y, (int)N, 0, T, C); }, 0);
     time("sumsq (124M floats)", [&] { sumsq_cuda(cx, ce, logits, 124000000L); }, 0);
     time("adamw (38.6M)", [&] { adamw_cuda(cx, wte, wte, logits, logits + (long)Vp * C, (long)Vp * C, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, ce, 0.0f); }, 0);
 }

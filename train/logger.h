@@ -1,6 +1,7 @@
 // train/logger.h: DIR/log.csv, one row per training step, for plotting (data/plot.py) and for comparing
 // runs. Columns: step, loss, val_loss (empty unless measured before that step), lr, ms, tok_per_s,
-// comm_ms (time in collectives), comm_bytes (bytes the rank's collectives moved).
+// comm_ms (time in collectives), comm_bytes (bytes rank 0 sent in collectives, as a ring sends them),
+// and the same bytes by kind: allreduce_bytes, reducescatter_bytes, allgather_bytes.
 //
 // The log survives a crash: each row reaches the file whole, in one write() to a descriptor opened for
 // appending (nothing waits in a buffer for a kill -9 to lose, no row is ever half written), and a resume
@@ -17,6 +18,7 @@
 #include <string>
 #include <unistd.h>
 #include "../common/error.h"
+#include "../comm.cuh"
 #include "checkpoint.h"
 
 struct Logger {
@@ -24,7 +26,7 @@ struct Logger {
     bool write_failed = false;  // warned once; training goes on
 };
 
-#define LOG_HEADER "step,loss,val_loss,lr,ms,tok_per_s,comm_ms,comm_bytes\n"
+#define LOG_HEADER "step,loss,val_loss,lr,ms,tok_per_s,comm_ms,comm_bytes,allreduce_bytes,reducescatter_bytes,allgather_bytes\n"
 
 // A new run starts DIR/log.csv afresh. A run resumed from step resume_step (-1: a new run) keeps the
 // header and the complete rows of steps 1..resume_step of the log that is there, and appends after them.
@@ -71,14 +73,16 @@ static void logger_row(Logger* lg, const char* fmt, ...) {
     }
 }
 
-// step counts from 1 (the step just taken); val_loss is NaN when none was measured
+// step counts from 1 (the step just taken); val_loss is NaN when none was measured; sent: bytes by kind
 static void logger_step(Logger* lg, int step, float loss, float val_loss, float lr, double seconds, double tokens,
-                        double comm_seconds, double comm_bytes) {
+                        double comm_seconds, const double sent[COMM_KINDS]) {
     if (lg->fd < 0) return;
     char val[32] = "";
     if (!std::isnan(val_loss)) snprintf(val, sizeof(val), "%f", val_loss);
-    logger_row(lg, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f\n", step, loss, val, lr, seconds * 1e3, tokens / seconds,
-               comm_seconds * 1e3, comm_bytes);
+    double total = 0;
+    for (int k = 0; k < COMM_KINDS; k++) total += sent[k];
+    logger_row(lg, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f,%.0f,%.0f,%.0f\n", step, loss, val, lr, seconds * 1e3, tokens / seconds,
+               comm_seconds * 1e3, total, sent[KIND_ALLREDUCE], sent[KIND_REDUCESCATTER], sent[KIND_ALLGATHER]);
 }
 
 static void logger_close(Logger* lg) {
