@@ -380,6 +380,7 @@ static inline __attribute__((always_inline)) void hook(void* p, size_t n, bool w
     if (t_fiber) {
         // the common case of device code on its own device's memory: one shadow byte says all
         if (a < g_pin_lo && n <= 8 && (a & (n - 1)) == 0 && *shadow_of(a) == SH_FULL && dev_of(a) == t_exec_dev) return;
+        RtGuard guard;  // the checks' own host allocations are not device accesses
         device_access(a, n, write, false, aligned);
     } else {
         host_access(a, n, write);
@@ -428,6 +429,7 @@ static inline void atomic_hook(volatile void* p, size_t n, bool write, uintptr_t
         return;
     }
     t_pc = pc;
+    RtGuard guard;
     if (t_fiber) device_access(a, n, write, write, true);
     else host_access(a, n, write);
 }
@@ -1082,6 +1084,11 @@ static cudaError_t memset_impl(const char* name, void* p, int v, size_t n, cudaS
 }
 cudaError_t cudaMemset(void* p, int v, size_t n) { return memset_impl("cudaMemset", p, v, n, nullptr); }
 cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) { return memset_impl("cudaMemsetAsync", p, v, n, s); }
+
+void emu_set_seed(unsigned long long s) {
+    init();
+    g_cfg.seed = s;
+}
 
 // ----------------------------------------------------------------------------
 // kernel launches: the configuration is checked now, as a GPU's launch does, and the kernel is queued

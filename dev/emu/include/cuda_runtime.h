@@ -432,4 +432,5 @@ static inline EmuLaunch<P...> emu_launch(const char* name, void (*fn)(P...), dim
 }
 
 // switches for tests of the emulator itself (dev/emu/test_emu.cu)
-void emu_set_lt_refuse(int on);  // cuBLASLt's heuristic finds no algorithm, so callers take their fallback
+void emu_set_lt_refuse(int on);         // cuBLASLt's heuristic finds no algorithm, so callers take their fallback
+void emu_set_seed(unsigned long long s);  // the schedule seed (TP_EMU_SEED) for launches from now on
