@@ -457,7 +457,12 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (!p || requested < 1 || !results || !count) return CUBLAS_STATUS_INVALID_VALUE;
     int m, n, k;
     cublasStatus_t st = lt_problem(desc_of(dh), layout_of(a), layout_of(b), layout_of(c), layout_of(d), &m, &n, &k);
-    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    // cuBLASLt returns CUBLAS_STATUS_INVALID_VALUE here; a caller that takes any failure for "no algorithm"
+    // would then fall back silently and never run the fused path, so the emulator says so out loud
+    if (st != CUBLAS_STATUS_SUCCESS)
+        fail("invalid cuBLASLt problem", "cublasLtMatmulAlgoGetHeuristic: the descriptor and layouts do not describe a valid matmul (op(A) "
+             "must be m x k, op(B) k x n, C and D m x n, every ld >= its rows, a bias pointer with the BIAS epilogue); cuBLASLt answers "
+             "CUBLAS_STATUS_INVALID_VALUE");
     *count = 0;
     if (g_cfg.lt_refuse) return CUBLAS_STATUS_NOT_SUPPORTED;  // as cuBLASLt does when nothing fits
     memset(&results[0], 0, sizeof(results[0]));

@@ -25,6 +25,7 @@
 #include "emu.h"
 #include <algorithm>
 #include <cinttypes>
+#include <chrono>
 #include <cstdlib>
 #include <sys/mman.h>
 #if !defined(__x86_64__)
@@ -638,7 +639,8 @@ void shared_access(uintptr_t a, size_t n, bool write, bool atomic, bool check_al
                  shared_name(B, w * 4 > off ? w * 4 : off).c_str());
         if (atomic || !write) {
             if (r.w_epoch < B->first_epoch)
-                fail("read of uninitialised shared memory", "%s reads %zu bytes at %s, which no thread of the block has written",
+                fail("read of uninitialised shared memory", "%s reads %zu bytes at %s, which no thread of the block has written yet "
+                     "(a __syncthreads missing between the write and this read, or a part no thread writes)",
                      thread_name(B, T->tid).c_str(), n, shared_name(B, off).c_str());
         }
         bool same_epoch = r.w_epoch == X->epoch;
@@ -823,9 +825,37 @@ static uint64_t gcd(uint64_t a, uint64_t b) {
     return a;
 }
 
+// kernels running now, for the watchdog: a kernel that never ends (a loop that does not terminate, a
+// spin-wait on something no thread will do) is reported after TP_EMU_HANG_S seconds instead of hanging
+struct Running {
+    Exec* X;
+    Launch* L;
+    double since;
+};
+static std::mutex g_running_mu;
+static std::vector<Running> g_running;
+
+static void watchdog() {
+    for (;;) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        std::lock_guard<std::mutex> lock(g_running_mu);
+        for (const Running& r : g_running)
+            if (now_s() - r.since > g_cfg.hang_s)
+                fail("hang", "kernel %s (launched at %s:%d) has run for more than %.0f s (TP_EMU_HANG_S): a loop that never ends? Block %s "
+                     "was running; %d of its %d threads had not returned", r.L->name.c_str(), r.L->cfg.file, r.L->cfg.line, g_cfg.hang_s,
+                     fmt3(r.X->B.idx).c_str(), r.X->B.live, r.X->B.n);
+    }
+}
+
 void run_launch(Launch* L) {
+    static std::once_flag started;
+    std::call_once(started, [] { std::thread(watchdog).detach(); });
     if (!t_exec.X) t_exec.X = exec_new();
     Exec* X = t_exec.X;
+    {
+        std::lock_guard<std::mutex> lock(g_running_mu);
+        g_running.push_back(Running{X, L, now_s()});
+    }
     int prev_dev = t_exec_dev;
     t_exec_dev = L->device;
     dim3 g = L->cfg.grid;
@@ -844,6 +874,12 @@ void run_launch(Launch* L) {
         run_block(X, L, unflat(b, g), L->seed ^ (b * 0x9E3779B97F4A7C15ull));
     }
     t_exec_dev = prev_dev;
+    std::lock_guard<std::mutex> lock(g_running_mu);
+    for (size_t i = 0; i < g_running.size(); i++)
+        if (g_running[i].X == X) {
+            g_running.erase(g_running.begin() + i);
+            break;
+        }
 }
 
 }  // namespace emu

@@ -31,9 +31,11 @@ run() {
     fi
 }
 
-run "test_tp's GPU section (TP_EMU_SEED=1)" env TP_EMU_SEED=1 "$dir/test_tp_emu" gpu
-run "test_tp's GPU section again (TP_EMU_SEED=2, cuBLASLt refusing: the GEMM fallback)" env TP_EMU_SEED=2 TP_EMU_LT_REFUSE=1 "$dir/test_tp_emu" gpu
-run "the emulator's own tests: planted bugs, launch limits, semantics" env TP_EMU_SEED=1 "$dir/test_emu"
+# each run is bounded: a hang the emulator does not see (a deadlock in host code) still ends CI
+run "test_tp's GPU section (TP_EMU_SEED=1)" timeout 900 env TP_EMU_SEED=1 "$dir/test_tp_emu" gpu
+run "test_tp's GPU section again (TP_EMU_SEED=2, cuBLASLt refusing: the GEMM fallback)" \
+    timeout 900 env TP_EMU_SEED=2 TP_EMU_LT_REFUSE=1 "$dir/test_tp_emu" gpu
+run "the emulator's own tests: planted bugs, launch limits, semantics" timeout 600 env TP_EMU_SEED=1 "$dir/test_emu"
 
 rm -f "$log"
 echo "(emulated GPU tests: $(($(date +%s) - start)) s)"

@@ -213,6 +213,13 @@ std::string describe_addr(uintptr_t a) {
 }
 
 void fail(const char* kind, const char* fmt, ...) {
+    static thread_local bool failing = false;
+    if (failing) {  // a check failed inside a report: say what the first one was, and stop
+        static const char msg[] = "========= tp-emu ERROR (a second error while reporting the first)\n";
+        if (write(2, msg, sizeof(msg) - 1) < 0) {}
+        _exit(EXIT_CODE);
+    }
+    failing = true;
     t_rt++;
     static std::mutex once;
     once.lock();  // never released: the first report ends the process
@@ -364,6 +371,9 @@ using namespace emu;
 
 static void offarena_device(uintptr_t a, size_t n, bool write, uintptr_t pc) {
     if (a - t_stack_lo < t_stack_hi - t_stack_lo) return;  // the fiber's own stack
+    // the emulator's own code, which may run instrumented copies of inline library functions (the linker
+    // keeps one copy of each, possibly the instrumented one)
+    if (t_rt) return;
     if (a - (uintptr_t)__executable_start < (uintptr_t)_end - (uintptr_t)__executable_start) return;  // static data
     t_pc = pc;
     fail("device access to host memory", "invalid %s of %zu bytes at 0x%" PRIxPTR " by device code: this is host memory, which a GPU cannot "
@@ -376,13 +386,14 @@ static inline __attribute__((always_inline)) void hook(void* p, size_t n, bool w
         if (__builtin_expect(t_fiber != nullptr, 0)) offarena_device(a, n, write, pc);
         return;
     }
+    if (t_rt) return;
     t_pc = pc;
     if (t_fiber) {
         // the common case of device code on its own device's memory: one shadow byte says all
         if (a < g_pin_lo && n <= 8 && (a & (n - 1)) == 0 && *shadow_of(a) == SH_FULL && dev_of(a) == t_exec_dev) return;
         RtGuard guard;  // the checks' own host allocations are not device accesses
         device_access(a, n, write, false, aligned);
-    } else {
+    } else if (!t_op) {  // (while a stream operation runs, only the emulator's own code runs)
         host_access(a, n, write);
     }
 }
@@ -428,10 +439,11 @@ static inline void atomic_hook(volatile void* p, size_t n, bool write, uintptr_t
         if (__builtin_expect(t_fiber != nullptr, 0)) offarena_device(a, n, true, pc);
         return;
     }
+    if (t_rt) return;
     t_pc = pc;
     RtGuard guard;
     if (t_fiber) device_access(a, n, write, write, true);
-    else host_access(a, n, write);
+    else if (!t_op) host_access(a, n, write);
 }
 #define EMU_TSAN_ATOMIC(BITS, T)                                                                                      \
     extern "C" T __tsan_atomic##BITS##_load(const volatile T* a, int) { atomic_hook((volatile void*)a, sizeof(T), false, PC); return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \

@@ -129,6 +129,10 @@ __global__ void big_static_shared_kernel(float* out) {
     out[threadIdx.x] = big[threadIdx.x];
 }
 
+__global__ void spin_kernel(volatile int* flag) {
+    while (*flag == 0) {}  // BUG: waits for a flag that no thread ever sets
+}
+
 static float* plant_buf(int n, bool init = true) {
     float* d = nullptr;
     CK(cudaMalloc(&d, n * sizeof(float)));
@@ -283,10 +287,19 @@ static void plant_nccl_mismatch() {
     for (auto& t : th) t.join();
 }
 
+static void plant_spin() {
+    int* flag = nullptr;
+    CK(cudaMalloc(&flag, sizeof(int)));
+    CK(cudaMemset(flag, 0, sizeof(int)));
+    spin_kernel<<<1, 32>>>(flag);
+    CK(cudaDeviceSynchronize());
+}
+
 struct Plant {
     const char* name;
     void (*fn)();
     std::vector<const char*> expect;  // every one must appear in the report
+    const char* env = "";             // for the child's command line
 };
 static const std::vector<Plant> g_plants = {
     {"out-of-bounds write", plant_oob_write, {"out-of-bounds access", "invalid write of 4 bytes", "oob_write_kernel", "thread (64,0,0)", "0 bytes past the end of a 256-byte allocation"}},
@@ -310,12 +323,13 @@ static const std::vector<Plant> g_plants = {
     {"GEMM leading dimension past the end", plant_gemm_ld, {"out-of-bounds access", "cublasGemmEx", "operand A"}},
     {"cuBLASLt operand less aligned than promised", plant_lt_misaligned, {"misaligned address", "cublasLtMatmul", "operand A aligned to 256 bytes"}},
     {"NCCL ranks disagree", plant_nccl_mismatch, {"NCCL collectives disagree", "count 15", "count 16"}},
+    {"a kernel that never ends (2 s watchdog)", plant_spin, {"hang", "spin_kernel", "has run for more than 2 s"}, "TP_EMU_HANG_S=2 "},
 };
 
 static void test_plants(const char* argv0) {
     printf("planted bugs, each in a child process: the emulator must stop it (status 86) with a report naming it\n");
     for (size_t i = 0; i < g_plants.size(); i++) {
-        std::string cmd = std::string(argv0) + " plant " + std::to_string(i) + " 2>&1";
+        std::string cmd = std::string(g_plants[i].env) + argv0 + " plant " + std::to_string(i) + " 2>&1";
         FILE* f = popen(cmd.c_str(), "r");
         std::string out;
         char buf[1024];
