@@ -72,7 +72,7 @@ gpucheck: tp test_tp
 # of aggregates keeps a float4 one 16-byte access (alignment-checked). The emulator itself is plain C++.
 EMU       = build/emu
 EMU_CXX  ?= g++
-EMU_FLAGS = -std=c++17 -O1 -g -fno-tree-sra -fno-pie -fopenmp -pthread -fsanitize=thread \
+EMU_FLAGS = -std=c++17 -O1 -g -fdebug-prefix-map=$(CURDIR)=. -fno-tree-sra -fno-pie -fopenmp -pthread -fsanitize=thread \
             --param=tsan-instrument-func-entry-exit=0 -Wall -Wno-unknown-pragmas -Wno-unused-function -DTP_EMU -Idev/emu/include
 EMU_RTFLAGS = -std=c++17 -O2 -g -fno-pie -pthread -Wall -Wextra
 EMU_LDFLAGS = -no-pie -pthread -fopenmp -Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset

@@ -74,6 +74,9 @@ __global__ void misaligned_float4_kernel(const float* a, float* out) {
     float4 v = *reinterpret_cast<const float4*>(a + 1);  // BUG: a + 1 is not 16-byte aligned
     out[threadIdx.x] = v.x + v.w;
 }
+__global__ void misaligned_store_kernel(float* out) {
+    *reinterpret_cast<float4*>(out + 4 * threadIdx.x + 2) = make_float4(1.0f, 2.0f, 3.0f, 4.0f);  // BUG: 8-byte aligned only
+}
 __global__ void missing_sync_kernel(float* out) {
     __shared__ float sh[64];
     int t = threadIdx.x;
@@ -153,6 +156,11 @@ static void plant_oob_read() {
 static void plant_misaligned() {
     float *a = plant_buf(64), *out = plant_buf(32);
     misaligned_float4_kernel<<<1, 32>>>(a, out);
+    CK(cudaDeviceSynchronize());
+}
+static void plant_misaligned_store() {
+    float* out = plant_buf(256);
+    misaligned_store_kernel<<<1, 32>>>(out);
     CK(cudaDeviceSynchronize());
 }
 static void plant_missing_sync() {
@@ -305,6 +313,7 @@ static const std::vector<Plant> g_plants = {
     {"out-of-bounds write", plant_oob_write, {"out-of-bounds access", "invalid write of 4 bytes", "oob_write_kernel", "thread (64,0,0)", "0 bytes past the end of a 256-byte allocation"}},
     {"read one past the end", plant_oob_read, {"out-of-bounds access", "invalid read of 4 bytes", "oob_read_kernel", "thread (63,0,0)", "0 bytes past the end of a 256-byte allocation"}},
     {"misaligned float4 load", plant_misaligned, {"misaligned address", "16-byte access needs a 16-byte aligned address", "misaligned_float4_kernel", "at offset 4 of"}},
+    {"misaligned float4 store", plant_misaligned_store, {"misaligned address", "invalid write of 16 bytes", "misaligned_store_kernel"}},
     {"missing __syncthreads", plant_missing_sync, {"shared memory race", "missing_sync_kernel", "sh + ", "no __syncthreads"}},
     {"shuffle mask leaving out an active lane", plant_bad_mask, {"mask", "0x7fffffff", "__shfl_xor_sync", "bad_mask_kernel"}},
     {"host read without a stream sync", plant_no_sync_read, {"host access to memory of a queued async copy", "cudaMemcpyAsync", "in host code"}},
