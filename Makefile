@@ -90,9 +90,11 @@ $(EMU)/%.emu.o: $(EMU)/src/.stamp $(wildcard dev/emu/include/*.h)
 	$(EMU_CXX) $(EMU_FLAGS) -x c++ -c -o $@ $(EMU)/src/$(subst -,/,$*).cu
 $(EMU)/test_tp_emu: $(EMU)/test_tp.emu.o $(EMU_RT)
 	$(EMU_CXX) $(EMU_LDFLAGS) -o $@ $^
+$(EMU)/tp_emu: $(EMU)/tp.emu.o $(EMU_RT)
+	$(EMU_CXX) $(EMU_LDFLAGS) -o $@ $^
 $(EMU)/test_emu: $(EMU)/dev-emu-test_emu.emu.o $(EMU_RT)
 	$(EMU_CXX) $(EMU_LDFLAGS) -o $@ $^
-emu: $(EMU)/test_tp_emu $(EMU)/test_emu
+emu: $(EMU)/test_tp_emu $(EMU)/tp_emu $(EMU)/test_emu
 	@bash dev/emu/run_tests.sh $(EMU)
 
 clean:
