@@ -78,7 +78,7 @@ EMU_RTFLAGS = -std=c++17 -O2 -g -fno-pie -pthread -Wall -Wextra
 EMU_LDFLAGS = -no-pie -pthread -fopenmp -Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset
 EMU_RT    = $(EMU)/runtime.o $(EMU)/exec.o $(EMU)/blas.o $(EMU)/nccl.o
 EMU_SRCS := $(shell find . \( -path ./build -o -path ./.git -o -path ./dev/emu/include \) -prune -o \
-              \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.hpp' \) -print)
+              \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.hpp' -o -name '*.inl' -o -name '*.inc' \) -print)
 
 $(EMU)/%.o: dev/emu/%.cpp dev/emu/emu.h $(wildcard dev/emu/include/*.h)
 	@mkdir -p $(EMU)

@@ -18,7 +18,8 @@
 //
 // Shared memory: each OS thread has a slot of the arena; `__shared__` variables are laid out there per block
 // with 16-byte redzones between them (out-of-bounds shared accesses are reported), and every 4-byte word
-// has a record of its last writer and last two readers (thread, barrier epoch, warp-sync clock). Racecheck:
+// has a record of its last writer and last two readers (thread, barrier epoch, warp-sync clock, and which
+// bytes, so threads sharing a word, e.g. neighbouring bf16 values, are not mistaken for a race). Racecheck:
 // two accesses by different threads, at least one a write, with no __syncthreads between them (and, within
 // one warp, no warp intrinsic both took part in) are a hazard, reported with the kernel, the two threads
 // and the address. A read of a word no thread of the block has written is reported too.
@@ -151,6 +152,7 @@ struct ShRec {  // one 4-byte word of shared memory
     uint16_t w_tid;
     uint16_t r_tid[2];
     uint32_t r_epoch[2], r_clk[2];
+    uint8_t w_mask, r_mask[2];  // which bytes of the word the access touched (threads may share a word, e.g. bf16)
     uintptr_t w_pc;
 };
 
@@ -634,6 +636,8 @@ void shared_access(uintptr_t a, size_t n, bool write, bool atomic, bool check_al
              shared_name(B, off).c_str());
     for (size_t w = off / 4; w <= (off + n - 1) / 4; w++) {
         ShRec& r = X->sh[w];
+        size_t lo = std::max(off, w * 4), hi = std::min(off + n, w * 4 + 4);
+        uint8_t m = (uint8_t)(((1u << (hi - lo)) - 1u) << (lo - w * 4));  // the bytes of this word accessed
         if (r.alloc != B->first_epoch)
             fail("out-of-bounds shared memory access", "invalid %s of %zu bytes at %s", atomic ? "atomic" : (write ? "write" : "read"), n,
                  shared_name(B, w * 4 > off ? w * 4 : off).c_str());
@@ -643,37 +647,43 @@ void shared_access(uintptr_t a, size_t n, bool write, bool atomic, bool check_al
                      "(a __syncthreads missing between the write and this read, or a part no thread writes)",
                      thread_name(B, T->tid).c_str(), n, shared_name(B, off).c_str());
         }
-        bool same_epoch = r.w_epoch == X->epoch;
+        // a conflict: another thread, the same barrier interval, overlapping bytes, not ordered within the warp
+        bool w_conflict = r.w_epoch == X->epoch && r.w_tid != T->tid && (r.w_mask & m) && !ordered(T, r.w_tid, r.w_clk);
+        uint32_t clk = T->vc[T->lane];
         if (atomic) {
-            if (same_epoch && r.w_tid != T->tid && r.w_tid != ATOMIC_TID && !ordered(T, r.w_tid, r.w_clk))
+            if (w_conflict && r.w_tid != ATOMIC_TID)
                 race(T, "shared memory race (write-after-write hazard)", "atomically updates", r.w_tid, "wrote", off, n, r.w_pc);
             r.w_epoch = X->epoch;
             r.w_tid = ATOMIC_TID;
+            r.w_mask = m;
             r.w_pc = t_pc;
             continue;
         }
         if (!write) {
-            if (same_epoch && r.w_tid != T->tid && !ordered(T, r.w_tid, r.w_clk))
-                race(T, "shared memory race (read-after-write hazard)", "reads", r.w_tid, "wrote", off, n, r.w_pc);
+            if (w_conflict) race(T, "shared memory race (read-after-write hazard)", "reads", r.w_tid, "wrote", off, n, r.w_pc);
             int slot = r.r_tid[0] == T->tid || r.r_epoch[0] != X->epoch ? 0 : 1;
             if (slot == 1) {  // keep the last two distinct readers
                 r.r_tid[1] = r.r_tid[0];
                 r.r_epoch[1] = r.r_epoch[0];
                 r.r_clk[1] = r.r_clk[0];
+                r.r_mask[1] = r.r_mask[0];
                 slot = 0;
             }
-            r.r_tid[slot] = (uint16_t)T->tid;
-            r.r_epoch[slot] = X->epoch;
-            r.r_clk[slot] = T->vc[T->lane];
+            bool same = r.r_tid[0] == T->tid && r.r_epoch[0] == X->epoch;
+            r.r_mask[0] = same ? (uint8_t)(r.r_mask[0] | m) : m;
+            r.r_tid[0] = (uint16_t)T->tid;
+            r.r_epoch[0] = X->epoch;
+            r.r_clk[0] = clk;
         } else {
-            if (same_epoch && r.w_tid != T->tid && !ordered(T, r.w_tid, r.w_clk))
-                race(T, "shared memory race (write-after-write hazard)", "writes", r.w_tid, "wrote", off, n, r.w_pc);
+            if (w_conflict) race(T, "shared memory race (write-after-write hazard)", "writes", r.w_tid, "wrote", off, n, r.w_pc);
             for (int i = 0; i < 2; i++)
-                if (r.r_epoch[i] == X->epoch && r.r_tid[i] != T->tid && !ordered(T, r.r_tid[i], r.r_clk[i]))
+                if (r.r_epoch[i] == X->epoch && r.r_tid[i] != T->tid && (r.r_mask[i] & m) && !ordered(T, r.r_tid[i], r.r_clk[i]))
                     race(T, "shared memory race (write-after-read hazard)", "writes", r.r_tid[i], "read", off, n, 0);
+            bool same = r.w_tid == T->tid && r.w_epoch == X->epoch && r.w_clk == clk;
+            r.w_mask = same ? (uint8_t)(r.w_mask | m) : m;
             r.w_epoch = X->epoch;
             r.w_tid = (uint16_t)T->tid;
-            r.w_clk = T->vc[T->lane];
+            r.w_clk = clk;
             r.w_pc = t_pc;
         }
     }

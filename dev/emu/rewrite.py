@@ -23,7 +23,7 @@ import os
 import re
 import sys
 
-EXTS = ('.cu', '.cuh', '.h', '.hpp', '.c', '.cc', '.cpp', '.inc')
+EXTS = ('.cu', '.cuh', '.h', '.hpp', '.inl', '.inc', '.c', '.cc', '.cpp')
 SKIP_DIRS = {'.git', 'build', '__pycache__', 'gpucheck_out'}
 
 

@@ -541,6 +541,15 @@ __global__ void syncwarp_kernel(int* out) {
     __syncwarp();
     out[threadIdx.x] = sh[base + (lane + 1) % 32];
 }
+// threads writing neighbouring 2-byte and 1-byte elements that share 4-byte words: no race
+__global__ void subword_kernel(int* out) {
+    __shared__ unsigned short half[64];
+    __shared__ unsigned char bytes[64];
+    half[threadIdx.x] = (unsigned short)(threadIdx.x * 3);
+    bytes[threadIdx.x] = (unsigned char)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = half[63 - threadIdx.x] + bytes[(threadIdx.x + 1) % 64];
+}
 __global__ void atomics_kernel(int* counter, float* fsum, unsigned* mx) {
     atomicAdd(counter, 1);
     atomicAdd(fsum, 0.5f);
@@ -594,6 +603,11 @@ static void test_device_semantics(const char* argv0) {
     int bad = 0;
     for (int t = 0; t < 64; t++) bad += hw[t] != ((t % 32 + 1) % 32) * 10;
     check(bad == 0, "a warp exchanging values through shared memory after __syncwarp: %d wrong, no race reported", bad);
+    subword_kernel<<<1, 64>>>(dw);
+    CK(cudaMemcpy(hw.data(), dw, sizeof(int) * 64, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int t = 0; t < 64; t++) bad += hw[t] != (63 - t) * 3 + (t + 1) % 64;
+    check(bad == 0, "threads writing neighbouring 2-byte and 1-byte shared elements (one 4-byte word each 2 or 4 threads): %d wrong, no race reported", bad);
     int* counter = nullptr;
     float* fsum = nullptr;
     unsigned* mx = nullptr;
