@@ -924,7 +924,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
     if (!ms) return ret(cudaErrorInvalidValue);
     if (!e0 || !e1) return ret(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::mutex> lock(g_event_mu);
-    if ((e0->flags | e1->flags) & cudaEventDisableTiming) return ret(cudaErrorInvalidResourceHandle);
+    if ((e0->flags | e1->flags) & cudaEventDisableTiming || e0->device != e1->device) return ret(cudaErrorInvalidResourceHandle);
     if (!e0->recorded || !e1->recorded) return ret(cudaErrorInvalidResourceHandle);
     if (!e0->done || !e1->done) return ret(cudaErrorNotReady);
     *ms = (float)((e1->t - e0->t) * 1e3);
