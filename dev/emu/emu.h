@@ -113,7 +113,7 @@ std::string fiber_where();               // "kernel k, device d, block (..), thr
 std::string addr2line(uintptr_t pc);     // "function at file:line" of an instruction, if addr2line can say
 
 // memcheck of an operation's own accesses: [p, p+n) read or written on behalf of t_op
-enum Peer { PEER_COPY, PEER_KERNEL, PEER_OWN };  // copies may cross devices; kernels need peer access; NCCL its own device
+enum Peer { PEER_COPY, PEER_KERNEL };  // copies may cross devices; kernels (and GEMMs) need peer access
 void check_range(const void* p, size_t n, bool write, bool need_init, Peer rule, const char* operand);
 void copy_init(void* dst, const void* src, size_t n);  // a device-to-device copy carries the written bits along
 

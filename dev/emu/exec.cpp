@@ -410,8 +410,8 @@ static void warp_arrive(Thread* T, int op, unsigned mask, uint64_t value, int ar
 static const char* op_name(int op) {
     static const char* n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync", "__ballot_sync",
                               "__any_sync", "__all_sync", "__syncwarp", "__reduce_add_sync", "__reduce_min_sync",
-                              "__reduce_max_sync", "__reduce_and_sync", "__reduce_or_sync", "__reduce_xor_sync", "__match_any_sync"};
-    return op >= 0 && op < 15 ? n[op] : "a warp intrinsic";
+                              "__reduce_max_sync", "__reduce_and_sync", "__reduce_or_sync", "__reduce_xor_sync"};
+    return op >= 0 && op < 14 ? n[op] : "a warp intrinsic";
 }
 
 // the source lane of a shuffle, as PTX's shfl.sync defines it (segments of `width` lanes; out of range: own)

@@ -333,9 +333,6 @@ void check_range(const void* p, size_t n, bool write, bool need_init, Peer rule,
         fail("invalid pointer", "%s: %s (%zu bytes at %p) is not memory of the emulated devices (a host pointer?)", what, operand, n, p);
     if (is_device_addr(a)) {
         int d = dev_of(a);
-        if (rule == PEER_OWN && d != dev)
-            fail("pointer on the wrong device", "%s: %s is memory of device %d, but the operation runs on device %d\n%s", what, operand, d, dev,
-                 describe_addr(a).c_str());
         if (rule == PEER_KERNEL && d != dev && !g_peer[dev][d])
             fail("peer access not enabled", "%s on device %d reads or writes %s on device %d without cudaDeviceEnablePeerAccess\n%s", what, dev,
                  operand, d, describe_addr(a).c_str());

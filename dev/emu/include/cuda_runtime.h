@@ -201,7 +201,7 @@ void __threadfence_block(void);
 // warp-level intrinsics: the lanes named in the mask meet (exec.cpp checks the masks), then each gets its
 // result. Values travel as 64-bit patterns.
 enum { EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR, EMU_BALLOT, EMU_ANY, EMU_ALL, EMU_SYNCWARP,
-       EMU_REDUCE_ADD, EMU_REDUCE_MIN, EMU_REDUCE_MAX, EMU_REDUCE_AND, EMU_REDUCE_OR, EMU_REDUCE_XOR, EMU_MATCH_ANY };
+       EMU_REDUCE_ADD, EMU_REDUCE_MIN, EMU_REDUCE_MAX, EMU_REDUCE_AND, EMU_REDUCE_OR, EMU_REDUCE_XOR };
 uint64_t emu_warp_op(int op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line);
 template <class T> static inline uint64_t emu_bits(T v) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffles move values of at most 8 bytes");
