@@ -29,7 +29,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <sys/mman.h>
-#if !defined(__x86_64__)
+#if !defined(__x86_64__) || defined(EMU_UCONTEXT)
 #include <ucontext.h>
 #endif
 
@@ -38,7 +38,7 @@ namespace emu {
 // ----------------------------------------------------------------------------
 // context switching
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(EMU_UCONTEXT)
 extern "C" void emu_switch(void** save_sp, void* load_sp);
 extern "C" void emu_fiber_trampoline();
 asm(R"(
@@ -94,8 +94,8 @@ static void* ctx_make(uintptr_t top, void (*fn)(void*), void* arg) {
     return sp;
 }
 #else
-// elsewhere: ucontext (slower, a system call per switch, but portable)
-static void emu_switch(void** save, void* load) { swapcontext((ucontext_t*)*save, (ucontext_t*)load); }
+// elsewhere (or with -DEMU_UCONTEXT, to test it): getcontext/makecontext/swapcontext, slower (swapcontext
+// makes a system call to save the signal mask) but portable; see start_thread, yield and run_block
 #endif
 
 // ----------------------------------------------------------------------------
@@ -130,7 +130,7 @@ struct Thread {
     Stack* stk;
     EmuThreadInfo* info;
     void* sp;
-#if !defined(__x86_64__)
+#if !defined(__x86_64__) || defined(EMU_UCONTEXT)
     ucontext_t uc;
 #endif
     int bar_kind, bar_pred, bar_result, bar_line;
@@ -172,7 +172,7 @@ struct Block {
 
 struct Exec {  // one per OS thread that runs kernels
     void* sched_sp;
-#if !defined(__x86_64__)
+#if !defined(__x86_64__) || defined(EMU_UCONTEXT)
     ucontext_t sched_uc;
 #endif
     std::vector<Thread> th;
@@ -293,7 +293,7 @@ static Thread* self(const char* what) {
 }
 
 static void yield(Thread* T) {
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(EMU_UCONTEXT)
     emu_switch(&T->sp, T->B->X->sched_sp);
 #else
     swapcontext(&T->uc, &T->B->X->sched_uc);
@@ -724,7 +724,7 @@ static void start_thread(Exec* X, Thread* T) {
     T->info->block_idx = T->B->idx;
     T->info->block_dim = L->cfg.block;
     T->info->grid_dim = L->cfg.grid;
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(EMU_UCONTEXT)
     T->sp = ctx_make(top, fiber_main, T);
 #else
     getcontext(&T->uc);
@@ -812,7 +812,7 @@ static void run_block(Exec* X, Launch* L, uint3 idx, uint64_t seed) {
         t_fiber = T;
         t_stack_lo = T->stk->lo;
         t_stack_hi = T->stk->hi;
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(EMU_UCONTEXT)
         emu_switch(&X->sched_sp, T->sp);
 #else
         swapcontext(&X->sched_uc, (ucontext_t*)T->sp);
