@@ -1,22 +1,33 @@
-# make             builds ./tp and ./test_tp (with MPI, for mpirun, when mpicxx is found; make MPI=0: without)
-# make test        builds and runs the tests
+# make             builds ./tp (all that `make && ./tp` needs; with MPI, for mpirun, when mpicxx is found,
+#                  without it with make MPI=0)
+# make test        builds ./test_tp and runs the tests
 # make asan tsan   the tests again, under AddressSanitizer + UndefinedBehaviorSanitizer, and ThreadSanitizer
 # make debug       ./tp_debug and ./test_tp_debug for work on kernels: -O0 -g, device debug info with line
 #                  numbers (-G, for cuda-gdb and compute-sanitizer), every kernel launch waited for
 # make gpucheck    on a GPU machine: GPU tests, memcheck, GPT-2 124M benchmark; results in gpucheck_out/
-MAKEFLAGS += -j$(shell nproc)  # tp and test_tp build side by side
+# make emu         the CUDA path (kernels, cuBLAS, NCCL) on the emulated GPU of dev/emu, with memcheck and
+#                  racecheck, and the emulator's own planted-bug tests; no GPU needed
+# make toolkit     says whether the CUDA toolkit tp builds with is all there (the README's Build section)
+# WERROR=1         warnings stop the build (CI sets it; a newer compiler's new warnings do not stop yours)
+MAKEFLAGS += -j$(shell nproc)  # builds side by side (make test: test_tp beside tp)
 NVCC     ?= /usr/local/cuda/bin/nvcc
+CUDA_DIR  = $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))..)
 comma    := ,
 HOSTFLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function
-# kernels for the GPU of this machine, or with none for A100 (sm_80) and H100/H200 (sm_90)
-GPU_CC   := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '.')
-ifeq ($(GPU_CC),)
-ARCH      = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-else
-ARCH      = -gencode arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
+# Kernels for each GPU model of this machine (the compute capabilities nvidia-smi lists; only digits are
+# taken, so an nvidia-smi that prints an error adds nothing), or with none for A100 (sm_80) and H100/H200
+# (sm_90); plus PTX of the highest, which the driver compiles at load time for GPUs newer than these.
+GPU_CCS  := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | grep -xE '[0-9]{2,3}' | sort -un)
+ifeq ($(strip $(GPU_CCS)),)
+GPU_CCS   = 80 90
 endif
-NVFLAGS   = -std=c++17 -O3 -Werror all-warnings $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS)) $(MPI_CFLAGS)
-LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp $(MPI_LIBS)
+ARCH      = $(foreach cc,$(GPU_CCS),-gencode arch=compute_$(cc),code=sm_$(cc)) \
+            -gencode arch=compute_$(lastword $(GPU_CCS)),code=compute_$(lastword $(GPU_CCS))
+ifeq ($(WERROR),1)
+NVWERROR  = -Werror all-warnings
+endif
+NVFLAGS   = -std=c++17 -O3 $(NVWERROR) $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS)) $(MPI_CFLAGS)
+LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp -ldl $(MPI_LIBS)
 # MPI (to run data parallelism across processes with mpirun): compiled in when an MPI compiler wrapper
 # (Debian's OpenMPI: apt-get install openmpi-bin libopenmpi-dev) is found, or never with make MPI=0.
 # Its flags come from `mpicxx --showme`; nvcc takes -I, -L and -l as they are, the rest through -Xcompiler.
@@ -29,16 +40,36 @@ endif
 SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh common/error.h data/grammar.h data/loader.h data/tokenizer.h \
             train/checkpoint.h train/logger.h train/sampler.h
 
-all: tp test_tp
+all: tp
 
-tp: tp.cu $(SOURCES)
+tp: tp.cu $(SOURCES) | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ tp.cu $(LDLIBS)
 
-test_tp: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
+test_tp: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES) | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ test_tp.cu $(LDLIBS)
 
 test: test_tp tp
 	./test_tp
+
+# one line instead of make's "No such file or directory" when the CUDA toolkit is missing
+nvcc:
+	@command -v $(NVCC) >/dev/null 2>&1 || { echo "error: $(NVCC) not found: tp builds with the CUDA toolkit (nvcc, cuBLAS, NCCL), also to run on the CPU; install it or give NVCC=/path/to/nvcc (make toolkit checks what is there)" >&2; exit 1; }
+
+# what the build needs, found or not: nvcc, the cuBLAS and NCCL libraries, NCCL's header
+toolkit:
+	@ok=1; \
+	if command -v $(NVCC) >/dev/null 2>&1; then echo "nvcc:          $$($(NVCC) --version | grep -o 'release [0-9.]*') ($(NVCC))"; \
+	else echo "nvcc:          MISSING: $(NVCC) (install the CUDA toolkit, or give NVCC=/path/to/nvcc)"; ok=0; fi; \
+	for lib in cublas cublasLt nccl; do \
+	  f=$$(ls $(CUDA_DIR)/lib64/lib$$lib.so* $(CUDA_DIR)/lib/lib$$lib.so* 2>/dev/null | head -n 1); \
+	  [ -n "$$f" ] || f=$$(ldconfig -p 2>/dev/null | grep -o "/[^ ]*/lib$$lib\.so[.0-9]*$$" | head -n 1); \
+	  if [ -n "$$f" ]; then printf '%-14s %s\n' "lib$$lib:" "$$f"; \
+	  else printf '%-14s %s\n' "lib$$lib:" "MISSING (cuBLAS comes with the CUDA toolkit; NCCL is a package of its own, e.g. libnccl2 + libnccl-dev)"; ok=0; fi; \
+	done; \
+	h=$$(ls $(CUDA_DIR)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h 2>/dev/null | head -n 1); \
+	if [ -n "$$h" ]; then echo "nccl.h:        $$h"; else echo "nccl.h:        MISSING (NCCL's headers, e.g. libnccl-dev)"; ok=0; fi; \
+	echo "GPU code for:  $(GPU_CCS) (+ PTX of $(lastword $(GPU_CCS)) for newer GPUs)"; \
+	if [ $$ok = 1 ]; then echo "toolkit: complete; make builds ./tp"; else echo "toolkit: incomplete (see above)"; exit 1; fi
 
 # sanitizer builds: host code only (the CPU backend, the comm layer, the driver), -O1 with frame pointers
 SANFLAGS = -std=c++17 -O1 -g -Xcompiler -march=native,-fopenmp,-fno-omit-frame-pointer $(MPI_CFLAGS)
@@ -70,21 +101,59 @@ debug: tp_debug test_tp_debug
 
 # The prepared GPU run: one GPU, well under 8 minutes. Every step runs even if one before it failed;
 # gpucheck_out/summary.txt says which passed. TP=2 on one GPU goes through the shared-memory backend.
+# memcheck needs compute-sanitizer, which some CUDA images leave out: the summary then says it is not
+# available. The benchmark batches that do not fit in the GPU's free memory are refused by tp's memory
+# check within a second, and the summary gives that line (needed, free) in place of a time.
 GPUOUT ?= gpucheck_out
 RAND    = $(GPUOUT)/random_tokens.bin
 BENCH   = ./tp -e d12 -t 1024 -i $(RAND) -j $(RAND) -x 10 -v 0 -g 0 --device cuda
+SANITIZER = $(firstword $(shell command -v compute-sanitizer 2>/dev/null) $(wildcard $(CUDA_DIR)/bin/compute-sanitizer))
 gpucheck: tp test_tp
 	@mkdir -p $(GPUOUT); rm -f $(GPUOUT)/summary.txt
 	-nvidia-smi > $(GPUOUT)/nvidia-smi.txt 2>&1
 	-bash -o pipefail -c 'timeout 300 ./test_tp gpu 2>&1 | tee $(GPUOUT)/gpu_tests.txt' && echo "gpu tests: passed" >> $(GPUOUT)/summary.txt || echo "gpu tests: FAILED" >> $(GPUOUT)/summary.txt
-	-bash -o pipefail -c 'timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 ./tp -e L2C64H4 -b 2 -t 32 -x 3 -v 2 -m 1 -g 4 --device cuda --tp 2 2>&1 | tee $(GPUOUT)/memcheck.txt' && echo "memcheck: clean" >> $(GPUOUT)/summary.txt || echo "memcheck: FAILED" >> $(GPUOUT)/summary.txt
+	-if [ -z "$(SANITIZER)" ]; then echo "memcheck: not available (no compute-sanitizer in PATH or $(CUDA_DIR)/bin)" >> $(GPUOUT)/summary.txt; \
+	else bash -o pipefail -c 'timeout 150 $(SANITIZER) --tool memcheck --error-exitcode 9 ./tp -e L2C64H4 -b 2 -t 32 -x 3 -v 2 -m 1 -g 4 --device cuda --tp 2 2>&1 | tee $(GPUOUT)/memcheck.txt' && echo "memcheck: clean" >> $(GPUOUT)/summary.txt || echo "memcheck: FAILED" >> $(GPUOUT)/summary.txt; fi
 	-bash -o pipefail -c 'timeout 60 ./test_tp bench 2>&1 | tee $(GPUOUT)/bench_ops.txt'
 	python3 -c "import random, struct; n = 1 << 21; r = random.Random(0); open('$(RAND)', 'wb').write(struct.pack('<256i', 20240520, 1, n, *[0] * 253) + struct.pack('<%dH' % n, *[r.randrange(50257) for _ in range(n)]))"
 	-for b in 4 16 32 64; do timeout 90 $(BENCH) -b $$b --tp 1 > $(GPUOUT)/bench_tp1_b$$b.txt 2>&1; echo "d12 T=1024 B=$$b TP=1: $$(grep -E '^average|error' $(GPUOUT)/bench_tp1_b$$b.txt | tail -n 1)" >> $(GPUOUT)/summary.txt; done
 	-timeout 90 $(BENCH) -b 16 --tp 2 > $(GPUOUT)/bench_tp2_b16.txt 2>&1; echo "d12 T=1024 B=16 TP=2 (shared GPU memory): $$(grep -E '^average|error' $(GPUOUT)/bench_tp2_b16.txt | tail -n 1)" >> $(GPUOUT)/summary.txt
 	@cat $(GPUOUT)/summary.txt
 
+# The emulated GPU (dev/emu, README "The emulated GPU"). dev/emu/rewrite.py copies the sources to
+# build/emu/src with the launch syntax and __shared__ rewritten; g++ compiles them against the fake CUDA,
+# cuBLAS and NCCL headers of dev/emu/include with -fsanitize=thread code generation but without libtsan:
+# every load and store calls the emulator's memcheck/racecheck hook instead. -O1 without scalar replacement
+# of aggregates keeps a float4 one 16-byte access (alignment-checked). The emulator itself is plain C++.
+EMU       = build/emu
+EMU_CXX  ?= g++
+EMU_FLAGS = -std=c++17 -O1 -g -fdebug-prefix-map=$(CURDIR)=. -fno-tree-sra -fno-pie -fopenmp -pthread -fsanitize=thread \
+            --param=tsan-instrument-func-entry-exit=0 -Wall -Wno-unknown-pragmas -Wno-unused-function -DTP_EMU -Idev/emu/include
+EMU_RTFLAGS = -std=c++17 -O2 -g -fno-pie -pthread -Wall -Wextra
+EMU_LDFLAGS = -no-pie -pthread -fopenmp -Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset
+EMU_RT    = $(EMU)/runtime.o $(EMU)/exec.o $(EMU)/blas.o $(EMU)/nccl.o
+EMU_SRCS := $(shell find . \( -path ./build -o -path ./.git -o -path ./dev/emu/include \) -prune -o \
+              \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.hpp' -o -name '*.inl' -o -name '*.inc' \) -print)
+
+$(EMU)/%.o: dev/emu/%.cpp dev/emu/emu.h $(wildcard dev/emu/include/*.h)
+	@mkdir -p $(EMU)
+	$(EMU_CXX) $(EMU_RTFLAGS) -c -o $@ $<
+$(EMU)/src/.stamp: $(EMU_SRCS) dev/emu/rewrite.py
+	python3 dev/emu/rewrite.py . $(EMU)/src
+	@touch $@
+$(EMU)/%.emu.o: $(EMU)/src/.stamp $(wildcard dev/emu/include/*.h)
+	$(EMU_CXX) $(EMU_FLAGS) -x c++ -c -o $@ $(EMU)/src/$(subst -,/,$*).cu
+$(EMU)/test_tp_emu: $(EMU)/test_tp.emu.o $(EMU_RT)
+	$(EMU_CXX) $(EMU_LDFLAGS) -o $@ $^
+$(EMU)/tp_emu: $(EMU)/tp.emu.o $(EMU_RT)
+	$(EMU_CXX) $(EMU_LDFLAGS) -o $@ $^
+$(EMU)/test_emu: $(EMU)/dev-emu-test_emu.emu.o $(EMU_RT)
+	$(EMU_CXX) $(EMU_LDFLAGS) -o $@ $^
+emu: $(EMU)/test_tp_emu $(EMU)/tp_emu $(EMU)/test_emu
+	@bash dev/emu/run_tests.sh $(EMU)
+
 clean:
 	rm -f tp test_tp tp_asan test_tp_asan tp_tsan test_tp_tsan tp_debug test_tp_debug
+	rm -rf $(EMU)
 
-.PHONY: all test asan tsan debug gpucheck clean
+.PHONY: all test asan tsan debug gpucheck emu clean nvcc toolkit

@@ -899,24 +899,37 @@ static void gpt_init_full(const GPTConfig* c, uint64_t seed, float* full) {
 
 // a descriptor: "dN" as llm.c (d12 = GPT-2 124M: 12 layers, 768 channels, 12 heads; d24/d36/d48 are
 // GPT-2 medium/large/xl), with dN for N < 12 meaning N layers, 64N channels, N heads; or any shape
-// spelled out as "L<layers>C<channels>H<heads>", e.g. L3C128H4
-static bool gpt_descriptor(const char* s, GPTConfig* c, int V, int maxT) {
+// spelled out as "L<layers>C<channels>H<heads>", e.g. L3C128H4. A string that is spelled like one but
+// cannot be one gets false with *why saying what is wrong (anything else: false, why left empty).
+static bool gpt_descriptor(const char* s, GPTConfig* c, int V, int maxT, std::string* why = nullptr) {
+    char msg[160] = "";
     int L, C, NH, len = 0;
     if (sscanf(s, "L%dC%dH%d%n", &L, &C, &NH, &len) == 3 && s[len] == '\0') {
-        if (L < 1 || C < 1 || NH < 1 || C % NH != 0 || L > 1000 || C > 65536) return false;
+        if (L < 1 || C < 1 || NH < 1 || L > 1000 || C > 65536)
+            snprintf(msg, sizeof(msg), "layers must be 1..1000, channels 1..65536 and heads at least 1");
+        else if (C % NH != 0)
+            snprintf(msg, sizeof(msg), "%d channels do not split into %d heads of equal size: channels must be a multiple of the "
+                     "heads (e.g. L%dC%dH%d)", C, NH, L, (C + NH - 1) / NH * NH, NH);
+        if (msg[0]) {
+            if (why) *why = msg;
+            return false;
+        }
         c->L = L; c->C = C; c->NH = NH; c->V = V; c->Vp = round_up(V, 128); c->maxT = maxT;
         return true;
     }
     if (s[0] != 'd') return false;
     char* end;
     long n = strtol(s + 1, &end, 10);
-    if (*end != '\0' || end == s + 1 || n < 1 || n > 48) return false;
+    if (*end != '\0' || end == s + 1) return false;
     c->L = (int)n;
     if (n == 24) { c->C = 1024; c->NH = 16; }
     else if (n == 36) { c->C = 1280; c->NH = 20; }
     else if (n == 48) { c->C = 1600; c->NH = 25; }
-    else if (n <= 12) { c->C = 64 * (int)n; c->NH = (int)n; }
-    else return false;
+    else if (n >= 1 && n <= 12) { c->C = 64 * (int)n; c->NH = (int)n; }
+    else {
+        if (why) *why = "not a GPT-2 size: the dN descriptors are d1..d12, d24, d36 and d48 (or spell a shape out as L<layers>C<channels>H<heads>)";
+        return false;
+    }
     c->V = V;
     c->Vp = round_up(V, 128);
     c->maxT = maxT;

@@ -10,6 +10,8 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 static int g_passed = 0, g_failed = 0, g_skipped = 0;
@@ -612,6 +614,16 @@ static void test_loader() {
     bool same = true;
     for (int k = 0; k < 5; k++) same &= seen[k] == perm[k] * BT;
     check(same, "shuffled order is llm.c's MT19937(42) Fisher-Yates permutation");
+    // the startup scan reads a shard in chunks of 2M tokens: the largest id and its first place, past the first chunk
+    std::vector<int> big(5000001, 7);
+    big[3] = 200;
+    big[4500000] = 40000;
+    big[4900000] = 40000;
+    write_tokens(d + "/big.bin", big);
+    std::vector<TokenShard> shards = token_files((d + "/big.bin").c_str(), "train", 2);
+    token_shard_scan(&shards[0], "train");
+    check(shards[0].max_id == 40000 && shards[0].max_pos == 4500000, "scan of %zu tokens in 3 chunks: largest id %d first at token %ld",
+          big.size(), shards[0].max_id, shards[0].max_pos);
     // data parallelism and accumulation: micro-batch k of replica g (of D, A micro-steps, -b B) is rows
     // (k*D + g)*B .. of the batch one loader with -b A*D*B reads; in order and shuffled, over both shards
     // and three epochs
@@ -740,7 +752,7 @@ static void test_cli_parity_run() {
 // bad input: one line on stderr naming the problem, exit status 1, never a crash or a hang
 
 static void test_bad_input() {
-    printf("bad input: one clear line on stderr and exit status 1\n");
+    printf("bad input: one clear line on stderr and exit status 1 (a bad flag: and a hint line)\n");
     std::string d = tmpdir() + "/bad";
     mkdir(d.c_str(), 0755);
     std::vector<int> ok_tokens = random_tokens(3000, 256, 3);
@@ -775,7 +787,8 @@ static void test_bad_input() {
     patch("ck_header.bin", 24, 0, -1);  // C = 0
     std::string data = " -i " + d + "/ok.bin -j " + d + "/ok.bin";
     std::string run = " -b 2 -t 16 -x 1 -v 0 -g 0 --threads 1";
-    struct { const char* what; std::string args; const char* expect; } cases[] = {
+    // flag: a bad command line, answered by the error line and a hint line (./tp --help), nothing on stdout
+    struct { const char* what; std::string args; const char* expect; bool flag = false; } cases[] = {
         {"missing train file", "-i " + d + "/nope.bin -j " + d + "/ok.bin -e " + m + run, "no train data matches"},
         {"empty token file", "-i " + d + "/empty.bin -j " + d + "/ok.bin -e " + m + run, "shorter than the 1024-byte header"},
         {"truncated token file", "-i " + d + "/trunc.bin -j " + d + "/ok.bin -e " + m + run, "truncated or corrupt"},
@@ -793,23 +806,28 @@ static void test_bad_input() {
         {"checkpoint with an invalid header", "-e " + d + "/ck_header.bin" + data + run, "invalid header"},
         {"directory as checkpoint", "-e " + d + "/dir.bin" + data + run, "is a directory"},
         {"T > maxT", "-e " + m + data + run + " -t 64", "exceeds the model's maximum 32"},
-        {"B zero", "-b 0" + data + run, "out of range"},
-        {"T negative", "-t -5" + data + run, "out of range"},
+        {"B zero", "-b 0" + data + run, "out of range", true},
+        {"T negative", "-t -5" + data + run, "out of range", true},
         {"P does not divide the heads", "-e " + m + data + " --tp 3" + run, "valid --tp values are 1, 2"},
         {"--sp 1 with P not dividing B*T", "-e " + m + data + " --tp 2 --sp 1 -b 3 -t 5 -x 1 -v 0 -g 0 --threads 1", "2 ranks do not divide them"},
-        {"-r out of range", "-r 4", "out of range"},
-        {"unknown flag", "--frobnicate 1", "unknown flag --frobnicate"},
-        {"flag missing its value", "-b", "needs a value"},
-        {"non-numeric value", "-b eight", "takes an integer, not 'eight'"},
-        {"non-numeric float", "-l fast", "takes a number, not 'fast'"},
-        {"out-of-range value", "-q 2", "out of range"},
-        {"bad device", "--device tpu", "takes auto, cpu or cuda"},
-        {"-i without -j", "-i " + d + "/ok.bin", "give both -i and -j"},
+        {"-r out of range", "-r 4", "out of range", true},
+        {"unknown flag", "--frobnicate 1", "unknown flag --frobnicate", true},
+        {"flag missing its value", "-b", "needs a value", true},
+        {"non-numeric value", "-b eight", "takes an integer, not 'eight'", true},
+        {"non-numeric value, --flag=value", "--tp=two", "takes an integer, not 'two'", true},
+        {"non-numeric float", "-l fast", "takes a number, not 'fast'", true},
+        {"out-of-range value", "-q 2", "out of range", true},
+        {"bad device", "--device tpu", "takes auto, cpu or cuda", true},
+        {"-i without -j", "-i " + d + "/ok.bin", "give both -i and -j", true},
+        {"-y 1 with --fresh 1", "-y 1 --fresh 1 -o " + d + "/out", "give one of them", true},
         {"checkpoint disagrees with --vocab", "-e " + m + " --vocab 300" + data + run, "disagrees with checkpoint"},
-        {"stray argument", "train.bin", "unexpected argument"},
-        {"bad descriptor", "-e d13", "neither a readable checkpoint file nor a descriptor"},
-        {"--dp 0", "--dp 0" + data + run, "out of range"},
-        {"-z 2", "-z 2" + data + run, "out of range"},
+        {"stray argument", "train.bin", "unexpected argument", true},
+        {"bad descriptor", "-e d13", "not a GPT-2 size: the dN descriptors are d1..d12, d24, d36 and d48"},
+        {"channels not a multiple of heads", "-e L3C130H4", "130 channels do not split into 4 heads of equal size"},
+        {"heads that do not divide channels", "-e L3C128H3", "128 channels do not split into 3 heads of equal size"},
+        {"-x 0 with -g 0", "-x 0 -g 0", "-g 0 asks for no tokens"},
+        {"--dp 0", "--dp 0" + data + run, "out of range", true},
+        {"-z 2", "-z 2" + data + run, "out of range", true},
         {"-d not a multiple of B x T x D", "-e " + m + data + run + " --dp 2 -d 100", "is not a multiple"},
         {"--tp 3 --dp 2 (heads)", "-e " + m + data + " --tp 3 --dp 2" + run, "valid --tp values are 1, 2"},
         {"--tp 2 --dp 40 (ranks)", "-e " + m + data + " --tp 2 --dp 40" + run, "more than the 64"},
@@ -819,9 +837,17 @@ static void test_bad_input() {
         int rc = run_cmd(c.args, &out, &err);
         int lines = (int)std::count(err.begin(), err.end(), '\n');
         bool found = err.find(c.expect) != std::string::npos && err.rfind("error: ", 0) == 0;
+        // a bad flag: the hint is the second line, and the help is not dumped on stdout
+        bool hint = !c.flag || (err.find("\n./tp --help lists the flags\n") != std::string::npos && out.empty());
         std::string shown = err.substr(0, err.find('\n'));
-        check(rc == 1 && lines == 1 && found, "%-34s exit %d, %d stderr line: %s", c.what, rc, lines, shown.c_str());
+        check(rc == 1 && lines == (c.flag ? 2 : 1) && found && hint, "%-34s exit %d, %d stderr line%s: %s", c.what, rc, lines,
+              lines > 1 ? "s" : "", shown.c_str());
     }
+    // a near miss gets a suggestion in the hint line
+    std::string out, err;
+    int rc = run_cmd("--temprature 0.5", &out, &err);
+    check(rc == 1 && err.find("error: unknown flag --temprature\ndid you mean --temperature? (./tp --help lists the flags)\n") == 0 &&
+          out.empty(), "a misspelt flag: %s", err.c_str());
 }
 
 // ----------------------------------------------------------------------------
@@ -885,7 +911,7 @@ static void test_resume() {
     rc = run_cmd(base + "-e d2 -y 1 -o " + d + "/a -x 30", nullptr, &err);
     check(rc == 1 && err.find("disagrees with the checkpoint") != std::string::npos, "resume with another -e: %s", strtok(&err[0], "\n"));
     rc = run_cmd(base + "-b 2 -y 1 -o " + d + "/a -x 30", nullptr, &err);
-    check(rc == 1 && err.find("same batch shape") != std::string::npos, "resume with another -b: %s", strtok(&err[0], "\n"));
+    check(rc == 1 && err.find("same batch shape") != std::string::npos, "resume with another global batch (-b): %s", strtok(&err[0], "\n"));
     rc = run_cmd(base + "-o /proc/tp_cannot_write", nullptr, &err);
     check(rc == 1 && err.find("output directory") != std::string::npos, "unwritable -o: %s", strtok(&err[0], "\n"));
     // a non-finite loss stops training before anything is saved
@@ -1663,6 +1689,351 @@ static void test_logs() {
 }
 
 // ----------------------------------------------------------------------------
+// a new user's paths: own text, memory, the run directory, sampling, flags, the build
+
+// a text file of n bytes of the corpus's sentences
+static std::string write_text(const std::string& path, size_t n, uint64_t seed) {
+    std::string text;
+    grammar_generate(seed, n, &text, nullptr);
+    FILE* f = fopen(path.c_str(), "wb");
+    fwrite(text.data(), 1, text.size(), f);
+    fclose(f);
+    return text;
+}
+
+// runs a shell command; its stdout and stderr together in *out
+static int run_sh(const std::string& cmd, std::string* out) {
+    std::string path = tmpdir() + "/sh_out.txt";
+    int rc = system((cmd + " >" + path + " 2>&1 </dev/null").c_str());
+    std::vector<char> b = slurp_bytes(path);
+    if (out) out->assign(b.begin(), b.end());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static std::string first_line_with(const std::string& text, const char* key) {
+    size_t p = text.find(key);
+    if (p == std::string::npos) return "(none)";
+    size_t b = text.rfind('\n', p), e = text.find('\n', p);
+    b = b == std::string::npos ? 0 : b + 1;
+    return text.substr(b, e == std::string::npos ? std::string::npos : e - b);
+}
+
+static void test_own_data() {
+    printf("own data: the vocab follows the data, every token checked before the first step, the data line, tokenizer errors, --bpe\n");
+    std::string d = tmpdir() + "/own";
+    mkdir(d.c_str(), 0755);
+    write_text(d + "/story.txt", 40000, 11);
+    std::string out, err;
+    int rc = run_sh("python3 data/prepare.py " + d + "/story.txt " + d + "/data --tokenizer " + d + "/bytes_tok.bin", &out);
+    // the command prepare.py prints, run as printed (with a tiny model and a few steps added)
+    std::string cmd = first_line_with(out, ("-i " + d).c_str());
+    size_t at = cmd.find(" -i ");
+    bool printed = rc == 0 && at != std::string::npos && cmd.find("-j " + d + "/data/story_val.bin") != std::string::npos;
+    check(printed, "prepare.py ends with the tp command: %s", cmd.c_str());
+    std::string small = " -e L1C32H2 -b 2 -t 32 -x 2 -v 1 -m 2 -g 0 --threads 1";
+    rc = printed ? run_cmd(cmd.substr(at) + small, &out, &err) : -1;
+    check(rc == 0 && out.find("vocab 256 (padded 256; byte-level data: every token id is below 256)") != std::string::npos,
+          "own byte-level text trains at vocab 256 without --vocab (exit %d): %s", rc, first_line_with(out, "vocab").c_str());
+    // GPT-2 ids: vocab 50257, and the line says why
+    std::vector<int> ids = random_tokens(3000, 1000, 4);
+    ids[17] = 50000;
+    write_tokens(d + "/gpt2.bin", ids);
+    rc = run_cmd("-i " + d + "/gpt2.bin -j " + d + "/gpt2.bin -e L1C16H2 -b 2 -t 16 -x 1 -v 0 -g 0 --threads 1", &out, &err);
+    check(rc == 0 && out.find("vocab 50257 (padded 50304; GPT-2's: the data's largest token id is 50000)") != std::string::npos,
+          "GPT-2 token ids: vocab 50257, said so (exit %d): %s", rc, first_line_with(out, "vocab").c_str());
+    // a bad id in the last token of a shard stops the run before its first step, within seconds
+    std::vector<int> tail = random_tokens(5000, 256, 5);
+    tail.back() = 300;
+    write_tokens(d + "/tail.bin", tail);
+    double t0 = now_s();
+    rc = run_cmd("-i " + d + "/tail.bin -j " + d + "/data/story_val.bin --vocab 256 -e L1C16H2 -b 2 -t 16 -x 5 -v 0 -g 0 --threads 1", &out, &err);
+    double sec = now_s() - t0;
+    check(rc == 1 && out.find("step") == std::string::npos && err.find("token id 300 at token 4999") != std::string::npos &&
+          err.find("give --vocab 301 or more") != std::string::npos && sec < 10,
+          "a bad id in the last token of a shard: exit %d after %.1f s, no step taken: %s", rc, sec, err.substr(0, err.find('\n')).c_str());
+    // the data line: what a glob matched, tokens and samples; a warning when train and val share a file
+    std::vector<long> sizes = {3001, 2049, 4097};
+    long tokens = 0, samples = 0;
+    for (size_t i = 0; i < sizes.size(); i++) {
+        write_tokens(d + "/shard_" + std::to_string(i) + ".bin", random_tokens(sizes[i], 256, 10 + i));
+        tokens += sizes[i];
+        samples += (sizes[i] - 1) / (4 * 32);
+    }
+    rc = run_cmd("-i '" + d + "/shard_*.bin' -j " + d + "/shard_1.bin -e L1C16H2 -b 4 -t 32 -x 1 -v 0 -g 0 --threads 1", &out, &err);
+    char expect[256];
+    snprintf(expect, sizeof(expect), "data: train '%s/shard_*.bin' matched 3 files: %ld tokens, %ld samples of 4 x 32 per epoch", d.c_str(), tokens, samples);
+    check(rc == 0 && out.find(expect) != std::string::npos && out.find(d + "/shard_2.bin: 4097 tokens") != std::string::npos &&
+          out.find("data: val   " + d + "/shard_1.bin: 2049 tokens, 16 samples") != std::string::npos,
+          "the data line lists the 3 files a glob matched, %ld tokens, %ld samples per epoch", tokens, samples);
+    check(out.find("warning: train and val share " + d + "/shard_1.bin") != std::string::npos, "train and val sharing a file: %s",
+          first_line_with(out, "warning").c_str());
+    // tokenizer and prompt: a byte tokenizer with a vocab-256 model and a prompt works; with a GPT-2-sized
+    // model the error points at --vocab 256; a GPT-2-vocab model refuses a byte prompt and says why
+    std::string tiny = " -e L1C16H2 -b 2 -t 16 -x 1 -v 0 -g 20 --threads 1 -i " + d + "/data/story_train.bin -j " + d + "/data/story_val.bin";
+    rc = run_cmd("--vocab 256 --tokenizer " + d + "/bytes_tok.bin --prompt The" + tiny, &out, &err);
+    check(rc == 0 && out.find("---\nThe") != std::string::npos, "--vocab 256 --tokenizer bytes.bin --prompt The: exit %d, the sample starts with the prompt%s",
+          rc, err.c_str());
+    rc = run_cmd("--vocab 50257 --tokenizer " + d + "/bytes_tok.bin" + tiny, &out, &err);
+    check(rc == 1 && err.find("is byte-level (256 tokens) but the model has vocab 50257") != std::string::npos &&
+          err.find("--vocab 256") != std::string::npos, "a byte tokenizer with a 50257 model: %s", err.substr(0, err.find('\n')).c_str());
+    rc = run_cmd("--prompt The -e L1C16H2 -b 2 -t 16 -x 1 -v 0 -g 5 --threads 1 -i " + d + "/gpt2.bin -j " + d + "/gpt2.bin", &out, &err);
+    check(rc == 1 && err.find("needs a byte-level model (vocab 256); this model has vocab 50257") != std::string::npos,
+          "a byte prompt with a 50257 model: %s", err.substr(0, err.find('\n')).c_str());
+    // --bpe when tiktoken cannot fetch its encoding: one line that says how to run it once online; the
+    // Tiny Shakespeare script keeps its byte files and succeeds
+    std::string fake = d + "/fake_tiktoken/tiktoken";
+    run_sh("mkdir -p " + fake, nullptr);
+    FILE* f = fopen((fake + "/__init__.py").c_str(), "w");
+    fprintf(f, "def get_encoding(name):\n    raise ConnectionError('no network')\n");
+    fclose(f);
+    std::string env = "PYTHONPATH=" + d + "/fake_tiktoken ";
+    rc = run_sh(env + "python3 data/prepare.py " + d + "/story.txt " + d + "/bpe --bpe", &out);
+    check(rc == 1 && out.find("TIKTOKEN_CACHE_DIR") != std::string::npos && out.find("once") != std::string::npos &&
+          std::count(out.begin(), out.end(), '\n') == 1, "prepare.py --bpe offline: exit %d, one line naming the fix: %.90s...", rc, out.c_str());
+    run_sh("mkdir -p " + d + "/ts/data/tinyshakespeare && cp data/prepare.py data/tinyshakespeare.sh " + d + "/ts/data/ && cp " + d +
+           "/story.txt " + d + "/ts/data/tinyshakespeare/input.txt", nullptr);
+    rc = run_sh(env + "bash " + d + "/ts/data/tinyshakespeare.sh", &out);
+    struct stat st;
+    bool kept = stat((d + "/ts/data/tinyshakespeare/tiny_shakespeare_train.bin").c_str(), &st) == 0 && st.st_size > 1024;
+    check(rc == 0 && kept && out.find("note: no GPT-2 BPE version") != std::string::npos,
+          "tinyshakespeare.sh without the BPE encoding: exit %d, byte files kept, %s", rc, first_line_with(out, "note:").c_str());
+}
+
+static void test_memory() {
+    printf("memory: a run that cannot fit is refused at once with the numbers; the estimate tracks what a run uses\n");
+    std::string out, err;
+    for (const char* args : {"-b 65536 -x 1", "-e d48 -b 64 -t 1024 -x 1"}) {
+        double t0 = now_s();
+        int rc = run_cmd(args, &out, &err);
+        double sec = now_s() - t0;
+        bool line = err.rfind("error: this run needs about ", 0) == 0 && err.find("GB is free") != std::string::npos &&
+                    err.find("lower -b or -t") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1;
+        check_le(rc == 1 && line ? sec : INFINITY, 5.0, "./tp %s: refused with one line (%.60s...), seconds", args, err.c_str());
+    }
+    if (getenv("TP_BIN")) {  // the sanitizers' shadow memory is not what the estimate is about
+        printf("  skip the estimate against a measured run: a sanitizer build\n");
+        g_skipped++;
+        return;
+    }
+    // the estimate against the peak resident memory of the same run
+    std::string d = tmpdir() + "/mem";
+    mkdir(d.c_str(), 0755);
+    write_tokens(d + "/tok.bin", random_tokens(40000, 256, 6));
+    std::string args = "-i " + d + "/tok.bin -j " + d + "/tok.bin -b 32 -t 256 -x 2 -v 0 -g 0 --threads 1 --tp 2";
+    std::vector<std::string> words = {"tp"};
+    std::istringstream is(args);
+    for (std::string w; is >> w;) words.push_back(w);
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(&w[0]);
+    Run* run = new Run();
+    parse_args((int)argv.size(), argv.data(), &run->args);
+    run_setup(run);
+    double need = memory_estimate(run, run->P, run->D).cpu;
+    pid_t pid = spawn_tp(args, d + "/out.txt");
+    int status = 0;
+    struct rusage ru;
+    wait4(pid, &status, 0, &ru);
+    double rss = ru.ru_maxrss * 1024.0;
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 0 && rss <= need, "L3C128H4 B32 T256 at 2 ranks: peak %.0f MB, estimate %.0f MB, not below it",
+          rss / 1e6, need / 1e6);
+    check_le(need / rss, 1.25, "the estimate over the measured peak");
+}
+
+static void test_run_dir() {
+    printf("the run directory: -y 1 alone continues the run, a used -o is refused, log.csv survives kill -9, -o a/b/c\n");
+    std::string d = tmpdir() + "/rundir";
+    mkdir(d.c_str(), 0755);
+    write_tokens(d + "/train.bin", random_tokens(20000, 256, 7));
+    write_tokens(d + "/val.bin", random_tokens(4000, 256, 8));
+    // a run with flags that are not the defaults, through to step 12; and the same run stopped at step 6
+    // and continued with nothing but -y 1 -o, from another folder (the data's path was relative)
+    std::string flags = "-i train.bin -j val.bin -e L2C64H4 -b 4 -t 32 -x 12 -n 6 -l 2e-3 -u 2 -q 0.1 -c 0.01 -v 6 -m 3 -g 0 --seed 7 --tp 2 --threads 1";
+    char cwd[4096];
+    std::string tp = tp_bin()[0] == '/' ? tp_bin() : std::string(getcwd(cwd, sizeof(cwd))) + "/" + tp_bin();
+    int rc = run_sh("cd " + d + " && " + tp + " " + flags + " -o a", nullptr);
+    copy_step(d + "/a", d + "/b", 6);
+    std::string out, err;
+    int rc2 = run_cmd("-y 1 -o " + d + "/b --threads 1", &out, &err);
+    std::vector<float> ref = model_params(ckpt_path((d + "/a").c_str(), "model", 12)), got = model_params(ckpt_path((d + "/b").c_str(), "model", 12));
+    check(rc == 0 && rc2 == 0 && !ref.empty() && got == ref && out.find("step   12/12") != std::string::npos,
+          "-y 1 -o DIR alone continues a run from step 6 to its -x 12, bit-identical to the run that was not stopped (exit %d, %d)%s", rc, rc2, err.c_str());
+    // the embedded corpus, too
+    std::string emb = "-e L1C32H2 -b 2 -t 32 -x 8 -n 4 -v 4 -m 2 -g 0 --tp 2 --threads 1 -o ";
+    rc = run_cmd(emb + d + "/c", nullptr, nullptr);
+    copy_step(d + "/c", d + "/e", 4);
+    rc2 = run_cmd("-y 1 -o " + d + "/e --threads 1", &out, &err);
+    ref = model_params(ckpt_path((d + "/c").c_str(), "model", 8));
+    got = model_params(ckpt_path((d + "/e").c_str(), "model", 8));
+    check(rc == 0 && rc2 == 0 && !ref.empty() && got == ref, "the embedded corpus: -y 1 alone continues bit-identically (exit %d, %d)%s", rc, rc2, err.c_str());
+    // a flag that may change is taken and said; one that would make another run is refused, naming it
+    rc = run_cmd("-y 1 -o " + d + "/b -x 14 -l 1e-3 --threads 1", &out, &err);
+    check(rc == 0 && out.find("tp: continuing with changed flags: -l 0.001 (was 0.002), -x 14 (was 12)") != std::string::npos &&
+          ckpt_steps((d + "/b").c_str()).back() == 14, "-y 1 -x 14 -l 1e-3: %s", first_line_with(out, "changed").c_str());
+    for (const char* bad : {"-t 16", "--shuffle 0", "--seed 8"}) {
+        rc = run_cmd(std::string("-y 1 --threads 1 -o ") + d + "/b -x 20 " + bad, &out, &err);
+        check(rc == 1 && err.find(std::string(bad) + " differs from the run") != std::string::npos && ckpt_steps((d + "/b").c_str()).back() == 14,
+              "-y 1 %s refused: %s", bad, err.substr(0, err.find('\n')).c_str());
+    }
+    // -o holding another run, without -y 1: refused, nothing touched; --fresh 1 starts over
+    std::vector<char> log_before = slurp_bytes(d + "/a/log.csv");
+    std::vector<int> steps_before = ckpt_steps((d + "/a").c_str());
+    rc = run_cmd("-e L1C32H2 -b 2 -t 32 -x 3 -v 0 -g 0 --threads 1 -o " + d + "/a", &out, &err);
+    check(rc == 1 && err.find("holds the checkpoints of another run (steps 6 to 12): continue it with -y 1") != std::string::npos &&
+          ckpt_steps((d + "/a").c_str()) == steps_before && slurp_bytes(d + "/a/log.csv") == log_before,
+          "a new run in a used -o: refused, its checkpoints and log.csv untouched: %s", err.substr(0, err.find('\n')).c_str());
+    rc = run_cmd("-e L1C32H2 -b 2 -t 32 -x 3 -v 0 -g 0 --threads 1 --fresh 1 -o " + d + "/a", &out, &err);
+    check(rc == 0 && ckpt_steps((d + "/a").c_str()) == std::vector<int>({3}) && read_csv(d + "/a/log.csv").size() == 4,
+          "--fresh 1 starts over: only the new run's checkpoint and 3 log rows (exit %d)", rc);
+    // -o a/b/c creates the parents
+    rc = run_cmd("-e L1C32H2 -b 2 -t 32 -x 1 -v 0 -g 0 --threads 1 -o " + d + "/p/q/r", nullptr, &err);
+    check(rc == 0 && ckpt_steps((d + "/p/q/r").c_str()) == std::vector<int>({1}), "-o p/q/r creates p and p/q (exit %d)%s", rc, err.c_str());
+    // kill -9 three times at random moments of a run that saves every 5 steps, each time resumed with -y 1:
+    // log.csv has every step once, in order, each row whole
+    std::string dir = d + "/killed";
+    std::string run = "-e L2C64H4 -b 2 -t 16 -v 7 -m 1 -g 0 --threads 1 --tp 2 -n 5 -x 1000000 -o " + dir;
+    int kills = 0;
+    for (int k = 0; k < 3; k++) {
+        pid_t pid = spawn_tp(k == 0 ? run : "-y 1 --threads 1 -o " + dir, d + "/killed.txt");
+        double t0 = now_s();
+        size_t rows = 0;
+        while (now_s() - t0 < 30 && rows < 30 + 15 * (size_t)k) {  // past a few checkpoints, then kill at once
+            usleep(2000);
+            rows = read_csv(dir + "/log.csv").size();
+        }
+        usleep(1000 * (k * 7 % 5));
+        kill(pid, SIGKILL);
+        int status;
+        waitpid(pid, &status, 0);
+        kills += WIFSIGNALED(status);
+    }
+    int last = ckpt_steps(dir.c_str()).back();
+    rc = run_cmd("-y 1 --threads 1 -o " + dir + " -x " + std::to_string(last + 5), nullptr, &err);
+    auto rows = read_csv(dir + "/log.csv");
+    bool ordered = rows.size() >= 2 && rows[0][0] == "step";
+    int gaps = 0;
+    for (size_t i = 1; i < rows.size(); i++)
+        if (rows[i].size() != rows[0].size() || atoi(rows[i][0].c_str()) != (int)i) gaps++;
+    check(rc == 0 && kills == 3 && ordered && gaps == 0 && (int)rows.size() - 1 == last + 5,
+          "%d x kill -9 and -y 1: log.csv holds steps 1..%d once each: %zu rows, %d out of place (exit %d)", kills, last + 5,
+          rows.size() - 1, gaps, rc);
+}
+
+static void test_sample_cli() {
+    printf("samples: -x 0 samples a checkpoint at any --tp, control bytes escaped, Ctrl-C in an evaluation or a sample\n");
+    std::string d = tmpdir() + "/samplecli";
+    mkdir(d.c_str(), 0755);
+    GPTConfig cfg = make_config(2, 4, 64, 256, 64);
+    std::vector<float> w = init_weights(&cfg, 13);
+    for (auto& x : w) x *= 4.0f;
+    model_write((d + "/model.bin").c_str(), &cfg, w.data());
+    std::string first;
+    bool same = true;
+    for (int P : {1, 2, 4}) {
+        std::string out, err;
+        int rc = run_cmd("-e " + d + "/model.bin -x 0 -g 60 -t 64 --temperature 1 --threads 1 --tp " + std::to_string(P), &out, &err);
+        std::string sample = out.substr(std::min(out.size(), out.find("---")));
+        if (P == 1) first = sample;
+        same &= rc == 0 && sample == first && sample.size() > 60 && out.find("step") == std::string::npos;
+    }
+    check(same, "-x 0 -e model.bin prints the same sample at --tp 1, 2, 4 and trains nothing");
+    std::string out, err;
+    int rc = run_cmd("-e L1C32H2 -b 2 -t 32 -x 3 -v 0 -g 10 --threads 1 -o " + d + "/done", nullptr, nullptr);
+    rc = run_cmd("-y 1 --threads 1 -o " + d + "/done", &out, &err);
+    check(rc == 0 && out.find("is finished (step 3 of 3)") != std::string::npos && out.find("sample after 3 steps") != std::string::npos &&
+          ckpt_steps((d + "/done").c_str()) == std::vector<int>({3}), "-y 1 on a finished run samples it and exits 0 (exit %d)", rc);
+    // an untrained model at a high temperature draws bytes of every kind; the terminal sees none of the control ones
+    rc = run_cmd("-e L1C32H2 -x 0 -g 2000 -t 32 --temperature 50 --threads 1 --prompt \"$(printf 'A\\033[31mB')\"", &out, &err);
+    int raw = 0;
+    for (unsigned char ch : out) raw += (ch < 0x20 && ch != '\n' && ch != '\t') || ch == 0x7f;
+    check(rc == 0 && raw == 0 && out.find("---\nA\\x1b[31mB") != std::string::npos && out.find("\\x") != std::string::npos,
+          "2000 random bytes and an ESC in the prompt: %d raw control bytes on stdout, escapes as \\xNN (exit %d)", raw, rc);
+    // Ctrl-C in a long evaluation (200000 val batches) and in a long sample: said at once, obeyed within a second
+    struct { const char* what; std::string args; const char* wait; const char* said; const char* then; } cases[] = {
+        {"an evaluation", "-e L1C16H2 -b 1 -t 16 -m 200000 -v 1 -x 5 -g 0 --threads 1 -o " + d + "/sig", "data: the embedded corpus",
+         "tp: stopping after this evaluation batch", "interrupted before the first step"},
+        {"a sample", "-e " + d + "/model.bin -x 0 -g 1000000 -t 64 --threads 1", "tp: no training", "tp: stopping this sample", "(interrupted)"},
+    };
+    for (auto& c : cases) {
+        std::string path = d + "/sig_" + std::to_string(&c - cases) + ".txt";
+        pid_t pid = spawn_tp(c.args, path);
+        bool started = wait_for_text(path, c.wait, 30);
+        usleep(getenv("TP_BIN") ? 3000000 : 1000000);  // into the evaluation or the sample (sanitizer builds start slower)
+        double t0 = now_s();
+        kill(pid, SIGINT);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        double sec = now_s() - t0;
+        std::vector<char> b = slurp_bytes(path);
+        std::string o(b.begin(), b.end());
+        bool ok = started && WIFEXITED(status) && WEXITSTATUS(status) == 0 && o.find(c.said) != std::string::npos &&
+                  o.find(c.then) != std::string::npos;
+        check_le(ok ? sec : INFINITY, 2.0, "Ctrl-C in %s: '%s', exit %d, seconds to stop", c.what, c.said,
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
+}
+
+static void test_flags_ux() {
+    printf("flags: --flag=value, wording at --tp 1, the CUDA fallback line\n");
+    std::string out1, out2, err;
+    std::string base = "-e L1C32H2 -b 2 -t 32 -x 3 -v 2 -m 1 -g 0 --threads 1";
+    int rc1 = run_cmd(base + " --tp 2 --seed 5 --clip 0.5", &out1, nullptr);
+    int rc2 = run_cmd(base + " --tp=2 --seed=5 --clip=0.5", &out2, nullptr);
+    std::vector<float> a = grep_floats(out1, "| loss "), b = grep_floats(out2, "| loss ");
+    check(rc1 == 0 && rc2 == 0 && a.size() == 3 && a == b, "--tp=2 --seed=5 --clip=0.5 gives the same losses as --tp 2 --seed 5 --clip 0.5");
+    int rc = run_cmd(base + " --tp 1", &out1, &err);
+    std::string table = first_line_with(out1, "memory per rank");
+    bool one = out1.find("tp: 1 rank on the CPU with 1 thread;") != std::string::npos && table.find("TP=1") != std::string::npos &&
+               table.find("TP=", table.find("TP=1") + 1) == std::string::npos && out1.find("communication: none (one rank)") != std::string::npos &&
+               out1.find("communication per step") == std::string::npos && out1.find("comm ") == std::string::npos &&
+               out1.find("collectives") == std::string::npos;
+    check(rc == 0 && one, "--tp 1: one rank, one memory column, no communication claimed (exit %d): %s", rc, first_line_with(out1, "rank").c_str());
+    // a CUDA driver that is there but unusable (here: a library named libcuda.so.1 that is not one)
+    std::string d = tmpdir() + "/fakecuda";
+    mkdir(d.c_str(), 0755);
+    if (run_sh("cc -shared -fPIC -o " + d + "/libcuda.so.1 -x c /dev/null", nullptr) != 0) {
+        printf("  skip the CUDA fallback line: no C compiler to make a stand-in libcuda.so.1\n");
+        g_skipped++;
+        return;
+    }
+    bool quiet = out1.find("CUDA") == std::string::npos;
+    rc = run_sh("LD_LIBRARY_PATH=" + d + " " + tp_bin() + " -x 1 -v 0 -g 0 -e L1C16H2 -b 1 -t 8 --threads 1", &out2);
+    check(rc == 0 && quiet && out2.find("tp: a CUDA driver is installed but cannot be used (") != std::string::npos &&
+          out2.find("running on the CPU") != std::string::npos && out2.find("ranks on the CPU") != std::string::npos,
+          "--device auto with an unusable CUDA driver says so in one line and trains on the CPU; with none, says nothing: %s",
+          first_line_with(out2, "CUDA").c_str());
+}
+
+static void test_build() {
+    printf("build: make builds ./tp alone, -Werror only with WERROR=1, GPU code for each GPU model and PTX\n");
+    std::string out;
+    int rc = run_sh("env -u WERROR make -n -B", &out);  // as a learner types it (CI exports WERROR=1)
+    check(rc == 0 && out.find("-o tp tp.cu") != std::string::npos && out.find("test_tp") == std::string::npos && out.find("-Werror") == std::string::npos,
+          "make: builds tp only, without -Werror (exit %d)", rc);
+    rc = run_sh("make -n -B WERROR=1 test_tp", &out);
+    check(rc == 0 && out.find("-Werror all-warnings") != std::string::npos && out.find("-o test_tp") != std::string::npos,
+          "make WERROR=1 test_tp: -Werror all-warnings (exit %d)", rc);
+    // nvidia-smi stand-ins: a machine with two GPU models (one listed twice), and one whose nvidia-smi fails
+    std::string d = tmpdir() + "/smi";
+    struct { const char* what; const char* script; const char* want; } cases[] = {
+        {"GPUs 8.6, 9.0, 8.6", "printf '8.6\\n9.0\\n8.6\\n'",
+         "-gencode arch=compute_86,code=sm_86 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -X"},
+        {"nvidia-smi failing with a message", "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9",
+         "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -X"},
+    };
+    for (int i = 0; i < 2; i++) {
+        std::string bin = d + std::to_string(i);
+        mkdir(bin.c_str(), 0755);
+        FILE* f = fopen((bin + "/nvidia-smi").c_str(), "w");
+        fprintf(f, "#!/bin/sh\n%s\n", cases[i].script);
+        fclose(f);
+        chmod((bin + "/nvidia-smi").c_str(), 0755);
+        rc = run_sh("PATH=" + bin + ":$PATH make -n -B tp", &out);
+        check(rc == 0 && out.find(cases[i].want) != std::string::npos && out.find("NVIDIA") == std::string::npos,
+              "%s: %s", cases[i].what, first_line_with(out, "-gencode").substr(first_line_with(out, "-gencode").find("-gencode")).substr(0, 140).c_str());
+    }
+}
+
+// ----------------------------------------------------------------------------
 
 // the GPU tests, or a line saying why they are skipped
 static int g_ndev = 0;
@@ -1722,6 +2093,12 @@ static const TestGroup g_groups[] = {
     {"sampling", test_sampling, "the same samples at TP = 1, 2, 4"},
     {"prepare", test_prepare, "data/prepare.py and training on its output"},
     {"logs", test_logs, "log.csv, sweep.csv and the plots"},
+    {"owndata", test_own_data, "own text: the vocab from the data, tokens checked at startup, the data line, --bpe offline"},
+    {"memory", test_memory, "a run that cannot fit is refused at once; the estimate against a measured run"},
+    {"rundir", test_run_dir, "-y 1 alone continues a run, a used -o is refused, log.csv after kill -9, -o a/b/c"},
+    {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
+    {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
+    {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
 };
 
 int main(int argc, char** argv) {

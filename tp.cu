@@ -13,7 +13,11 @@
 //   mpirun -np 2 ./tp ... --tp 8       two machines of 8 GPUs: TP inside each, DP between them
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <csignal>
+#include <cstdarg>
+#include <cstddef>
+#include <dlfcn.h>
 #include <sys/stat.h>
 #include <thread>
 #include "gpt.cu"
@@ -27,6 +31,8 @@
 // ----------------------------------------------------------------------------
 // flags
 
+#define MAX_FLAGS 48
+
 struct Args {
     const char* train;   // -i
     const char* val;     // -j
@@ -37,7 +43,7 @@ struct Args {
     int warmup;          // -u
     float final_frac;    // -q
     float wd;            // -c
-    int max_steps;       // -x
+    int max_steps;       // -x (0: no training, only a sample)
     int val_every;       // -v
     int val_batches;     // -m
     int sample_every;    // -s
@@ -45,7 +51,7 @@ struct Args {
     int ckpt_every;      // -n
     int resume;          // -y
     int tp;              // --tp (0: as many ranks as the device allows)
-    int dp;              // --dp: data-parallel replicas in this process
+    int dp;              // --dp: data-parallel replicas in each process
     long total_batch;    // -d: tokens per optimizer step (0: one micro-batch of every replica)
     int zero;            // -z: ZeRO stage (0 or 1)
     int device;          // --device
@@ -65,30 +71,35 @@ struct Args {
     int recompute;       // -r: what the backward recomputes (0..3)
     int sweep;           // --sweep: time every valid (P, D) instead of training
     int sweep_steps;
+    int fresh;           // --fresh 1: start over in an -o that holds another run's checkpoints
+    bool given[MAX_FLAGS];  // which flags the command line gave, by index in g_flags
 };
 
 static void usage(FILE* out) {
     fprintf(out,
         "usage: ./tp [flags]        train GPT-2 with tensor parallelism over --tp ranks (one thread each), and\n"
-        "                           data parallelism over --dp replicas in this process and the processes of mpirun\n"
+        "                           data parallelism over --dp replicas in each process (mpirun: several)\n"
+        "  every flag takes a value: -b 16, --tp 2 or --tp=2\n"
         "  -i PATTERN  train tokens: an llm.c token file or a glob of shards   (default: the embedded corpus)\n"
         "  -j PATTERN  val tokens                                               (default: the embedded corpus)\n"
         "  -e MODEL    llm.c fp32 checkpoint file, or a descriptor: d1..d12, d24, d36, d48, or\n"
         "              L<layers>C<channels>H<heads> such as L3C128H4             (default L3C128H4)\n"
-        "  -o DIR      output directory for checkpoints                         (default: none)\n"
+        "  -o DIR      output directory for checkpoints and log.csv (created)   (default: none)\n"
         "  -b B        batch size (sequences) of each replica                   (default 8)\n"
         "  -t T        sequence length                                          (default 128)\n"
         "  -l LR       peak learning rate                                       (default 6e-3)\n"
         "  -u N        warmup steps                                             (default 100)\n"
         "  -q F        final learning rate as a fraction of -l, cosine decay    (default 0)\n"
         "  -c WD       weight decay of the matrices (AdamW, decoupled)          (default 0)\n"
-        "  -x N        training steps                                           (default 3500)\n"
+        "  -x N        training steps (0: no training, print a sample and exit) (default 3500)\n"
         "  -v N        val loss every N steps, and at the last step (0: never)  (default 875)\n"
-        "  -m N        val batches                                              (default 50)\n"
+        "  -m N        val batches (at most the val data's)                     (default 50)\n"
         "  -s N        sample every N steps (0: only at the end)                (default 0)\n"
         "  -g N        tokens to generate per sample                            (default 256)\n"
         "  -n N        checkpoint every N steps with -o (0: only at the end)    (default 0)\n"
-        "  -y 1        resume from the latest checkpoint in -o                  (default 0)\n"
+        "  -y 1        continue the run in -o DIR from its latest checkpoint, with its flags\n"
+        "              (flags given again override them where that is safe; see the README)\n"
+        "  --fresh 1   start a new run in an -o DIR that holds another run: deletes its checkpoints\n"
         "  --tp P      tensor-parallel ranks (0: one per core or GPU)          (default 0)\n"
         "  --dp D      data-parallel replicas in each process                   (default 1)\n"
         "  -d TOKENS   tokens per optimizer step, by gradient accumulation      (default 0: B x T x replicas)\n"
@@ -97,8 +108,8 @@ static void usage(FILE* out) {
         "  --beta1 B1  --beta2 B2     AdamW betas                               (default 0.9, 0.95)\n"
         "  --clip X    clip the global gradient norm at X (0: off)              (default 1)\n"
         "  --shuffle S 1: shuffled batches, 0: in order as llm.c's -x runs      (default 1)\n"
-        "  --vocab V   vocab size for a descriptor model                        (default 256 with the\n"
-        "              embedded corpus, else 50257)\n"
+        "  --vocab V   vocab size for a descriptor model       (default: 256 for byte-level data and the\n"
+        "              embedded corpus, else GPT-2's 50257)\n"
         "  --maxT N    maximum sequence length for a descriptor model           (default 1024)\n"
         "  --seed N    initialization seed                                      (default 1337)\n"
         "  --threads N CPU threads per rank (0: cores / ranks)                  (default 0)\n"
@@ -119,38 +130,233 @@ static void usage(FILE* out) {
         "  --help      this text\n");
 }
 
-// a bad command line: the usage on stdout, one line on stderr saying what is wrong, exit 1
-[[noreturn]] static void bad_flag(const char* fmt, const char* a, const char* b) {
-    if (g_procs.me == 0) usage(stdout);
-    char what[512];
-    snprintf(what, sizeof(what), fmt, a, b);
-    fatal("%s (./tp --help lists the flags)", what);
+// What a resume (-y 1) does with a flag. The flags that make a run what it is are saved in its state
+// files; a resume continues with them, and a flag given again either changes the run from here on (said
+// in one line) or is refused, because it would make a different run rather than continue this one.
+enum OnResume {
+    NOT_SAVED,   // where and how the run executes (-o, --tp, --device, ...), or checked against the
+                 // checkpoint itself (-e, --vocab, --maxT)
+    MAY_CHANGE,  // saved; a value given on resume replaces it from the resumed step on
+    MUST_KEEP,   // saved; a different value on resume is refused
+};
+enum FlagType { FLAG_STR, FLAG_PATH, FLAG_INT, FLAG_LONG, FLAG_FLOAT, FLAG_DOUBLE, FLAG_DEVICE };
+
+struct FlagSpec {
+    const char* name;
+    FlagType type;
+    size_t offset;         // of its field in Args
+    double lo, hi;         // the range of a number
+    OnResume resume;
+    const char* keep_why;  // MUST_KEEP: why a resume cannot change it
+};
+
+#define ARG(field) offsetof(Args, field)
+static const char* const BATCH_WHY = "the saved position in the train data counts sequences of this length";
+static const FlagSpec g_flags[] = {
+    {"-i", FLAG_PATH, ARG(train), 0, 0, MAY_CHANGE, nullptr},
+    {"-j", FLAG_PATH, ARG(val), 0, 0, MAY_CHANGE, nullptr},
+    {"-e", FLAG_STR, ARG(model), 0, 0, NOT_SAVED, nullptr},
+    {"-o", FLAG_STR, ARG(outdir), 0, 0, NOT_SAVED, nullptr},
+    {"-b", FLAG_INT, ARG(B), 1, 1 << 16, MAY_CHANGE, nullptr},  // with --dp and -d: the global batch must stay (loader_restore)
+    {"-t", FLAG_INT, ARG(T), 1, 1 << 16, MUST_KEEP, BATCH_WHY},
+    {"-l", FLAG_FLOAT, ARG(lr), 0, 10, MAY_CHANGE, nullptr},
+    {"-u", FLAG_INT, ARG(warmup), 0, 1 << 30, MAY_CHANGE, nullptr},
+    {"-q", FLAG_FLOAT, ARG(final_frac), 0, 1, MAY_CHANGE, nullptr},
+    {"-c", FLAG_FLOAT, ARG(wd), 0, 10, MAY_CHANGE, nullptr},
+    {"-x", FLAG_INT, ARG(max_steps), 0, 1 << 30, MAY_CHANGE, nullptr},
+    {"-v", FLAG_INT, ARG(val_every), 0, 1 << 30, MAY_CHANGE, nullptr},
+    {"-m", FLAG_INT, ARG(val_batches), 1, 1 << 20, MAY_CHANGE, nullptr},
+    {"-s", FLAG_INT, ARG(sample_every), 0, 1 << 30, MAY_CHANGE, nullptr},
+    {"-g", FLAG_INT, ARG(gen_tokens), 0, 1 << 20, MAY_CHANGE, nullptr},
+    {"-n", FLAG_INT, ARG(ckpt_every), 0, 1 << 30, MAY_CHANGE, nullptr},
+    {"-y", FLAG_INT, ARG(resume), 0, 1, NOT_SAVED, nullptr},
+    {"--tp", FLAG_INT, ARG(tp), 0, COMM_MAXP, NOT_SAVED, nullptr},
+    {"--dp", FLAG_INT, ARG(dp), 1, COMM_MAXP, NOT_SAVED, nullptr},
+    {"-d", FLAG_LONG, ARG(total_batch), 0, (double)(1L << 50), MAY_CHANGE, nullptr},
+    {"-z", FLAG_INT, ARG(zero), 0, 1, NOT_SAVED, nullptr},
+    {"--device", FLAG_DEVICE, ARG(device), 0, 0, NOT_SAVED, nullptr},
+    {"--beta1", FLAG_FLOAT, ARG(beta1), 0, 0.999999, MAY_CHANGE, nullptr},
+    {"--beta2", FLAG_FLOAT, ARG(beta2), 0, 0.999999, MAY_CHANGE, nullptr},
+    {"--clip", FLAG_FLOAT, ARG(clip), 0, 1e9, MAY_CHANGE, nullptr},
+    {"--shuffle", FLAG_INT, ARG(shuffle), 0, 1, MUST_KEEP, "the saved order of the train data was drawn with it"},
+    {"--vocab", FLAG_INT, ARG(vocab), 2, 1 << 20, NOT_SAVED, nullptr},
+    {"--maxT", FLAG_INT, ARG(maxT), 1, 1 << 20, NOT_SAVED, nullptr},
+    {"--seed", FLAG_LONG, ARG(seed), 0, (double)(1L << 62), MUST_KEEP, "it only sets the initial weights of a new run"},
+    {"--threads", FLAG_INT, ARG(threads), 0, 1024, NOT_SAVED, nullptr},
+    {"--timeout", FLAG_DOUBLE, ARG(timeout), 0.001, 1e7, NOT_SAVED, nullptr},
+    {"--temperature", FLAG_FLOAT, ARG(temperature), 0, 100, MAY_CHANGE, nullptr},
+    {"--topk", FLAG_INT, ARG(topk), 0, 1 << 24, MAY_CHANGE, nullptr},
+    {"--sample-seed", FLAG_LONG, ARG(sample_seed), 0, (double)(1L << 62), MAY_CHANGE, nullptr},
+    {"--prompt", FLAG_STR, ARG(prompt), 0, 0, MAY_CHANGE, nullptr},
+    {"--tokenizer", FLAG_PATH, ARG(tokenizer), 0, 0, MAY_CHANGE, nullptr},
+    {"--keep", FLAG_INT, ARG(keep), 1, 1 << 20, MAY_CHANGE, nullptr},
+    {"--sp", FLAG_INT, ARG(sp), 0, 1, MAY_CHANGE, nullptr},
+    {"-r", FLAG_INT, ARG(recompute), 0, 3, MAY_CHANGE, nullptr},
+    {"--sweep", FLAG_INT, ARG(sweep), 0, 1, NOT_SAVED, nullptr},
+    {"--sweep-steps", FLAG_INT, ARG(sweep_steps), 3, 1 << 20, NOT_SAVED, nullptr},
+    {"--fresh", FLAG_INT, ARG(fresh), 0, 1, NOT_SAVED, nullptr},
+};
+#define NUM_FLAGS ((int)(sizeof(g_flags) / sizeof(g_flags[0])))
+static_assert(NUM_FLAGS <= MAX_FLAGS, "Args::given is too small");
+
+// A bad command line: one line on stderr saying what is wrong, one with a hint (the help by default), exit 1.
+[[noreturn]] static void bad_flag_hint(const char* hint, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bad_flag_hint(const char* hint, const char* fmt, ...) {
+    fatal_begin();
+    va_list ap;
+    va_start(ap, fmt);
+    fatal_prefix();
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n%s\n", hint);
+    fatal_end();
+}
+#define bad_flag(...) bad_flag_hint("./tp --help lists the flags", __VA_ARGS__)
+
+// the number of single-character edits that turn a into b, for "did you mean"
+static int edit_distance(const char* a, const char* b) {
+    size_t n = strlen(b);
+    std::vector<int> row(n + 1);
+    for (size_t j = 0; j <= n; j++) row[j] = (int)j;
+    for (size_t i = 1; a[i - 1]; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= n; j++) {
+            int up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+            diag = up;
+        }
+    }
+    return row[n];
 }
 
-static long parse_int(const char* flag, const char* v, long lo, long hi) {
+static const FlagSpec* flag_find(const char* name) {
+    for (const FlagSpec& f : g_flags)
+        if (!strcmp(f.name, name)) return &f;
+    return nullptr;
+}
+
+[[noreturn]] static void unknown_flag(const char* name) {
+    const FlagSpec* best = nullptr;
+    int best_d = 3;  // suggest only a near miss
+    for (const FlagSpec& f : g_flags) {
+        int d = edit_distance(name, f.name);
+        if (d < best_d) { best_d = d; best = &f; }
+    }
+    char hint[96];
+    snprintf(hint, sizeof(hint), "did you mean %s? (./tp --help lists the flags)", best ? best->name : "");
+    bad_flag_hint(best ? hint : "./tp --help lists the flags", "unknown flag %s", name);
+}
+
+static long parse_int(const char* flag, const char* v, double lo, double hi) {
     char* end;
     errno = 0;
     long x = strtol(v, &end, 10);
     if (*v == '\0' || *end != '\0' || errno) bad_flag("flag %s takes an integer, not '%s'", flag, v);
-    if (x < lo || x > hi) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "flag %%s is %%s, out of range [%ld, %ld]", lo, hi);
-        bad_flag(msg, flag, v);
-    }
+    if (x < lo || x > hi) bad_flag("flag %s is %s, out of range [%.0f, %.0f]", flag, v, lo, hi);
     return x;
 }
 
-static float parse_float(const char* flag, const char* v, double lo, double hi) {
+static double parse_float(const char* flag, const char* v, double lo, double hi) {
     char* end;
     errno = 0;
     double x = strtod(v, &end);
     if (*v == '\0' || *end != '\0' || errno || !std::isfinite(x)) bad_flag("flag %s takes a number, not '%s'", flag, v);
-    if (x < lo || x > hi) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "flag %%s is %%s, out of range [%g, %g]", lo, hi);
-        bad_flag(msg, flag, v);
+    if (x < lo || x > hi) bad_flag("flag %s is %s, out of range [%g, %g]", flag, v, lo, hi);
+    return x;
+}
+
+// Sets flag f of a from the text v (checked; v must outlive a).
+static void flag_set(Args* a, const FlagSpec* f, const char* v) {
+    char* field = (char*)a + f->offset;
+    switch (f->type) {
+    case FLAG_STR:
+    case FLAG_PATH: *(const char**)field = v; break;
+    case FLAG_INT: *(int*)field = (int)parse_int(f->name, v, f->lo, f->hi); break;
+    case FLAG_LONG: *(long*)field = parse_int(f->name, v, f->lo, f->hi); break;
+    case FLAG_FLOAT: *(float*)field = (float)parse_float(f->name, v, f->lo, f->hi); break;
+    case FLAG_DOUBLE: *(double*)field = parse_float(f->name, v, f->lo, f->hi); break;
+    case FLAG_DEVICE:
+        if (!strcmp(v, "auto")) *(int*)field = -1;
+        else if (!strcmp(v, "cpu")) *(int*)field = DEV_CPU;
+        else if (!strcmp(v, "cuda")) *(int*)field = DEV_CUDA;
+        else bad_flag("flag %s takes auto, cpu or cuda, not '%s'", f->name, v);
+        break;
     }
-    return (float)x;
+}
+
+// Flag f's value as text: exact (paths made absolute, floats to every digit) for saving and comparing,
+// else as a person would write it. An absent string is "".
+static std::string flag_text(const Args* a, const FlagSpec* f, bool exact) {
+    const char* field = (const char*)a + f->offset;
+    char buf[64];
+    switch (f->type) {
+    case FLAG_STR:
+    case FLAG_PATH: {
+        const char* s = *(const char* const*)field;
+        if (!s) return "";
+        if (f->type == FLAG_STR || !exact || s[0] == '/') return s;
+        char cwd[4096];
+        return std::string(getcwd(cwd, sizeof(cwd)) ? cwd : ".") + "/" + s;
+    }
+    case FLAG_INT: snprintf(buf, sizeof(buf), "%d", *(const int*)field); break;
+    case FLAG_LONG: snprintf(buf, sizeof(buf), "%ld", *(const long*)field); break;
+    case FLAG_FLOAT: snprintf(buf, sizeof(buf), exact ? "%.9g" : "%g", *(const float*)field); break;
+    case FLAG_DOUBLE: snprintf(buf, sizeof(buf), exact ? "%.17g" : "%g", *(const double*)field); break;
+    case FLAG_DEVICE: return *(const int*)field == DEV_CPU ? "cpu" : *(const int*)field == DEV_CUDA ? "cuda" : "auto";
+    }
+    return buf;
+}
+
+// The flags a state file saves: "name\0value\0" for every saved flag that has a value.
+static std::string args_saved(const Args* a) {
+    std::string s;
+    for (const FlagSpec& f : g_flags) {
+        if (f.resume == NOT_SAVED) continue;
+        std::string v = flag_text(a, &f, true);
+        if ((f.type == FLAG_STR || f.type == FLAG_PATH) && v.empty()) continue;
+        s += std::string(f.name) + '\0' + v + '\0';
+    }
+    return s;
+}
+
+// -y 1: the run's saved flags (from its newest state file) fill in every saved flag the command line did
+// not give; one it gave with another value changes the run (MAY_CHANGE; returned as a list for the line
+// that says so, empty if none) or is refused (MUST_KEEP).
+static std::string args_resume(Args* a, const std::string& saved, const char* dir) {
+    std::vector<std::pair<std::string, std::string>> kv;
+    for (size_t p = 0; p < saved.size();) {
+        size_t e1 = saved.find('\0', p), e2 = e1 == std::string::npos ? e1 : saved.find('\0', e1 + 1);
+        if (e2 == std::string::npos) fatal("the saved flags in the newest state file of %s are corrupt", dir);
+        kv.push_back({saved.substr(p, e1 - p), saved.substr(e1 + 1, e2 - e1 - 1)});
+        p = e2 + 1;
+    }
+    std::string changed;
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        const FlagSpec* f = &g_flags[i];
+        if (f->resume == NOT_SAVED) continue;
+        const std::string* was = nullptr;
+        for (auto& p : kv)
+            if (p.first == f->name) was = &p.second;
+        if (!a->given[i]) {
+            if (was) flag_set(a, f, strdup(was->c_str()));  // lives as long as the run
+            else if (f->type == FLAG_STR || f->type == FLAG_PATH) *(const char**)((char*)a + f->offset) = nullptr;
+            continue;
+        }
+        std::string now = flag_text(a, f, true);
+        if (now == (was ? *was : std::string())) continue;
+        if (f->offset == ARG(train) && !was)
+            fatal("the run in %s trained on the embedded corpus: resume it without -i and -j, or start a new run in another -o", dir);
+        Args old = *a;
+        if (was) flag_set(&old, f, was->c_str());
+        std::string old_text = was ? flag_text(&old, f, false) : "none";
+        if (f->resume == MUST_KEEP)
+            fatal("%s %s differs from the run in %s (%s %s): %s; drop %s to continue the run, or start a new one in another -o",
+                  f->name, flag_text(a, f, false).c_str(), dir, f->name, old_text.c_str(), f->keep_why, f->name);
+        if (f->offset == ARG(max_steps) && a->max_steps == 0) continue;  // -x 0: a sample, the run unchanged
+        changed += std::string(changed.empty() ? " " : ", ") + f->name + " " + flag_text(a, f, false) + " (was " + old_text + ")";
+    }
+    return changed;
 }
 
 static void parse_args(int argc, char** argv, Args* a) {
@@ -163,66 +369,37 @@ static void parse_args(int argc, char** argv, Args* a) {
     a->device = -1; a->timeout = 600; a->dp = 1;
     a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8;
     for (int i = 1; i < argc; i++) {
-        const char* f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+        std::string name = argv[i];
+        if (name == "--help" || name == "-h") {
             if (g_procs.me == 0) usage(stdout);
             comm_procs_finish();
             exit(0);
         }
-        if (f[0] != '-') bad_flag("unexpected argument '%s'%s", f, "");
-        if (i + 1 >= argc) bad_flag("flag %s needs a value%s", f, "");
-        const char* v = argv[++i];
-        if (!strcmp(f, "-i")) a->train = v;
-        else if (!strcmp(f, "-j")) a->val = v;
-        else if (!strcmp(f, "-e")) a->model = v;
-        else if (!strcmp(f, "-o")) a->outdir = v;
-        else if (!strcmp(f, "-b")) a->B = (int)parse_int(f, v, 1, 1 << 16);
-        else if (!strcmp(f, "-t")) a->T = (int)parse_int(f, v, 1, 1 << 16);
-        else if (!strcmp(f, "-l")) a->lr = parse_float(f, v, 0, 10);
-        else if (!strcmp(f, "-u")) a->warmup = (int)parse_int(f, v, 0, 1L << 30);
-        else if (!strcmp(f, "-q")) a->final_frac = parse_float(f, v, 0, 1);
-        else if (!strcmp(f, "-c")) a->wd = parse_float(f, v, 0, 10);
-        else if (!strcmp(f, "-x")) a->max_steps = (int)parse_int(f, v, 1, 1L << 30);
-        else if (!strcmp(f, "-v")) a->val_every = (int)parse_int(f, v, 0, 1L << 30);
-        else if (!strcmp(f, "-m")) a->val_batches = (int)parse_int(f, v, 1, 1L << 20);
-        else if (!strcmp(f, "-s")) a->sample_every = (int)parse_int(f, v, 0, 1L << 30);
-        else if (!strcmp(f, "-g")) a->gen_tokens = (int)parse_int(f, v, 0, 1 << 20);
-        else if (!strcmp(f, "-n")) a->ckpt_every = (int)parse_int(f, v, 0, 1L << 30);
-        else if (!strcmp(f, "-y")) a->resume = (int)parse_int(f, v, 0, 1);
-        else if (!strcmp(f, "--tp")) a->tp = (int)parse_int(f, v, 0, COMM_MAXP);
-        else if (!strcmp(f, "--dp")) a->dp = (int)parse_int(f, v, 1, COMM_MAXP);
-        else if (!strcmp(f, "-d")) a->total_batch = parse_int(f, v, 0, 1L << 50);
-        else if (!strcmp(f, "-z")) a->zero = (int)parse_int(f, v, 0, 1);
-        else if (!strcmp(f, "--device")) {
-            if (!strcmp(v, "auto")) a->device = -1;
-            else if (!strcmp(v, "cpu")) a->device = DEV_CPU;
-            else if (!strcmp(v, "cuda")) a->device = DEV_CUDA;
-            else bad_flag("flag %s takes auto, cpu or cuda, not '%s'", f, v);
+        if (name.size() < 2 || name[0] != '-')
+            bad_flag("unexpected argument '%s': values follow their flag, as in -i FILE", argv[i]);
+        const char* v = nullptr;
+        size_t eq = name.find('=');
+        if (name.rfind("--", 0) == 0 && eq != std::string::npos) {  // --flag=value
+            v = argv[i] + eq + 1;
+            name.resize(eq);
         }
-        else if (!strcmp(f, "--beta1")) a->beta1 = parse_float(f, v, 0, 0.999999);
-        else if (!strcmp(f, "--beta2")) a->beta2 = parse_float(f, v, 0, 0.999999);
-        else if (!strcmp(f, "--clip")) a->clip = parse_float(f, v, 0, 1e9);
-        else if (!strcmp(f, "--shuffle")) a->shuffle = (int)parse_int(f, v, 0, 1);
-        else if (!strcmp(f, "--vocab")) a->vocab = (int)parse_int(f, v, 2, 1 << 20);
-        else if (!strcmp(f, "--maxT")) a->maxT = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--seed")) a->seed = parse_int(f, v, 0, 1L << 62);
-        else if (!strcmp(f, "--threads")) a->threads = (int)parse_int(f, v, 0, 1024);
-        else if (!strcmp(f, "--timeout")) a->timeout = parse_float(f, v, 0.001, 1e7);
-        else if (!strcmp(f, "--temperature")) a->temperature = parse_float(f, v, 0, 100);
-        else if (!strcmp(f, "--topk")) a->topk = (int)parse_int(f, v, 0, 1 << 24);
-        else if (!strcmp(f, "--sample-seed")) a->sample_seed = parse_int(f, v, 0, 1L << 62);
-        else if (!strcmp(f, "--prompt")) a->prompt = v;
-        else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
-        else if (!strcmp(f, "--keep")) a->keep = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--sp")) a->sp = (int)parse_int(f, v, 0, 1);
-        else if (!strcmp(f, "-r")) a->recompute = (int)parse_int(f, v, 0, 3);
-        else if (!strcmp(f, "--sweep")) a->sweep = (int)parse_int(f, v, 0, 1);
-        else if (!strcmp(f, "--sweep-steps")) a->sweep_steps = (int)parse_int(f, v, 3, 1 << 20);
-        else bad_flag("unknown flag %s%s", f, "");
+        const FlagSpec* f = flag_find(name.c_str());
+        if (!f) unknown_flag(name.c_str());
+        if (!v) {
+            if (i + 1 >= argc) bad_flag("flag %s needs a value", f->name);
+            v = argv[++i];
+        }
+        flag_set(a, f, v);
+        a->given[f - g_flags] = true;
     }
-    if (a->resume && !a->outdir) bad_flag("-y 1 resumes from the checkpoints in -o DIR: give -o%s%s", "", "");
+    if (a->resume && !a->outdir) bad_flag("-y 1 continues the run in -o DIR: give -o");
+    if (a->resume && a->fresh) bad_flag("-y 1 continues the run in -o, --fresh 1 deletes it: give one of them");
+}
+
+// -i and -j go together (checked after a resume has filled in the run's own)
+static void check_data_flags(const Args* a) {
     if ((a->train == nullptr) != (a->val == nullptr))
-        bad_flag("give both -i and -j (train and val data), or neither for the embedded corpus%s%s", "", "");
+        bad_flag("give both -i and -j (train and val data), or neither for the embedded corpus");
 }
 
 // ----------------------------------------------------------------------------
@@ -248,13 +425,20 @@ struct Run {
                                   // and later gathers its shard back into them to write a checkpoint
     std::vector<uint16_t> corpus_train, corpus_val;  // the embedded corpus, when no -i/-j
     double floor_nats;            // its entropy per byte, the loss floor (0 if unknown)
+    std::vector<TokenShard> train_shards, val_shards;  // -i and -j, every token checked against the vocab
+    bool data_bytes;              // every token of the data is below 256: byte-level
+    int val_batches;              // -m, at most the batches the val data holds
+    std::string vocab_from;       // where the vocab size came from, for the startup line
+    std::string model_file;       // the checkpoint the weights come from (empty: drawn from --seed)
     Tokenizer tokenizer;
     std::vector<int> prompt;
     Checkpoints ckpt;             // -o DIR
     bool resuming;                // -y 1 found a checkpoint: start from it
+    bool sample_only;             // -x 0, or -y 1 on a finished run: load, print a sample, exit
     int start_step;
     TrainState state;             // what the resume restores besides the weights
     Logger log;                   // -o DIR: DIR/log.csv
+    bool stop_now;                // sampling (replica 0 alone): written by its rank 0 between two barriers
 };
 
 // which steps get a line on stdout: all of a short run; of a long one the first 10, every 100th and the
@@ -302,6 +486,8 @@ static void rank_run_start(RankRun* rr, Run* run, int d, int r) {
     gpt_build(&rr->m, &rr->rk, &run->cfg, run->init.data(), a->zero);
     rr->m.sp = a->sp;
     rr->m.recompute = a->recompute;
+    rr->train = rr->val = DataLoader();
+    if (run->sample_only) return;  // no data needed
     bool files = a->train != nullptr;
     int g = rr->rk.dp.rank;  // the replica, counted over all processes
     loader_init(&rr->train, "train", a->train, files ? nullptr : &run->corpus_train, a->B, a->T, run->cfg.V, a->shuffle,
@@ -386,16 +572,69 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     return st;
 }
 
-// mean loss over the first n val batches of every replica, the same on every rank
+// Ctrl-C / SIGTERM: the handler says at once what will happen and sets a flag; the ranks stop together
+// at the next point where they all look at it (after a training step, between two val batches, between
+// two sampled tokens), save when -o is set, and exit 0. A second signal kills at once.
+// (the flag, g_signal in common/error.h, and the phase are lock-free atomics: safe in a signal handler and
+// read without a race)
+enum Phase { PHASE_STEP, PHASE_EVAL, PHASE_SAMPLE };
+static std::atomic<int> g_phase{PHASE_STEP};
+static char g_signal_msg[3][160];  // what the handler prints in each phase, written before it is installed
+
+static void on_signal(int sig) {
+    g_signal.store(sig);
+    const char* msg = g_signal_msg[g_phase.load()];
+    ssize_t ignored = write(STDOUT_FILENO, msg, strlen(msg));  // write and strlen are async-signal-safe
+    (void)ignored;
+}
+
+static void signal_setup(const Run* run) {
+    const char* then = run->args.outdir && !run->sample_only ? ", then saving" : "";
+    if (g_procs.me != 0) then = nullptr;  // under mpirun process 0 says it, once
+    for (int p = 0; p < 3 && then; p++) {
+        const char* what[3] = {"after this step", "after this evaluation batch", "this sample"};
+        snprintf(g_signal_msg[p], sizeof(g_signal_msg[0]), "\ntp: stopping %s%s (Ctrl-C again quits at once)\n", what[p], then);
+    }
+    struct sigaction sa = {};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops at once
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+}
+
+// Whether a signal asks the ranks to stop, the same answer on every rank of every process: every rank's
+// flag summed over the world group (a rank deciding alone would leave the others waiting in the next
+// collective). A training step carries the same question in its own world all-reduce (replicas_mean).
+static bool stop_requested(RankRun* rr) {
+    float x = g_signal.load() != 0 ? 1.0f : 0.0f;
+    comm_allreduce(&rr->world, &x, 1, COMM_SUM, "signal check", -1);
+    return x > 0;
+}
+
+// The same for the ranks of replica 0 alone, which sample while the other replicas wait: its rank 0 reads
+// the flag between two barriers of its TP group and its ranks read the decision after the second.
+static bool sample_stop_requested(Run* run, Rank* rk) {
+    comm_barrier(&rk->tp, "signal check");
+    if (rk->rank == 0) run->stop_now = g_signal.load() != 0;
+    comm_barrier(&rk->tp, "signal check");
+    return run->stop_now;
+}
+
+// mean loss over the first n val batches of every replica, the same on every rank; NaN when a signal cut
+// it short
 static float evaluate(Run* run, RankRun* rr, int n) {
+    GPT* m = &rr->m;
     DataLoader* val = &rr->val;
+    if (rr->rk.rank == 0) g_phase.store(PHASE_EVAL);
     loader_reset(val);
     double s = 0.0;
     for (int i = 0; i < n; i++) {
+        if (stop_requested(rr)) return NAN;
         loader_next(val);
-        gpt_forward(&rr->m, &rr->rk, val->inputs.data(), val->targets.data(), val->B, val->T, false);
-        s += gpt_read_loss(&rr->m, &rr->rk);
+        gpt_forward(m, &rr->rk, val->inputs.data(), val->targets.data(), val->B, val->T, false);
+        s += gpt_read_loss(m, &rr->rk);
     }
+    if (rr->rk.rank == 0) g_phase.store(PHASE_STEP);
     return replicas_mean(run, rr, (float)(s / n), nullptr, "val loss");
 }
 
@@ -431,13 +670,31 @@ static void check_replicas(Run* run, RankRun* rr, int step, char* note, size_t n
 static void print_sample(Run* run, RankRun* rr, int step) {
     const Args* a = &run->args;
     if (rr->rk.dp.rank != 0) return;  // the replicas hold the same weights: one generates
+    if (rr->rk.rank == 0) g_phase.store(PHASE_SAMPLE);
     std::vector<int> out = generate(&rr->m, &rr->rk, run->prompt, a->gen_tokens, a->T, a->temperature, a->topk,
-                                    (uint64_t)a->sample_seed);
+                                    (uint64_t)a->sample_seed, [&]() { return sample_stop_requested(run, &rr->rk); });
     if (rr->world.rank != 0) return;
-    printf("sample after %d steps (temperature %g%s):\n---\n", step, a->temperature, a->topk ? ", top-k" : "");
+    g_phase.store(PHASE_STEP);
+    char from[600];
+    if (step > 0 || run->model_file.empty()) snprintf(from, sizeof(from), "after %d steps", step);
+    else snprintf(from, sizeof(from), "of %s", run->model_file.c_str());
+    printf("sample %s (temperature %g%s):\n---\n", from, a->temperature, a->topk ? ", top-k" : "");
     print_tokens(out, &run->tokenizer, run->cfg.V, a->prompt);
-    printf("\n---\n");
+    printf("\n---%s\n", (int)out.size() < a->gen_tokens ? " (interrupted)" : "");
     fflush(stdout);
+}
+
+// Ends a run stopped by a signal after `steps` steps: saves them when -o is set and they are not saved yet.
+static void stop_run(Run* run, RankRun* rr, int steps, int last_saved) {
+    const Args* a = &run->args;
+    bool save = a->outdir && steps > last_saved && steps > 0;
+    if (save) checkpoint_save(&run->ckpt, run->init.data(), &rr->m, &rr->rk, &rr->world, &rr->train, steps);
+    if (rr->world.rank == 0) {
+        if (a->outdir && steps > 0) printf("interrupted after step %d: saved in %s; continue with -y 1\n", steps, a->outdir);
+        else if (a->outdir) printf("interrupted before the first step: nothing to save\n");
+        else printf("interrupted after step %d (no -o, nothing saved)\n", steps);
+        fflush(stdout);
+    }
 }
 
 // " | comm 2.5 ms, 7.35 MB" for the step line: time in collectives and the bytes sent, with the kinds
@@ -460,10 +717,6 @@ static void comm_summary(char* out, size_t n, double seconds, const double sent[
     if (w < (int)n) snprintf(out + w, n - w, ")");
 }
 
-// Ctrl-C / SIGTERM: finish the step, save, exit 0. The handler only sets a flag (g_signal, a lock-free
-// atomic: safe in a signal handler, and read by the rank threads without a race); a second signal kills.
-static void on_signal(int sig) { g_signal.store(sig); }
-
 // the GPUs all processes use, for MFU
 static int gpus_in_use(const Run* run) { return std::min(run->P * run->D, run->ngpu) * g_procs.n; }
 
@@ -473,6 +726,12 @@ static void rank_main(Run* run, int d, int r) {
     rank_run_start(&rr, run, d, r);
     Rank* rk = &rr.rk;
     GPT* m = &rr.m;
+    if (run->sample_only) {  // -x 0, or a finished run: the sample is all there is to do (replica 0's)
+        comm_barrier(&rr.world, "start");
+        if (a->gen_tokens > 0) print_sample(run, &rr, run->start_step);
+        rank_run_end(&rr);
+        return;
+    }
     if (run->resuming) {
         gpt_scatter_moments(m, rk, run->state.m.data(), m->m_mem);
         gpt_scatter_moments(m, rk, run->state.v.data(), m->v_mem);
@@ -491,7 +750,12 @@ static void rank_main(Run* run, int d, int r) {
         bool last = step == a->max_steps - 1;
         float vl = NAN;
         if (a->val_every > 0 && (step % a->val_every == 0 || last)) {
-            vl = evaluate(run, &rr, a->val_batches);
+            vl = evaluate(run, &rr, run->val_batches);
+            if (std::isnan(vl)) {  // a signal cut the evaluation short: stop before this step
+                stop_run(run, &rr, step, last_saved);
+                rank_run_end(&rr);
+                return;
+            }
             char note[96];
             check_replicas(run, &rr, step, note, sizeof(note));
             if (lead) {
@@ -513,7 +777,7 @@ static void rank_main(Run* run, int d, int r) {
         ring_bytes(st.comm_moved, run->P, sent);
         double dp_total = ring_bytes(st.dp_moved, run->Dg, dp_sent);
         if (lead) logger_step(&run->log, step + 1, st.loss, vl, st.lr, st.seconds, tokens, st.comm_seconds, sent, st.dp_seconds, dp_total);
-        if (lead && print_step(a, step)) {
+        if (lead && (print_step(a, step) || step == run->start_step)) {
             char mfu[32] = "", comm[128] = "", dp[48] = "";
             if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_step / st.seconds / (run->peak_flops * gpus_in_use(run)));
             if (run->P > 1) comm_summary(comm, sizeof(comm), st.comm_seconds, sent);
@@ -526,16 +790,9 @@ static void rank_main(Run* run, int d, int r) {
             checkpoint_save(&run->ckpt, run->init.data(), m, rk, &rr.world, &rr.train, step + 1);
             last_saved = step + 1;
         }
-        // Stop on a signal, every rank after the same step: the step's world all-reduce carried every rank's
-        // flag, so all ranks of all processes saw the same sum (a rank deciding alone would leave the others
-        // waiting in the next step's first collective).
+        // a signal: every rank stops after the same step (the step's world all-reduce carried every rank's flag)
         if (st.stop) {
-            if (a->outdir && last_saved != step + 1) checkpoint_save(&run->ckpt, run->init.data(), m, rk, &rr.world, &rr.train, step + 1);
-            if (lead) {
-                if (a->outdir) printf("interrupted after step %d: saved in %s; continue with -y 1\n", step + 1, a->outdir);
-                else printf("interrupted after step %d (no -o, nothing saved)\n", step + 1);
-                fflush(stdout);
-            }
+            stop_run(run, &rr, step + 1, last_saved);
             rank_run_end(&rr);
             return;
         }
@@ -545,11 +802,12 @@ static void rank_main(Run* run, int d, int r) {
     check_replicas(run, &rr, a->max_steps, note, sizeof(note));
     if (lead && a->max_steps > run->start_step + 1) {
         int n = a->max_steps - run->start_step - 1;
-        char mfu[32] = "", dp[64] = "";
+        char mfu[32] = "", comm[64] = "", dp[64] = "";
         if (run->peak_flops > 0) snprintf(mfu, sizeof(mfu), ", MFU %.1f%%", 100.0 * flops_per_step * n / total_time / (run->peak_flops * gpus_in_use(run)));
-        if (run->Dg > 1) snprintf(dp, sizeof(dp), " and %.1f ms in DP collectives", total_dp / n * 1e3);
-        printf("average %.1f ms per step, %.0f tok/s%s, %.1f ms per step in collectives%s (steps %d..%d)\n", total_time / n * 1e3,
-               tokens * n / total_time, mfu, total_comm / n * 1e3, dp, run->start_step + 2, a->max_steps);
+        if (run->P > 1) snprintf(comm, sizeof(comm), ", %.1f ms per step in collectives", total_comm / n * 1e3);
+        if (run->Dg > 1) snprintf(dp, sizeof(dp), ", %.1f ms in DP collectives", total_dp / n * 1e3);
+        printf("average %.1f ms per step, %.0f tok/s%s%s%s (steps %d..%d)\n", total_time / n * 1e3, tokens * n / total_time, mfu, comm,
+               dp, run->start_step + 2, a->max_steps);
         if (run->device == DEV_CUDA) {
             size_t free_b = 0, total_b = 0;
             if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
@@ -657,120 +915,235 @@ static void dp_step_floats(const GPTConfig* c, int P, int D, int zero, double ou
     }
 }
 
-// Process 0 found the model (and the state to resume from); every other process receives them. Their
-// -o and -e may be on another machine: only the token files must be on every machine.
-static void model_bcast(Run* run) {
-    if (g_procs.n == 1) return;
-    double timeout = run->args.timeout;
-    int64_t head[3] = {(int64_t)run->init.size(), run->resuming, run->start_step};
-    comm_procs_bcast(&run->cfg, sizeof(run->cfg), timeout);
-    comm_procs_bcast(head, sizeof(head), timeout);
-    run->init.resize(head[0]);
-    comm_procs_bcast(run->init.data(), run->init.size() * sizeof(float), timeout);
-    run->resuming = head[1] != 0;
-    run->start_step = (int)head[2];
-    if (run->resuming) state_bcast(&run->state, timeout);
+// ----------------------------------------------------------------------------
+// the memory check: before anything big is allocated, what the run will hold against what the machine
+// has free, so that a run that cannot fit is refused in a second with the numbers and the flags that
+// help, instead of being killed by the kernel a minute later with no message
+
+// a number in a file (a cgroup limit or usage); -1 when it is missing or says "max"
+static double read_number(const char* path) {
+    FILE* f = fopen(path, "r");
+    if (!f) return -1;
+    double x = -1;
+    if (fscanf(f, "%lf", &x) != 1) x = -1;
+    fclose(f);
+    return x;
 }
 
-static void run_setup(Run* run) {
+// The host memory this process can still take: MemAvailable (what the kernel can hand out without
+// swapping), or less where a cgroup (a container's limit) allows less. -1: unknown.
+static double host_free_bytes() {
+    double avail = -1;
+    FILE* f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        long kb;
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, "MemAvailable: %ld kB", &kb) == 1) avail = kb * 1024.0;
+        fclose(f);
+    }
+    const char* cgroups[2][2] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                                 {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+    for (auto& cg : cgroups) {
+        double limit = read_number(cg[0]), used = read_number(cg[1]);
+        if (limit > 0 && used >= 0 && (avail < 0 || limit - used < avail)) avail = limit - used;
+    }
+    return avail;
+}
+
+// The estimate against measurement (peak resident memory, 2 ranks on the CPU unless said): a tiny model
+// on token files 232 MB (the CUDA, cuBLAS and NCCL libraries, OpenMP, the loaders), and beyond that the
+// memory table's totals plus the host copies agree within 1%: L3C128H4 B64 T256 1151 MB measured against
+// 892 MB estimated + the process; d6 B16 T256 1495 against 1254; d12 B8 T512 6508 against 6194; d12 B4
+// T256 at 4 ranks 3321 against 3059. So: the process, plus the estimate with 2% to spare.
+#define PROCESS_BYTES 256e6
+#define ESTIMATE_MARGIN 1.02
+// What a GPU needs besides the ranks' buffers: the CUDA context, cuBLAS workspaces, NCCL's buffers.
+// Not measured here (no GPU yet): a round allowance.
+#define CUDA_CONTEXT_BYTES 1e9
+
+// The estimate of a run at P ranks x D local replicas, in bytes.
+struct MemoryEstimate {
+    double rank;     // what one rank holds: the memory table's total
+    double acts;     // of it, the activations
+    double host;     // the process and the host's own full copies of the model
+    double cpu;      // all of it together, for ranks on the CPU
+};
+
+static MemoryEstimate memory_estimate(const Run* run, int P, int D) {
     const Args* a = &run->args;
-    bool embedded = a->train == nullptr;
-    bool first = g_procs.me == 0;  // process 0: the output directory, the model, the log and the messages
-    // the output directory: create it and make sure we can write there before training for hours
-    if (a->outdir && first) {
-        struct stat st;
-        if (stat(a->outdir, &st) == 0 && !S_ISDIR(st.st_mode)) fatal("-o %s exists and is not a directory: give a directory for checkpoints", a->outdir);
-        if (stat(a->outdir, &st) != 0 && mkdir(a->outdir, 0755) != 0)
-            fatal("cannot create the output directory -o %s: %s", a->outdir, strerror(errno));
-        std::string probe = std::string(a->outdir) + "/.tp_write_test";
-        FILE* f = fopen(probe.c_str(), "wb");
-        if (!f || fclose(f) != 0) fatal("cannot write to the output directory -o %s: %s", a->outdir, strerror(errno));
-        remove(probe.c_str());
+    const GPTConfig* c = &run->cfg;
+    int B = run->sample_only ? 1 : a->B;  // sampling runs one sequence at a time
+    RankMemory rm = rank_memory(c, P, run->Dg / run->D * D, a->zero, B, a->T, a->sp, a->recompute);
+    double full = 4.0 * gpt_num_params(c);
+    // the host's own copies: the full weights (initial or loaded, and gathered into for checkpoints),
+    // AdamW's full m and v to save checkpoints and from a resumed state file, the embedded corpus
+    double host = full;
+    if (a->outdir && !run->sample_only) host += 2 * full;
+    if (run->resuming && !run->sample_only) host += 2 * full;
+    if (!a->train && !run->sample_only) host += 3.0 * (16L << 20);  // 16 MB of text, then as uint16
+    MemoryEstimate e;
+    e.rank = memory_total(&rm);
+    e.acts = rm.acts;
+    e.host = PROCESS_BYTES + ESTIMATE_MARGIN * host;
+    e.cpu = e.host + ESTIMATE_MARGIN * P * D * e.rank;
+    return e;
+}
+
+// Whether the run fits at P ranks x D local replicas; if not, *why is the one line that says so: what is
+// needed, what is free, and which flags lower it.
+static bool memory_fits(const Run* run, int P, int D, std::string* why) {
+    const Args* a = &run->args;
+    int B = run->sample_only ? 1 : a->B;
+    MemoryEstimate e = memory_estimate(run, P, D);
+    P *= D;  // the ranks of this process
+    double rank = e.rank, ma = e.acts, host = e.host;
+    const char* lower = "lower -b or -t (the activations grow with B x T)";
+    char line[1024];
+    if (run->device == DEV_CPU) {
+        double need = e.cpu, avail = host_free_bytes();
+        if (avail < 0 || need <= avail) return true;
+        snprintf(line, sizeof(line),
+                 "this run needs about %.1f GB of memory but %.1f GB is free: %d rank%s x %.2f GB (activations %.2f GB for -b %d -t %d; "
+                 "weights, gradients and AdamW state %.2f GB) and %.2f GB for the process and its full copies of the model; %s, or "
+                 "choose a smaller model with -e (on one CPU --tp does not help: its ranks share the same memory)",
+                 need / 1e9, avail / 1e9, P, P > 1 ? "s" : "", rank / 1e9, ma / 1e9, B, a->T, (rank - ma) / 1e9, host / 1e9, lower);
+        *why = line;
+        return false;
     }
-    // the model: the latest checkpoint when resuming, else a checkpoint file, or a descriptor with a seeded initialization
+    // on CUDA, rank r runs on GPU r % ngpu: GPU 0 holds the most ranks
+    int per_gpu = (P + run->ngpu - 1) / run->ngpu;
+    double need = CUDA_CONTEXT_BYTES + ESTIMATE_MARGIN * per_gpu * rank;
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && need > (double)free_b) {
+        char more[160] = "";
+        if (P < run->ngpu) snprintf(more, sizeof(more), ", spread the model over more GPUs with --tp (this machine has %d)", run->ngpu);
+        else if (per_gpu > 1) snprintf(more, sizeof(more), ", use one rank per GPU (--tp %d)", run->ngpu);
+        snprintf(line, sizeof(line),
+                 "this run needs about %.1f GB on GPU 0 but %.1f GB of its %.1f GB is free: %d rank%s x %.2f GB (activations %.2f GB for "
+                 "-b %d -t %d; weights, gradients and AdamW state %.2f GB) and %.1f GB for the CUDA context; %s%s, or choose a smaller model with -e",
+                 need / 1e9, free_b / 1e9, total_b / 1e9, per_gpu, per_gpu > 1 ? "s" : "", rank / 1e9, ma / 1e9, B, a->T, (rank - ma) / 1e9,
+                 CUDA_CONTEXT_BYTES / 1e9, lower, more);
+        *why = line;
+        return false;
+    }
+    cudaGetLastError();
+    double avail = host_free_bytes();
+    if (avail >= 0 && host > avail) {
+        snprintf(line, sizeof(line), "this run needs about %.1f GB of host memory for its full copies of the model but %.1f GB is free: "
+                 "choose a smaller model with -e", host / 1e9, avail / 1e9);
+        *why = line;
+        return false;
+    }
+    return true;
+}
+
+// ----------------------------------------------------------------------------
+// the run's pieces, in the order run_setup takes them
+
+// `mkdir -p`: -o a/b/c creates a and a/b as well
+static void make_dirs(const char* path) {
+    std::string p = path;
+    for (size_t i = 1; i <= p.size(); i++) {
+        if (i < p.size() && p[i] != '/') continue;
+        std::string part = p.substr(0, i);
+        struct stat st;
+        if (stat(part.c_str(), &st) == 0) {
+            if (!S_ISDIR(st.st_mode)) fatal("-o %s: %s exists and is not a directory: give a directory for checkpoints", path, part.c_str());
+        } else if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+            fatal("cannot create the output directory -o %s (%s): %s", path, part.c_str(), strerror(errno));
+        }
+    }
+}
+
+// The output directory: created, writable, and not holding another run's checkpoints unless this run
+// continues it (-y 1) or was told to start over (--fresh 1). Returns the steps saved there.
+static std::vector<int> outdir_setup(const Args* a) {
+    make_dirs(a->outdir);
+    std::string probe = std::string(a->outdir) + "/.tp_write_test";
+    FILE* f = fopen(probe.c_str(), "wb");
+    if (!f || fclose(f) != 0) fatal("cannot write to the output directory -o %s: %s", a->outdir, strerror(errno));
+    remove(probe.c_str());
+    std::vector<int> saved = ckpt_steps(a->outdir);
+    bool trains = !a->sweep && a->max_steps > 0;
+    if (saved.empty() || a->resume || !trains) return saved;
+    if (!a->fresh)
+        fatal("-o %s holds the checkpoints of another run (steps %d to %d): continue it with -y 1, choose another -o, "
+              "or add --fresh 1 to delete them and start over", a->outdir, saved.front(), saved.back());
+    int n = ckpt_remove_all(a->outdir);
+    remove((std::string(a->outdir) + "/log.csv").c_str());
+    printf("tp: --fresh 1: deleted the %d checkpoint%s and log.csv of the earlier run in %s\n", n, n > 1 ? "s" : "", a->outdir);
+    return {};
+}
+
+// -e against the run's checkpoint on a resume: a model given must have its shape
+static void resume_model_check(const Args* a, const GPTConfig* c) {
+    GPTConfig want = *c;
+    bool shaped = a->model && (gpt_descriptor(a->model, &want, c->V, c->maxT) ||
+                               (access(a->model, R_OK) == 0 && (model_read(a->model, &want, nullptr), true)));
+    if ((shaped && (want.L != c->L || want.NH != c->NH || want.C != c->C || want.V != c->V)) || (a->vocab && a->vocab != c->V) ||
+        (a->given[flag_find("--maxT") - g_flags] && a->maxT != c->maxT))
+        fatal("%s disagrees with the checkpoint in %s (%d layers, %d heads, %d channels, vocab %d, max T %d): drop it to resume",
+              a->model ? "-e" : a->vocab ? "--vocab" : "--maxT", a->outdir, c->L, c->NH, c->C, c->V, c->maxT);
+}
+
+// Reads every token of -i and -j once: the largest id sets the vocab of a descriptor model given no
+// --vocab (byte-level data: 256, else GPT-2's 50257), and must be below the model's vocab, so a bad id
+// anywhere stops the run before its first step. Also caps the val batches at what the val data holds.
+static void data_setup(Run* run, bool descriptor) {
+    const Args* a = &run->args;
+    long replica_tokens = (long)a->B * a->T * run->Dg;  // a val batch of every replica; a train step is accum of them
+    run->train_shards = token_files(a->train, "train", replica_tokens * run->accum + 1);
+    run->val_shards = token_files(a->val, "val", replica_tokens + 1);
+    int max_id = -1;
+    long val_samples = 0;
+    for (auto* shards : {&run->train_shards, &run->val_shards})
+        for (TokenShard& s : *shards) {
+            token_shard_scan(&s, shards == &run->train_shards ? "train" : "val");
+            max_id = std::max(max_id, s.max_id);
+            if (shards == &run->val_shards) val_samples += (s.ntok - 1) / replica_tokens;
+        }
+    run->data_bytes = max_id < 256;
+    run->val_batches = (int)std::min((long)a->val_batches, val_samples);
     GPTConfig* c = &run->cfg;
-    int V = a->vocab ? a->vocab : (embedded ? 256 : 50257);
-    std::vector<int> saved = a->resume && first ? ckpt_steps(a->outdir) : std::vector<int>();
-    if (first && a->resume && saved.empty()) printf("tp: -y 1 but no checkpoint in %s yet: starting from scratch\n", a->outdir);
-    if (!first) {
-        // process 0 finds the model; it arrives in model_bcast
-    } else if (!saved.empty()) {
-        std::string model = ckpt_path(a->outdir, "model", saved.back());
-        model_read(model.c_str(), c, &run->init);
-        GPTConfig want;
-        if (a->model && gpt_descriptor(a->model, &want, c->V, c->maxT) &&
-            (want.L != c->L || want.NH != c->NH || want.C != c->C || (a->vocab && a->vocab != c->V)))
-            fatal("-e %s disagrees with the checkpoint in %s (%d layers, %d heads, %d channels, vocab %d): drop -e to resume it",
-                  a->model, a->outdir, c->L, c->NH, c->C, c->V);
-        state_read(a->outdir, saved.back(), (long)run->init.size(), &run->state);
-        run->resuming = true;
-        run->start_step = (int)run->state.h.step;
-        if (run->start_step >= a->max_steps)
-            fatal("the checkpoint in %s is at step %d already: give -x larger than %d to train further", a->outdir, run->start_step, run->start_step);
-        printf("tp: resuming from %s at step %d\n", model.c_str(), run->start_step);
-    } else if (gpt_descriptor(a->model ? a->model : "L3C128H4", c, V, a->maxT)) {
-        run->init.resize(gpt_num_params(c));
-        gpt_init_full(c, (uint64_t)a->seed, run->init.data());
-    } else {
-        struct stat st;
-        if (stat(a->model, &st) != 0)
-            fatal("-e %s is neither a readable checkpoint file nor a descriptor (d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", a->model);
-        if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", a->model);
-        model_read(a->model, c, &run->init);
-        if (a->vocab && a->vocab != c->V)
-            fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, a->model, c->V);
+    if (descriptor && !a->vocab) {
+        c->V = run->data_bytes ? 256 : 50257;
+        c->Vp = round_up(c->V, 128);
+        char from[96];
+        if (run->data_bytes) snprintf(from, sizeof(from), "byte-level data: every token id is below 256");
+        else snprintf(from, sizeof(from), "GPT-2's: the data's largest token id is %d", max_id);
+        run->vocab_from = from;
     }
-    model_bcast(run);
-    if (a->T > c->maxT) fatal("sequence length -t %d exceeds the model's maximum %d: use -t %d or less", a->T, c->maxT, c->maxT);
-    // the grid's data-parallel side: replicas in this process and in all, and the micro-steps of -d
-    run->D = a->dp;
-    run->Dg = a->dp * g_procs.n;
-    long micro_tokens = (long)a->B * a->T * run->Dg;  // one micro-batch of every replica
-    run->accum = 1;
-    if (a->total_batch) {
-        if (a->total_batch % micro_tokens != 0)
-            fatal("-d %ld is not a multiple of the tokens one micro-step of all replicas takes (-b %d x -t %d x %d replica%s = %ld): "
-                  "give -d %ld, %ld, ...", a->total_batch, a->B, a->T, run->Dg, run->Dg > 1 ? "s" : "", micro_tokens, micro_tokens,
-                  2 * micro_tokens);
-        run->accum = (int)std::min(a->total_batch / micro_tokens, 1L << 30);
-    }
-    if (a->outdir && first) {
-        run->ckpt.dir = a->outdir;
-        run->ckpt.keep = a->keep;
-        run->ckpt.m.resize(run->init.size());
-        run->ckpt.v.resize(run->init.size());
-    }
-    // data: token files, or the embedded corpus, generated here (16 MB of train text, the same for any
-    // flags, so that a resumed run sees the same data; the val text grows with the val batches of all replicas)
-    if (embedded) {
-        if (c->V < 256) fatal("the embedded corpus is byte-level and needs a vocab of at least 256, the model has %d", c->V);
-        std::string text;
-        grammar_generate(1, 16L << 20, &text, nullptr);
-        run->corpus_train.assign(text.begin(), text.end());
-        text.clear();
-        grammar_generate(2, (size_t)a->val_batches * a->B * a->T * run->Dg + 1, &text, nullptr);
-        run->corpus_val.assign(text.begin(), text.end());
-        run->floor_nats = grammar_entropy_per_byte();
-    }
-    // sampling: the tokenizer and the prompt
-    if (a->tokenizer) tokenizer_load(&run->tokenizer, a->tokenizer, c->V);
-    if (a->prompt) {
-        if (!run->tokenizer.pieces.empty() || c->V < 256)
-            fatal("--prompt is byte-level text and needs a byte-level model (vocab 256); this model has vocab %d", c->V);
-        for (const char* p = a->prompt; *p; p++) run->prompt.push_back((unsigned char)*p);
-        if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
-    } else {
-        run->prompt.push_back(c->V <= 256 ? '\n' : (run->tokenizer.pieces.empty() ? c->V - 1 : run->tokenizer.eot));
-    }
-    // the device: CUDA when a GPU is visible (auto) or asked for, else the CPU
+    for (auto* shards : {&run->train_shards, &run->val_shards})
+        for (const TokenShard& s : *shards) {
+            if (s.max_id < c->V) continue;
+            char fix[160];
+            if (!descriptor) snprintf(fix, sizeof(fix), "this model cannot read it; train a new one on this data (-e with a descriptor such as L3C128H4)");
+            else snprintf(fix, sizeof(fix), "give --vocab %d or more%s", s.max_id + 1, a->vocab ? " (or drop --vocab: tp then sizes it from the data)" : "");
+            fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: %s",
+                  shards == &run->train_shards ? "train" : "val", s.path.c_str(), s.max_id, s.max_pos, c->V, fix);
+        }
+}
+
+// The CUDA devices to use (0: the CPU). No GPU, or no NVIDIA driver at all, is an answer, not an error;
+// a driver that is there but cannot be used (older than this build needs, a device that is busy or
+// broken) gets one line before --device auto falls back to the CPU.
+static int device_setup(Run* run) {
+    const Args* a = &run->args;
     int ngpu = 0;
     cudaError_t err = cudaGetDeviceCount(&ngpu);
     if (err != cudaSuccess) {
         ngpu = 0;
-        cudaGetLastError();  // clear it: no driver or no device is an answer, not an error
+        cudaGetLastError();
     }
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (driver) dlclose(driver);
+    bool unusable = err != cudaSuccess && err != cudaErrorNoDevice && driver;
     if (a->device == DEV_CUDA && ngpu == 0)
-        fatal("--device cuda but no CUDA GPU is visible (%s): use --device cpu", cudaGetErrorString(err));
+        fatal("--device cuda but no CUDA GPU can be used (%s): use --device cpu",
+              driver ? cudaGetErrorString(err) : "no NVIDIA driver is installed: libcuda.so.1 is not found");
+    if (a->device == -1 && unusable)
+        printf("tp: a CUDA driver is installed but cannot be used (%s): running on the CPU\n", cudaGetErrorString(err));
     run->device = (a->device == DEV_CUDA || (a->device == -1 && ngpu > 0)) ? DEV_CUDA : DEV_CPU;
     run->ngpu = run->device == DEV_CUDA ? ngpu : 0;
     if (run->device == DEV_CUDA) {
@@ -781,8 +1154,141 @@ static void run_setup(Run* run) {
             else if (strstr(prop.name, "A100") || strstr(prop.name, "A800")) run->peak_flops = 156e12;
         }
     }
-    // ranks: by default as many per replica as the GPUs, or cores, of this process's share of the machine
-    // allow (the largest valid P with P x --dp of them)
+    return ngpu;
+}
+
+// The prompt of the samples: --prompt as bytes, which a byte-level model reads; else a newline for a
+// byte-level model, or the end-of-text token.
+static void prompt_setup(Run* run) {
+    const Args* a = &run->args;
+    const GPTConfig* c = &run->cfg;
+    const Tokenizer* tk = &run->tokenizer;
+    bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
+    bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
+    if (!a->prompt) {
+        run->prompt.push_back(bytes ? '\n' : tk->pieces.empty() ? c->V - 1 : tk->eot);
+        return;
+    }
+    if (gpt2_tokens)
+        fatal("--prompt is text that tp encodes as bytes, but this model reads GPT-2 tokens (tokenizer %s), which tp cannot "
+              "encode: drop --prompt, and samples start from the end-of-text token", a->tokenizer);
+    if (!bytes)
+        fatal("--prompt is text that tp encodes as bytes, which needs a byte-level model (vocab 256); this model has vocab %d: "
+              "drop --prompt, or train on byte-level data (tp then picks vocab 256)", c->V);
+    for (const char* p = a->prompt; *p; p++) {
+        if ((unsigned char)*p >= c->V) fatal("--prompt holds byte %d, beyond this model's vocab of %d", (unsigned char)*p, c->V);
+        run->prompt.push_back((unsigned char)*p);
+    }
+    if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
+}
+
+// The data-parallel side of the grid: replicas in this process and in all, and the micro-steps of -d.
+static void grid_setup(Run* run) {
+    const Args* a = &run->args;
+    run->D = a->dp;
+    run->Dg = a->dp * g_procs.n;
+    long micro_tokens = (long)a->B * a->T * run->Dg;  // one micro-batch of every replica
+    run->accum = 1;
+    if (a->total_batch && a->total_batch % micro_tokens != 0)
+        fatal("-d %ld is not a multiple of the tokens one micro-step of all replicas takes (-b %d x -t %d x %d replica%s = %ld): "
+              "give -d %ld, %ld, ...", a->total_batch, a->B, a->T, run->Dg, run->Dg > 1 ? "s" : "", micro_tokens, micro_tokens,
+              2 * micro_tokens);
+    if (a->total_batch) run->accum = (int)std::min(a->total_batch / micro_tokens, 1L << 30);
+}
+
+// Under mpirun process 0 reads the checkpoints (its -o may be on its machine alone) and every process
+// receives what they say: whether the run resumes and from which step, the model's shape, and the saved
+// flags, which every process then applies as process 0 does.
+static void resume_bcast(Run* run, int64_t* resume_step) {
+    if (g_procs.n == 1) return;
+    double timeout = run->args.timeout;
+    comm_procs_bcast(resume_step, sizeof(*resume_step), timeout);
+    if (*resume_step < 0) return;
+    comm_procs_bcast(&run->cfg, sizeof(run->cfg), timeout);
+    int64_t n = (int64_t)run->state.flags.size();
+    comm_procs_bcast(&run->state.h, sizeof(run->state.h), timeout);
+    comm_procs_bcast(&n, sizeof(n), timeout);
+    run->state.flags.resize(n);
+    comm_procs_bcast(&run->state.flags[0], n, timeout);
+}
+
+static void run_setup(Run* run) {
+    Args* a = &run->args;
+    GPTConfig* c = &run->cfg;
+    bool first = g_procs.me == 0;  // process 0: the output directory, the checkpoints, the model file, the messages
+    // the output directory; a resume reads the run's shape and flags from its newest checkpoint
+    std::vector<int> saved = a->outdir && first ? outdir_setup(a) : std::vector<int>();
+    std::string& model_file = run->model_file;
+    if (first && a->resume && saved.empty()) printf("tp: -y 1 but no checkpoint in %s yet: starting a new run there\n", a->outdir);
+    int64_t resume_step = -1;
+    if (first && a->resume && !saved.empty()) {
+        model_file = ckpt_path(a->outdir, "model", saved.back());
+        model_read(model_file.c_str(), c, nullptr);
+        state_read(a->outdir, saved.back(), gpt_num_params(c), false, &run->state);
+        resume_step = saved.back();
+    }
+    resume_bcast(run, &resume_step);
+    if (resume_step >= 0) {
+        std::string changed;
+        if (run->state.flags.empty()) {
+            if (first) printf("tp: the state file in %s is from an older tp that did not save the run's flags: using the flags given\n", a->outdir);
+        } else {
+            changed = args_resume(a, run->state.flags, a->outdir);
+        }
+        if (first) resume_model_check(a, c);
+        run->resuming = true;
+        run->start_step = (int)run->state.h.step;
+        run->vocab_from = "the checkpoint's";
+        if (a->max_steps > 0 && run->start_step > a->max_steps)
+            fatal("the run in %s is at step %d already: give -x larger than %d to train further, or -x 0 to sample from it",
+                  a->outdir, run->start_step, run->start_step);
+        if (first && a->max_steps > run->start_step) printf("tp: resuming from %s at step %d\n", model_file.c_str(), run->start_step);
+        if (first && !changed.empty())
+            printf("tp: %s with changed flags:%s\n", a->max_steps > run->start_step ? "continuing" : "sampling", changed.c_str());
+    }
+    check_data_flags(a);
+    run->sample_only = a->max_steps == 0 || (run->resuming && run->start_step == a->max_steps);
+    if (run->sample_only && a->gen_tokens == 0) fatal("-x 0 prints a sample and trains nothing, but -g 0 asks for no tokens: give -g N");
+    if (a->sweep && g_procs.n > 1) fatal("--sweep times replicas inside one process (--dp): start it without mpirun");
+    grid_setup(run);
+    if (run->resuming && !run->sample_only) global_batch_check(&run->state.h, a->B, a->T, run->Dg, run->accum);
+    // the model's shape (process 0 reads a model file's header; the others receive it below); its tensors
+    // are read or drawn after the memory check
+    bool descriptor = false;
+    if (!run->resuming) {
+        std::string why;
+        const char* model = a->model ? a->model : "L3C128H4";
+        descriptor = gpt_descriptor(model, c, a->vocab ? a->vocab : 256, a->maxT, &why);
+        if (descriptor) {
+            if (a->vocab) run->vocab_from = "from --vocab";
+            else if (!a->train) run->vocab_from = "the embedded corpus is byte-level";
+        } else if (first) {
+            struct stat st;
+            if (!why.empty() && stat(model, &st) != 0) fatal("-e %s: %s", model, why.c_str());
+            if (stat(model, &st) != 0)
+                fatal("-e %s is neither a readable checkpoint file nor a descriptor (d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", model);
+            if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", model);
+            model_read(model, c, nullptr);
+            model_file = model;
+            run->vocab_from = "the checkpoint's";
+            if (a->vocab && a->vocab != c->V)
+                fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, model, c->V);
+        }
+    }
+    comm_procs_bcast(c, sizeof(*c), a->timeout);  // a model file's shape, from process 0
+    // the data: token files read through once (the vocab of a descriptor follows them), or the embedded corpus
+    bool embedded = a->train == nullptr;
+    if (!run->sample_only && !embedded) data_setup(run, descriptor);
+    if (!run->sample_only && embedded) {
+        if (c->V < 256) fatal("the embedded corpus is byte-level and needs a vocab of at least 256, the model has %d", c->V);
+        run->data_bytes = true;
+        run->val_batches = a->val_batches;
+    }
+    comm_procs_bcast(c, sizeof(*c), a->timeout);  // and process 0's vocab: every process builds the same model
+    if (a->T > c->maxT) fatal("sequence length -t %d exceeds the model's maximum %d: use -t %d or less", a->T, c->maxT, c->maxT);
+    // the device and the ranks: by default as many per replica as the GPUs, or cores, of this process's
+    // share of the machine allow (the largest valid P with P x --dp of them)
+    int ngpu = device_setup(run);
     int cores = (int)std::max(1u, std::thread::hardware_concurrency());
     int units = std::max(1, (run->device == DEV_CUDA ? ngpu : cores) / g_procs.node_n);
     run->P = a->tp;
@@ -800,7 +1306,44 @@ static void run_setup(Run* run) {
     if (run->P * run->D > COMM_MAXP)
         fatal("--tp %d x --dp %d makes %d ranks in one process, more than the %d it can run: use fewer local replicas, and "
               "more processes (mpirun) for more", run->P, run->D, run->P * run->D, COMM_MAXP);
-    if (a->sweep && g_procs.n > 1) fatal("--sweep times replicas inside one process (--dp): start it without mpirun");
+    std::string why;
+    if (!memory_fits(run, run->P, run->D, &why)) fatal("%s", why.c_str());
+    // now the big allocations: the weights, the resumed optimizer state (process 0 reads them, the others
+    // receive them), the corpus
+    if (first && !model_file.empty()) {
+        model_read(model_file.c_str(), c, &run->init);
+    } else {
+        run->init.resize(gpt_num_params(c));
+        if (first) gpt_init_full(c, (uint64_t)a->seed, run->init.data());
+    }
+    comm_procs_bcast(run->init.data(), run->init.size() * sizeof(float), a->timeout);
+    if (run->resuming && !run->sample_only) {
+        if (first) state_read(a->outdir, saved.back(), (long)run->init.size(), true, &run->state);
+        if (g_procs.n > 1) state_bcast(&run->state, a->timeout);
+    }
+    if (a->outdir && !run->sample_only) {
+        run->ckpt.dir = a->outdir;
+        run->ckpt.keep = a->keep;
+        run->ckpt.flags = args_saved(a);
+        if (first) {  // world rank 0, which writes the checkpoints, runs in process 0
+            run->ckpt.m.resize(run->init.size());
+            run->ckpt.v.resize(run->init.size());
+        }
+    }
+    // the embedded corpus, generated here (16 MB of train text, the same for any flags, so that a resumed
+    // run sees the same data; the val text grows with the val batches of all replicas)
+    if (!run->sample_only && embedded) {
+        std::string text;
+        grammar_generate(1, 16L << 20, &text, nullptr);
+        run->corpus_train.assign(text.begin(), text.end());
+        text.clear();
+        grammar_generate(2, (size_t)a->val_batches * a->B * a->T * run->Dg + 1, &text, nullptr);
+        run->corpus_val.assign(text.begin(), text.end());
+        run->floor_nats = grammar_entropy_per_byte();
+    }
+    // sampling: the tokenizer and the prompt (replica 0 samples, and it runs in process 0)
+    if (first && a->tokenizer) tokenizer_load(&run->tokenizer, a->tokenizer, c->V);
+    if (first) prompt_setup(run);
     ranks_setup(run);
 }
 
@@ -904,6 +1447,36 @@ static void print_communication(const Run* run) {
     print_dp_communication(run);
 }
 
+// the data line: what each split's pattern matched, its tokens and samples
+static void print_split(const Run* run, const char* what, const char* pattern, const std::vector<TokenShard>& shards) {
+    const Args* a = &run->args;
+    bool train = !strcmp(what, "train");
+    int G = run->Dg * (train ? run->accum : 1);  // a sample: B x T sequences of every replica (and micro-step)
+    long tokens = 0, samples = 0;
+    for (const TokenShard& s : shards) {
+        tokens += s.ntok;
+        samples += (s.ntok - 1) / ((long)a->B * a->T * G);
+    }
+    char shape[64], tail[192];
+    if (G > 1) snprintf(shape, sizeof(shape), "%d x %d x %d", G, a->B, a->T);
+    else snprintf(shape, sizeof(shape), "%d x %d", a->B, a->T);
+    if (train) snprintf(tail, sizeof(tail), "%ld samples of %s per epoch", samples, shape);
+    else snprintf(tail, sizeof(tail), "%ld samples of %s; an evaluation averages %d of them (-m %d)", samples, shape,
+                  run->val_batches, a->val_batches);
+    if (shards.size() == 1 && shards[0].path == pattern) {
+        printf("data: %-5s %s: %ld tokens, %s\n", what, pattern, tokens, tail);
+        return;
+    }
+    printf("data: %-5s '%s' matched %zu files: %ld tokens, %s\n", what, pattern, shards.size(), tokens, tail);
+    for (size_t i = 0; i < shards.size(); i++) {
+        if (i == 6 && shards.size() > 8) {
+            printf("             ... and %zu more\n", shards.size() - 6);
+            break;
+        }
+        printf("             %s: %ld tokens\n", shards[i].path.c_str(), shards[i].ntok);
+    }
+}
+
 // "replica 2-3" or "replica 0"
 static std::string span_text(const char* what, int lo, int hi) {
     char b[64];
@@ -912,47 +1485,68 @@ static std::string span_text(const char* what, int lo, int hi) {
     return b;
 }
 
+// The grid, when there are several replicas: processes x local replicas x TP ranks, where each process
+// runs, which device each rank of a process uses, how the groups talk, the batch of a step.
+static void print_grid(const Run* run) {
+    const Args* a = &run->args;
+    int P = run->P, D = run->D, N = g_procs.n;
+    const char* tp_link = P == 1 ? "no communication" : run->device != DEV_CUDA ? "shared memory"
+                        : run->tp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory";
+    const char* dp_link = run->device == DEV_CUDA ? (run->dp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory")
+                        : N > 1 ? (D > 1 ? "shared memory in a process, MPI between processes" : "MPI") : "shared memory";
+    printf("tp: grid of %d process%s x %d replica%s x %d TP rank%s: %d data-parallel replicas of the model, each split over "
+           "%d tensor-parallel rank%s; TP groups: %s, DP groups: %s\n", N, N > 1 ? "es" : "", D, D > 1 ? "s" : "", P,
+           P > 1 ? "s" : "", run->Dg, P, P > 1 ? "s" : "", tp_link, dp_link);
+    for (int p = 0; p < N; p++)
+        printf("tp:   process %d (%s, pid %d): %s, world ranks %d-%d\n", p, g_procs.hosts[p].c_str(), g_procs.pids[p],
+               span_text("replica", p * D, p * D + D - 1).c_str(), p * D * P, (p + 1) * D * P - 1);
+    for (int d = 0; d < D; d++) {
+        std::string where = run->device == DEV_CUDA ? "GPUs" : "the CPU";
+        for (int r = 0; r < P && run->device == DEV_CUDA; r++) where += (r ? ", " : " ") + std::to_string(rank_gpu(run, d, r));
+        printf("tp:   local replica %d of %s: %s on %s\n", d, N > 1 ? "each process" : "the process",
+               span_text("TP rank", 0, P - 1).c_str(), where.c_str());
+    }
+    printf("tp: %d thread%s per rank; batch %d x %d per replica and micro-step, x %d replicas x %d micro-step%s = %ld tokens per step\n",
+           run->threads, run->threads > 1 ? "s" : "", a->B, a->T, run->Dg, run->accum, run->accum > 1 ? "s" : "",
+           (long)a->B * a->T * run->Dg * run->accum);
+}
+
 // The startup lines (process 0 prints them): the model, the grid and which rank runs where, the shard
-// plan, the memory per rank and the communication per step.
+// plan, the memory per rank and the communication per step, the data.
 static void print_setup(const Run* run) {
     if (g_procs.me != 0) return;
     const GPTConfig* c = &run->cfg;
     const Args* a = &run->args;
-    int P = run->P, D = run->D, N = g_procs.n;
-    printf("tp: GPT-2 with %d layers, %d heads, %d channels, vocab %d (padded %d), max T %d: %.2fM parameters\n",
-           c->L, c->NH, c->C, c->V, c->Vp, c->maxT, gpt_num_params(c) / 1e6);
-    const char* tp_link = P == 1 ? "no communication" : run->device != DEV_CUDA ? "shared memory"
-                        : run->tp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory";
-    if (run->Dg > 1) {
-        const char* dp_link = run->device == DEV_CUDA ? (run->dp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory")
-                            : N > 1 ? (D > 1 ? "shared memory in a process, MPI between processes" : "MPI") : "shared memory";
-        printf("tp: grid of %d process%s x %d replica%s x %d TP rank%s: %d data-parallel replicas of the model, each split over "
-               "%d tensor-parallel rank%s; TP groups: %s, DP groups: %s\n", N, N > 1 ? "es" : "", D, D > 1 ? "s" : "", P,
-               P > 1 ? "s" : "", run->Dg, P, P > 1 ? "s" : "", tp_link, dp_link);
-        for (int p = 0; p < N; p++)
-            printf("tp:   process %d (%s, pid %d): %s, world ranks %d-%d\n", p, g_procs.hosts[p].c_str(), g_procs.pids[p],
-                   span_text("replica", p * D, p * D + D - 1).c_str(), p * D * P, (p + 1) * D * P - 1);
-        for (int d = 0; d < D; d++) {
-            std::string where = run->device == DEV_CUDA ? "GPUs" : "the CPU";
-            for (int r = 0; r < P && run->device == DEV_CUDA; r++) where += (r ? ", " : " ") + std::to_string(rank_gpu(run, d, r));
-            printf("tp:   local replica %d of %s: %s on %s\n", d, N > 1 ? "each process" : "the process",
-                   span_text("TP rank", 0, P - 1).c_str(), where.c_str());
-        }
-        printf("tp: %d thread%s per rank; batch %d x %d per replica and micro-step, x %d replicas x %d micro-step%s = %ld tokens per step\n",
-               run->threads, run->threads > 1 ? "s" : "", a->B, a->T, run->Dg, run->accum, run->accum > 1 ? "s" : "",
-               (long)a->B * a->T * run->Dg * run->accum);
-    } else if (run->device == DEV_CUDA) {
-        printf("tp: %d rank%s on %d GPU%s (%s between ranks); batch %d x %d = %d tokens", P, P > 1 ? "s" : "", run->ngpu,
-               run->ngpu > 1 ? "s" : "", tp_link, a->B, a->T, a->B * a->T);
-    } else {
-        printf("tp: %d rank%s on the CPU, %d thread%s each; batch %d x %d = %d tokens", P, P > 1 ? "s" : "", run->threads,
-               run->threads > 1 ? "s" : "", a->B, a->T, a->B * a->T);
+    char from[128] = "";
+    if (!run->vocab_from.empty()) snprintf(from, sizeof(from), "; %s", run->vocab_from.c_str());
+    printf("tp: GPT-2 with %d layers, %d heads, %d channels, vocab %d (padded %d%s), max T %d: %.2fM parameters\n",
+           c->L, c->NH, c->C, c->V, c->Vp, from, c->maxT, gpt_num_params(c) / 1e6);
+    char batch[96];
+    if (run->accum > 1)
+        snprintf(batch, sizeof(batch), "batch %d x %d, x %d micro-steps = %ld tokens per step", a->B, a->T, run->accum,
+                 (long)a->B * a->T * run->accum);
+    else snprintf(batch, sizeof(batch), "batch %d x %d = %d tokens", a->B, a->T, a->B * a->T);
+    if (run->Dg > 1)
+        print_grid(run);
+    else if (run->device == DEV_CUDA && run->P == 1)
+        printf("tp: 1 rank on 1 GPU; %s\n", batch);
+    else if (run->device == DEV_CUDA)
+        printf("tp: %d ranks on %d GPU%s (%s between ranks); %s\n", run->P, run->ngpu, run->ngpu > 1 ? "s" : "",
+               run->tp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory", batch);
+    else if (run->P == 1)
+        printf("tp: 1 rank on the CPU with %d thread%s; %s\n", run->threads, run->threads > 1 ? "s" : "", batch);
+    else
+        printf("tp: %d ranks on the CPU, %d thread%s each; %s\n", run->P, run->threads, run->threads > 1 ? "s" : "", batch);
+    if (run->sample_only) {
+        if (a->max_steps == 0) printf("tp: no training (-x 0): a sample of %d tokens\n", a->gen_tokens);
+        else printf("tp: the run in %s is finished (step %d of %d): a sample of %d tokens (give -x larger than %d to train further)\n",
+                    a->outdir, run->start_step, a->max_steps, a->gen_tokens, a->max_steps);
+        fflush(stdout);
+        return;
     }
-    if (run->Dg == 1 && run->accum > 1) printf(", x %d micro-steps = %ld tokens per step", run->accum, (long)a->B * a->T * run->accum);
-    if (run->Dg == 1) printf("\n");
     ShardPlan s;
-    shard_plan_init(&s, c, P, 0);
-    printf("shard plan (rank r of %d):\n", P);
+    shard_plan_init(&s, c, run->P, 0);
+    printf("shard plan (rank r of %d):\n", run->P);
     printf("  %-9s %-22s %-22s %s\n", "tensor", "full shape", "per-rank shape", "split");
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         const TensorShard* t = &s.t[i];
@@ -975,6 +1569,17 @@ static void print_setup(const Run* run) {
         printf("data: the embedded corpus, %zu train and %zu val bytes of sentences from a probabilistic grammar;\n"
                "      its entropy is %.4f nats per byte: the loss floor no model can beat\n",
                run->corpus_train.size(), run->corpus_val.size(), run->floor_nats);
+    if (!run->train_shards.empty()) {
+        print_split(run, "train", a->train, run->train_shards);
+        print_split(run, "val", a->val, run->val_shards);
+        // the same file in both splits: the val loss would measure text the model trains on
+        for (const TokenShard& t : run->train_shards)
+            for (const TokenShard& v : run->val_shards) {
+                char rt[PATH_MAX], rv[PATH_MAX];
+                if (realpath(t.path.c_str(), rt) && realpath(v.path.c_str(), rv) && !strcmp(rt, rv))
+                    printf("data: warning: train and val share %s: the val loss measures text the model trains on\n", t.path.c_str());
+            }
+    }
     fflush(stdout);
 }
 
@@ -1035,6 +1640,11 @@ static void sweep(Run* run) {
                 printf("%4d %4d  skipped: --sp 1 needs P to divide B*T = %d\n", P, D, a->B * a->T);
                 continue;
             }
+            std::string why;
+            if (!memory_fits(run, P, D, &why)) {
+                printf("%4d %4d  skipped: %s\n", P, D, why.c_str());
+                continue;
+            }
             run->P = P;
             run->D = run->Dg = D;
             ranks_setup(run);
@@ -1048,7 +1658,7 @@ static void sweep(Run* run) {
             // efficiency: speedup over P=1 divided by the growth in compute units used (cores on the CPU,
             // GPUs on CUDA); on a CPU every grid uses the same cores, so the ideal speedup there is 1
             int used = run->device == DEV_CUDA ? std::min(P * D, run->ngpu) : std::min(P * D * run->threads, cores);
-            if (P == 1 && D == 1) { base = ms; units1 = used; }
+            if (base == 0) { base = ms; units1 = used; }  // P = 1, D = 1, unless it did not fit
             double speedup = base / ms * D, eff = speedup / ((double)used / units1);
             double share = time.comm_seconds / time.seconds, dp_share = time.dp_seconds / time.seconds;
             RankMemory m = rank_memory(c, P, D, a->zero, a->B, a->T, a->sp, a->recompute);
@@ -1067,18 +1677,15 @@ static int tp_main(int argc, char** argv) {
     Run* run = new Run();
     parse_args(argc, argv, &run->args);
     run_setup(run);
+    if (!run->args.sweep) signal_setup(run);  // before the setup is printed: from then on Ctrl-C is handled
     print_setup(run);
     if (run->args.sweep) {
         sweep(run);
         delete run;
         return 0;
     }
-    struct sigaction sa = {};
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops at once
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
-    if (run->args.outdir && g_procs.me == 0) logger_open(&run->log, run->args.outdir, run->resuming);
+    bool logs = run->args.outdir && !run->sample_only && g_procs.me == 0;  // world rank 0 logs, in process 0
+    if (logs) logger_open(&run->log, run->args.outdir, run->resuming ? run->start_step : -1);
     std::vector<std::thread> threads;
     for (int d = 0; d < run->D; d++)
         for (int r = 0; r < run->P; r++) threads.emplace_back(rank_main, run, d, r);

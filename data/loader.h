@@ -27,6 +27,8 @@
 struct TokenShard {
     std::string path;
     long ntok;
+    int max_id;    // the largest token id in the shard, and where it first occurs (token_shard_scan)
+    long max_pos;
 };
 
 // Yields batches of B x T inputs and targets (the inputs shifted by one).
@@ -75,6 +77,43 @@ static long token_file_check(const char* path, const char* what, long need) {
 
 // tokens per sample: the global batch
 static long loader_sample_tokens(const DataLoader* d) { return (long)d->B * d->T * d->replicas * d->micro_steps; }
+
+// The shards a pattern names: a token file, or every file a glob matches, in sorted order, each header checked.
+static std::vector<TokenShard> token_files(const char* pattern, const char* what, long need) {
+    std::vector<TokenShard> shards;
+    glob_t g;
+    int rc = glob(pattern, 0, nullptr, &g);
+    if (rc != 0 || g.gl_pathc == 0) {
+        if (rc == 0) globfree(&g);
+        fatal("no %s data matches '%s': give an llm.c token file or a glob of shards (make them with data/prepare.py)", what, pattern);
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++) shards.push_back({g.gl_pathv[i], token_file_check(g.gl_pathv[i], what, need), -1, -1});
+    globfree(&g);
+    return shards;
+}
+
+// Reads every token of a shard once, streamed a few MB at a time, for its largest id and where that id
+// first occurs: tp checks the whole of its data against the vocab before the first step, so a bad id
+// deep in a file stops the run at once instead of hours in (or never, if no batch happens to hold it).
+static void token_shard_scan(TokenShard* s, const char* what) {
+    FILE* f = fopen(s->path.c_str(), "rb");
+    if (!f || fseek(f, 1024, SEEK_SET) != 0) fatal("cannot open %s data %s: %s", what, s->path.c_str(), strerror(errno));
+    std::vector<uint16_t> buf(1 << 21);
+    s->max_id = -1;
+    s->max_pos = -1;
+    for (long pos = 0; pos < s->ntok;) {
+        long n = std::min((long)buf.size(), s->ntok - pos);
+        if ((long)fread(buf.data(), 2, n, f) != n) fatal("reading %s data %s failed at token %ld", what, s->path.c_str(), pos);
+        uint16_t hi = 0;
+        for (long i = 0; i < n; i++) hi = std::max(hi, buf[i]);  // vectorises; the position only when the max grows
+        if ((int)hi > s->max_id) {
+            s->max_id = hi;
+            s->max_pos = pos + (std::find(buf.begin(), buf.begin() + n, hi) - buf.begin());
+        }
+        pos += n;
+    }
+    fclose(f);
+}
 
 static void loader_load_shard(DataLoader* d) {
     long ntok = d->mem ? (long)d->mem->size() : d->shards[d->shard_order[d->shard_pos]].ntok;
@@ -127,18 +166,8 @@ static void loader_init(DataLoader* d, const char* what, const char* pattern, co
         d->mem = mem;
         d->shard_order = {0};
     } else {
-        glob_t g;
-        int rc = glob(pattern, 0, nullptr, &g);
-        if (rc != 0 || g.gl_pathc == 0) {
-            if (rc == 0) globfree(&g);
-            fatal("no %s data matches '%s': give an llm.c token file or a glob of shards (make them with data/prepare.py)", what, pattern);
-        }
-        for (size_t i = 0; i < g.gl_pathc; i++) {
-            long n = token_file_check(g.gl_pathv[i], what, need);
-            d->shards.push_back({g.gl_pathv[i], n});
-            d->shard_order.push_back((int)i);
-        }
-        globfree(&g);
+        d->shards = token_files(pattern, what, need);
+        for (size_t i = 0; i < d->shards.size(); i++) d->shard_order.push_back((int)i);
     }
     d->buf.resize((long)B * T + 1);
     d->inputs.resize((long)B * T);
@@ -169,9 +198,11 @@ static void loader_next(DataLoader* d) {
         if (fseek(d->f, 1024 + start * 2, SEEK_SET) != 0 || (long)fread(d->buf.data(), 2, n, d->f) != n)
             fatal("reading %s data %s failed at token %ld", d->what, d->shards[d->shard_order[d->shard_pos]].path.c_str(), start);
     }
+    // tp checked every token against the vocab at startup (token_shard_scan); a file rewritten since then
+    // must still never index past the embedding
     for (long i = 0; i < n; i++)
         if (d->buf[i] >= d->V)
-            fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: use a model whose vocab covers the data (--vocab)",
+            fatal("%s data %s changed while tp was running: it now holds token id %d at token %ld, beyond the vocab of %d",
                   d->what, d->mem ? "(embedded)" : d->shards[d->shard_order[d->shard_pos]].path.c_str(), d->buf[i], start + i, d->V);
     for (long i = 0; i < n - 1; i++) {
         d->inputs[i] = d->buf[i];

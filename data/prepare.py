@@ -7,15 +7,18 @@ Writes OUTDIR/NAME_train.bin (first part of the text) and OUTDIR/NAME_val.bin (t
 val-frac of the bytes); NAME defaults to the input's stem (plus "_gpt2" with --bpe, so the
 two kinds never overwrite each other). Default tokens are bytes (id = byte value 0..255);
 --bpe uses GPT-2 BPE via tiktoken, with the GPT-2 end-of-text token at the start of each split
-as llm.c does.
+as llm.c does. tiktoken downloads the GPT-2 encoding on its first use and caches it (in
+$TIKTOKEN_CACHE_DIR, by default a folder in /tmp): run --bpe once online, or see the error's hint.
 File format (llm.c): 256 little-endian int32 header [20240520, 1, ntokens, 0...], then the
 tokens as little-endian uint16.
 --tokenizer PATH also writes a tokenizer in llm.c's gpt2_tokenizer.bin format (version 2):
 the 256-entry byte vocabulary (EOT id 0), or with --bpe the GPT-2 vocabulary (EOT 50256).
-Standard library only (tiktoken only for --bpe).
+Standard library only (tiktoken only for --bpe). Ends by printing the ./tp command that trains on
+what it wrote.
 """
 import argparse
 import os
+import shlex
 import struct
 import sys
 from array import array
@@ -61,11 +64,15 @@ def load_tiktoken():
     try:
         import tiktoken
     except ImportError:
-        die("--bpe needs the tiktoken package (pip install tiktoken); it is not installed")
+        die("--bpe needs the tiktoken package, which is not installed: pip install tiktoken")
     try:
         return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # e.g. no network to fetch the BPE ranks on first use
-        die(f"tiktoken could not load the gpt2 encoding: {e}")
+    except Exception as e:  # no network for the download on first use, most often
+        die(f"tiktoken could not load the GPT-2 encoding ({type(e).__name__}): it downloads it once, from "
+            "openaipublic.blob.core.windows.net, and caches it in $TIKTOKEN_CACHE_DIR (default: data-gym-cache in the "
+            "temp folder). Run this once on a machine that is online: TIKTOKEN_CACHE_DIR=~/.cache/tiktoken python3 -c "
+            "\"import tiktoken; tiktoken.get_encoding('gpt2')\", copy that folder here if it is another machine, and run "
+            "prepare.py with TIKTOKEN_CACHE_DIR=~/.cache/tiktoken set")
 
 
 def main():
@@ -127,6 +134,16 @@ def main():
     print(f"wrote {paths[1]}: {len(val)} tokens ({kind})")
     if args.tokenizer:
         print(f"wrote {args.tokenizer}: vocab {len(pieces)}")
+    # the command that trains on it, from the folder prepare.py ran in (tp picks the vocab from the tokens:
+    # 256 for bytes, GPT-2's 50257 for BPE)
+    tp = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tp"))
+    rel = os.path.relpath(tp)
+    tp = tp if rel.startswith("..") else rel if os.sep in rel else "./" + rel
+    cmd = [tp, "-i", paths[0], "-j", paths[1], "-o", os.path.join(args.outdir, f"run_{name}")]
+    if args.tokenizer and args.bpe:
+        cmd += ["--tokenizer", args.tokenizer]
+    print("train on it (checkpoints and log.csv go to the -o folder):")
+    print("  " + " ".join(shlex.quote(c) for c in cmd))
 
 
 if __name__ == "__main__":

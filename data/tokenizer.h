@@ -17,6 +17,16 @@ struct Tokenizer {
     int eot;                          // the end-of-text id (the file's, or 50256 for a version-1 file)
 };
 
+// whether the tokenizer is the byte vocabulary (token i = byte i), as data/prepare.py writes for byte-level data
+static bool tokenizer_is_bytes(const Tokenizer* tk) {
+    if (tk->pieces.size() != 256) return false;
+    for (int i = 0; i < 256; i++)
+        if (tk->pieces[i] != std::string(1, (char)i)) return false;
+    return true;
+}
+
+// Reads a tokenizer file for a model of vocab V; a tokenizer that cannot decode that model's tokens is
+// refused with the fix.
 static void tokenizer_load(Tokenizer* tk, const char* path, int V) {
     FILE* f = fopen(path, "rb");
     if (!f) fatal("cannot open tokenizer %s: %s", path, strerror(errno));
@@ -26,7 +36,6 @@ static void tokenizer_load(Tokenizer* tk, const char* path, int V) {
     if (h[1] != 1 && h[1] != 2) fatal("tokenizer %s has version %u; tp reads versions 1 and 2", path, h[1]);
     int n = (int)h[2];
     tk->eot = h[1] == 2 ? (int)h[3] : 50256;
-    if (n < V) fatal("tokenizer %s has %d tokens but the model's vocab has %d: use the model's tokenizer", path, n, V);
     tk->pieces.resize(n);
     for (int i = 0; i < n; i++) {
         unsigned char len;
@@ -35,6 +44,13 @@ static void tokenizer_load(Tokenizer* tk, const char* path, int V) {
         if (fread(&tk->pieces[i][0], 1, len, f) != len) fatal("tokenizer %s is truncated at token %d", path, i);
     }
     fclose(f);
+    // the two mix-ups a user meets: byte-level data with a GPT-2-sized model, and the other way round
+    if (n < V && tokenizer_is_bytes(tk))
+        fatal("tokenizer %s is byte-level (256 tokens) but the model has vocab %d: a byte-level run needs a vocab-256 model "
+              "(--vocab 256; with a descriptor -e, tp picks 256 itself when every token of the data is a byte)", path, V);
+    if (n < V) fatal("tokenizer %s has %d tokens but the model's vocab has %d: give the tokenizer the data was made with", path, n, V);
+    if (V == 256 && !tokenizer_is_bytes(tk))
+        fatal("tokenizer %s has %d tokens but the model is byte-level (vocab 256): it prints its text without a tokenizer; drop --tokenizer", path, n);
 }
 
 static std::string tokenizer_decode(const Tokenizer* tk, int id) {

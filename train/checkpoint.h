@@ -5,8 +5,9 @@
 //                           20240326, version 3, maxT, V, L, NH, C, Vp; then the 16 tensors, full and
 //                           unsharded, in llm.c's order), so llm.c and any TP degree can read it;
 //   DIR/state_NNNNNNNN.bin  what an exact resume needs besides the weights: the step, AdamW's t, m and
-//                           v as full tensors (ZeRO-1's slices gathered), the train loader's position
-//                           (in global batches) and random state, and the grid that wrote it.
+//                           v as full tensors (ZeRO-1's slices gathered), the train loader's position (in
+//                           global batches) and random state, the run's flags (data, steps, schedule, ...),
+//                           so that `-y 1` alone continues it, and the grid that wrote it.
 // One rank writes (rank 0 of the world: process 0, replica 0, TP rank 0). The files hold no trace of the
 // grid in their tensors, so a run resumes at another TP degree, replica count, process count or ZeRO
 // stage, as long as the global batch (sequences per step) and T are the same: then every step reads the
@@ -65,7 +66,8 @@ static bool atomic_close(AtomicFile* a) {
 // ----------------------------------------------------------------------------
 // model files (llm.c's GPT-2 fp32 format)
 
-// Reads an llm.c version-3 (fp32) checkpoint's header into c and its tensors into full.
+// Reads an llm.c version-3 (fp32) checkpoint's header into c and its tensors into full (full null: the
+// header only, to size the run before allocating anything).
 static void model_read(const char* path, GPTConfig* c, std::vector<float>* full) {
     FILE* f = fopen(path, "rb");
     if (!f) fatal("cannot open checkpoint %s: %s (give an llm.c model file or a descriptor like d12 to -e)", path, strerror(errno));
@@ -77,6 +79,10 @@ static void model_read(const char* path, GPTConfig* c, std::vector<float>* full)
     if (c->maxT <= 0 || c->V <= 0 || c->L <= 0 || c->NH <= 0 || c->C <= 0 || c->Vp < c->V || c->C % c->NH != 0)
         fatal("checkpoint %s has an invalid header (maxT %d V %d L %d NH %d C %d Vp %d)", path, c->maxT, c->V, c->L, c->NH, c->C, c->Vp);
     long n = gpt_num_params(c);
+    if (!full) {
+        fclose(f);
+        return;
+    }
     full->resize(n);
     size_t got = fread(full->data(), sizeof(float), n, f);
     if ((long)got != n) fatal("checkpoint %s is truncated: %zu of %ld parameters present", path, got, n);
@@ -101,19 +107,27 @@ static int model_write(const char* path, const GPTConfig* c, const float* full) 
 // ----------------------------------------------------------------------------
 // state files, the checkpoints of a directory, resume
 
+// A state file: this header, then flags_bytes of the run's flags (tp.cu's args_saved: "name\0value\0"
+// pairs), then AdamW's m and v (nparams floats each), the loader's shard order (nshards int32) and
+// sample permutation (nsamples int64), and its MT19937 as text (rng_bytes). Version 1 had no flags
+// (its header ends before flags_bytes), version 2 no grid (its header ends before replicas: one replica,
+// no accumulation); tp still reads both.
 #define STATE_MAGIC 20261130
-// version 1 ends at rng_bytes (one replica, no accumulation); version 2 adds the grid
+#define STATE_VERSION 3
 struct StateHeader {
     int64_t magic, version, step, adam_t, nparams, P;
     int64_t maxT, V, Vp, L, NH, C, B, T;
     int64_t shard_pos, sample_pos, nshards, nsamples, rng_bytes;
+    int64_t flags_bytes;
     int64_t replicas, procs, micro_steps, zero;  // the grid: replicas (all processes), processes, -d's micro-steps, -z
 };
-#define STATE_HEADER_V1 (19 * sizeof(int64_t))
+#define STATE_V1_HEADER_BYTES (19 * sizeof(int64_t))
+#define STATE_V2_HEADER_BYTES (20 * sizeof(int64_t))
 
 // what a resume restores besides the weights
 struct TrainState {
     StateHeader h;
+    std::string flags;               // the run's flags when it was saved (empty in a version-1 file)
     std::vector<float> m, v;         // AdamW's moments, full tensors in llm.c's order
     std::vector<int> shard_order;    // the train loader's shard order, position and sample permutation
     std::vector<long> sample_order;
@@ -146,11 +160,12 @@ static std::vector<int> ckpt_steps(const char* dir) {
     return steps;
 }
 
-static int state_write(const char* path, const StateHeader* h, const float* m, const float* v, const DataLoader* d,
-                       const std::string& rng) {
+static int state_write(const char* path, const StateHeader* h, const std::string& flags, const float* m, const float* v,
+                       const DataLoader* d, const std::string& rng) {
     AtomicFile a;
     if (!atomic_open(&a, path)) return a.err;
     atomic_write(&a, h, sizeof(*h));
+    atomic_write(&a, flags.data(), flags.size());
     atomic_write(&a, m, h->nparams * sizeof(float));
     atomic_write(&a, v, h->nparams * sizeof(float));
     atomic_write(&a, d->shard_order.data(), h->nshards * sizeof(int));
@@ -164,23 +179,29 @@ static void read_all(FILE* f, void* p, size_t bytes, const char* path) {
     if (fread(p, 1, bytes, f) != bytes) fatal("state file %s is truncated: delete it to resume from the checkpoint before it", path);
 }
 
-// Reads the state file of `step` in dir; nparams: the parameter count of its model file.
-static void state_read(const char* dir, int step, long nparams, TrainState* s) {
+// Reads the state file of `step` in dir: the header and the run's flags, and with body also the rest
+// (AdamW's moments and the loader's state). nparams: the parameter count of its model file.
+static void state_read(const char* dir, int step, long nparams, bool body, TrainState* s) {
     std::string path = ckpt_path(dir, "state", step);
     FILE* f = fopen(path.c_str(), "rb");
     if (!f) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
     StateHeader* h = &s->h;
-    read_all(f, h, STATE_HEADER_V1, path.c_str());
-    if (h->magic != STATE_MAGIC || h->version < 1 || h->version > 2) fatal("%s is not a tp state file (magic %lld)", path.c_str(), (long long)h->magic);
-    if (h->version == 1) {
-        h->replicas = h->procs = h->micro_steps = 1;
-        h->zero = 0;
-    } else {
-        read_all(f, (char*)h + STATE_HEADER_V1, sizeof(*h) - STATE_HEADER_V1, path.c_str());
-    }
+    *h = StateHeader{};
+    read_all(f, h, STATE_V1_HEADER_BYTES, path.c_str());
+    if (h->magic != STATE_MAGIC || h->version < 1 || h->version > STATE_VERSION)
+        fatal("%s is not a tp state file this tp reads (magic %lld, version %lld)", path.c_str(), (long long)h->magic, (long long)h->version);
+    if (h->version >= 2) read_all(f, &h->flags_bytes, sizeof(h->flags_bytes), path.c_str());
+    if (h->version >= 3) read_all(f, (char*)h + STATE_V2_HEADER_BYTES, sizeof(*h) - STATE_V2_HEADER_BYTES, path.c_str());
+    else h->replicas = h->procs = h->micro_steps = 1;
     if (h->nparams != nparams) fatal("state file %s does not match its model file", path.c_str());
-    if (h->nshards < 0 || h->nsamples < 0 || h->rng_bytes < 0 || h->rng_bytes > 1 << 20)
+    if (h->nshards < 0 || h->nsamples < 0 || h->rng_bytes < 0 || h->rng_bytes > 1 << 20 || h->flags_bytes < 0 || h->flags_bytes > 1 << 20)
         fatal("state file %s is corrupt", path.c_str());
+    s->flags.resize(h->flags_bytes);
+    read_all(f, &s->flags[0], h->flags_bytes, path.c_str());
+    if (!body) {
+        fclose(f);
+        return;
+    }
     s->m.resize(h->nparams);
     s->v.resize(h->nparams);
     s->shard_order.resize(h->nshards);
@@ -197,11 +218,13 @@ static void state_read(const char* dir, int step, long nparams, TrainState* s) {
 // Process 0 read the state; every other process of an mpirun job receives it.
 static void state_bcast(TrainState* s, double timeout_s) {
     comm_procs_bcast(&s->h, sizeof(s->h), timeout_s);
+    s->flags.resize(s->h.flags_bytes);
     s->m.resize(s->h.nparams);
     s->v.resize(s->h.nparams);
     s->shard_order.resize(s->h.nshards);
     s->sample_order.resize(s->h.nsamples);
     s->rng.resize(s->h.rng_bytes);
+    comm_procs_bcast(&s->flags[0], s->flags.size(), timeout_s);
     comm_procs_bcast(s->m.data(), s->m.size() * sizeof(float), timeout_s);
     comm_procs_bcast(s->v.data(), s->v.size() * sizeof(float), timeout_s);
     comm_procs_bcast(s->shard_order.data(), s->shard_order.size() * sizeof(int), timeout_s);
@@ -209,27 +232,45 @@ static void state_bcast(TrainState* s, double timeout_s) {
     comm_procs_bcast(&s->rng[0], s->rng.size(), timeout_s);
 }
 
-// Puts the train loader where the state says it was. The position counts global batches, so any grid with
-// the same global batch (B x replicas x micro-steps sequences of T) continues on the same tokens.
-static void loader_restore(DataLoader* d, const TrainState* s) {
-    const StateHeader* h = &s->h;
-    long was = (long)(h->B * h->replicas * h->micro_steps), now = (long)d->B * d->replicas * d->micro_steps;
-    if (h->T != d->T || was != now)
+// The saved position counts global batches, so any grid with the same global batch (B x replicas x
+// micro-steps sequences of T) continues on the same tokens; another one is refused.
+static void global_batch_check(const StateHeader* h, int B, int T, int replicas, int micro_steps) {
+    long was = (long)(h->B * h->replicas * h->micro_steps), now = (long)B * replicas * micro_steps;
+    if (h->T != T || was != now)
         fatal("the checkpoint was trained with a global batch of %ld sequences of %lld tokens (-b %lld x %lld replicas x %lld "
               "micro-steps), this run has %ld of %d: resume with the same batch shape (-b, -t, --dp, processes, -d)",
-              was, (long long)h->T, (long long)h->B, (long long)h->replicas, (long long)h->micro_steps, now, d->T);
+              was, (long long)h->T, (long long)h->B, (long long)h->replicas, (long long)h->micro_steps, now, T);
+}
+
+// Puts the train loader where the state says it was.
+static void loader_restore(DataLoader* d, const TrainState* s) {
+    const StateHeader* h = &s->h;
+    global_batch_check(h, d->B, d->T, d->replicas, d->micro_steps);
     if (h->nshards != (int64_t)d->shard_order.size() || h->shard_pos >= h->nshards)
-        fatal("the training data changed since the checkpoint (%lld shards then, %zu now)", (long long)h->nshards, d->shard_order.size());
+        fatal("the train data has %zu shards, but the run was saved with %lld: resume it with its own data (-i)", d->shard_order.size(),
+              (long long)h->nshards);
     d->shard_order = s->shard_order;
     d->shard_pos = (int)h->shard_pos;
     loader_load_shard(d);  // opens the shard (and draws a permutation that the next lines replace)
     if (d->shuffle && h->nsamples != d->nsamples)
-        fatal("the training data changed since the checkpoint (%lld samples per shard then, %ld now)", (long long)h->nsamples, d->nsamples);
+        fatal("the train data has %ld samples in its current shard, but the run was saved with %lld: resume it with its own data (-i)",
+              d->nsamples, (long long)h->nsamples);
     if (d->shuffle) d->sample_order = s->sample_order;
     d->sample_pos = h->sample_pos;
     d->micro = 0;
     std::istringstream rng(s->rng);
     rng >> d->rng;
+}
+
+// Deletes every checkpoint in dir (the state file first, so a half-deleted pair never looks saved);
+// returns how many there were.
+static int ckpt_remove_all(const char* dir) {
+    std::vector<int> steps = ckpt_steps(dir);
+    for (int step : steps) {
+        remove(ckpt_path(dir, "state", step).c_str());
+        remove(ckpt_path(dir, "model", step).c_str());
+    }
+    return (int)steps.size();
 }
 
 // ----------------------------------------------------------------------------
@@ -239,6 +280,7 @@ static void loader_restore(DataLoader* d, const TrainState* s) {
 struct Checkpoints {
     const char* dir;
     int keep;                 // how many of the newest checkpoints to keep
+    std::string flags;        // the run's flags, saved in every state file
     std::vector<float> m, v;  // full tensors, sized before the rank threads start (the parameters gather
                               // into a buffer the caller gives)
 };
@@ -258,14 +300,14 @@ static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* r
         const GPTConfig* c = &m->cfg;
         std::ostringstream rng;
         rng << train->rng;
-        StateHeader h = {STATE_MAGIC, 2, step, m->t, n, rk->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
+        StateHeader h = {STATE_MAGIC, STATE_VERSION, step, m->t, n, rk->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
                          train->B, train->T, train->shard_pos, train->sample_pos, (int64_t)train->shard_order.size(),
-                         (int64_t)train->sample_order.size(), (int64_t)rng.str().size(),
+                         (int64_t)train->sample_order.size(), (int64_t)rng.str().size(), (int64_t)ck->flags.size(),
                          train->replicas, g_procs.n, train->micro_steps, m->zero};
         int err = model_write(model.c_str(), c, full_params);
         const std::string* failed = &model;
         if (err == 0) {
-            err = state_write(state.c_str(), &h, ck->m.data(), ck->v.data(), train, rng.str());
+            err = state_write(state.c_str(), &h, ck->flags, ck->m.data(), ck->v.data(), train, rng.str());
             failed = &state;
         }
         if (err != 0)

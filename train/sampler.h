@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 #include "../gpt.cu"
 #include "../data/tokenizer.h"
@@ -39,12 +40,14 @@ static int sample_token(const float* logits, int V, float temperature, int topk,
 
 // Autoregressive generation: n tokens after prompt. Each step runs the model on the last T tokens
 // (batch 1) and samples from the logits of the last position. Every rank of the group calls it.
+// stop, if given, is asked before each token (by every rank: it must answer the same on all of them);
+// true ends the sample early, with the tokens drawn so far.
 static std::vector<int> generate(GPT* m, Rank* rk, const std::vector<int>& prompt, int n, int T, float temperature,
-                                 int topk, uint64_t seed) {
+                                 int topk, uint64_t seed, const std::function<bool()>& stop = nullptr) {
     std::vector<int> out = prompt, window(T, 0);
     std::vector<float> logits(m->cfg.Vp);
     Rng rng = {seed};
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && !(stop && stop()); i++) {
         int len = std::min((int)out.size(), T);
         std::copy(out.end() - len, out.end(), window.begin());
         gpt_forward(m, rk, window.data(), nullptr, 1, T, false);  // causal: the padding after len changes nothing
@@ -54,13 +57,47 @@ static std::vector<int> generate(GPT* m, Rank* rk, const std::vector<int>& promp
     return std::vector<int>(out.begin() + prompt.size(), out.end());
 }
 
+// Text made safe for a terminal: valid UTF-8 characters as they are, but control characters (C0 except
+// newline and tab, DEL, C1) and bytes that are not valid UTF-8 become \xNN escapes, so a sample can never
+// move the cursor, recolour the terminal or ring its bell.
+static std::string escape_text(const std::string& s) {
+    std::string out;
+    char hex[8];
+    for (size_t i = 0; i < s.size();) {
+        unsigned char c = s[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool valid = len > 0 && i + len <= s.size();
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+        for (int k = 1; valid && k < len; k++) {
+            unsigned char cc = s[i + k];
+            valid = (cc & 0xc0) == 0x80;
+            cp = cp << 6 | (cc & 0x3f);
+        }
+        // overlong forms, UTF-16 surrogates and code points past U+10FFFF are not valid UTF-8 either
+        if (valid) valid = !(len == 2 && cp < 0x80) && !(len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp < 0xe000))) &&
+                           !(len == 4 && (cp < 0x10000 || cp > 0x10ffff));
+        bool control = valid && ((cp < 0x20 && cp != '\n' && cp != '\t') || cp == 0x7f || (cp >= 0x80 && cp < 0xa0));
+        int n = valid ? len : 1;  // an invalid byte alone, a control character whole
+        for (int k = 0; k < n; k++) {
+            if (valid && !control) out += s[i + k];
+            else {
+                snprintf(hex, sizeof(hex), "\\x%02x", (unsigned char)s[i + k]);
+                out += hex;
+            }
+        }
+        i += n;
+    }
+    return out;
+}
+
 // Prints generated tokens: as text when the tokenizer can decode them (a tokenizer file, or a byte-level
 // vocab), else as ids. prompt_text, if any, is printed first.
 static void print_tokens(const std::vector<int>& tokens, const Tokenizer* tk, int V, const char* prompt_text) {
-    bool text = !tk->pieces.empty() || V <= 256;
-    if (prompt_text) printf("%s", prompt_text);
-    for (int t : tokens) {
-        if (text) printf("%s", tokenizer_decode(tk, t).c_str());
-        else printf("%d ", t);
+    if (tk->pieces.empty() && V > 256) {
+        for (int t : tokens) printf("%d ", t);
+        return;
     }
+    std::string text = prompt_text ? prompt_text : "";
+    for (int t : tokens) text += tokenizer_decode(tk, t);
+    printf("%s", escape_text(text).c_str());
 }
