@@ -389,6 +389,14 @@ static void test_adamw_sumsq(CudaCtx* cx) {
 // ----------------------------------------------------------------------------
 // collectives on the GPU
 
+// rank q of group g on device gpu, in the calling thread: its CUDA context and its communicator bound to
+// the context's stream (NCCL when the group has NCCL communicators, else shared GPU memory)
+static void gpu_comm_rank(CudaCtx* cx, Comm* c, CommGroup* g, int q, int gpu) {
+    cuda_ctx_init(cx, q, gpu);
+    comm_init(c, g, q);
+    comm_bind_cuda(c, gpu, cx->stream);
+}
+
 // P rank threads, each with its own context on gpus[r]; with nccl, the NCCL backend, else COMM_CUDA
 static void test_comm(const std::vector<int>& gpus, bool nccl) {
     int P = (int)gpus.size();
@@ -408,10 +416,8 @@ static void test_comm(const std::vector<int>& gpus, bool nccl) {
         for (int q = 0; q < P; q++)
             th.emplace_back([&, q]() {
                 CudaCtx cx;
-                cuda_ctx_init(&cx, q, gpus[q]);
                 Comm c;
-                comm_init(&c, g, q);
-                comm_bind_cuda(&c, gpus[q], cx.stream);
+                gpu_comm_rank(&cx, &c, g, q, gpus[q]);
                 float* ds = cuda_alloc(&cx, n);
                 float* dm = cuda_alloc(&cx, n);
                 float* dg = cuda_alloc(&cx, n * P);
@@ -481,10 +487,8 @@ static int child_skip(bool nccl) {
     for (int q = 0; q < P; q++)
         th.emplace_back([&, q]() {
             CudaCtx cx;
-            cuda_ctx_init(&cx, q, gpus[q]);
             Comm c;
-            comm_init(&c, g, q);
-            comm_bind_cuda(&c, gpus[q], cx.stream);
+            gpu_comm_rank(&cx, &c, g, q, gpus[q]);
             float* d = cuda_alloc(&cx, 1000);
             if (q == 0) comm_allreduce(&c, d, 1000, COMM_SUM, "fc bwd", 3);
             comm_allreduce(&c, d, 1000, COMM_SUM, "qkv bwd", 3);
