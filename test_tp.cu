@@ -1679,19 +1679,22 @@ static void test_logs() {
     std::vector<std::pair<int, int>> got;
     double bytes_off = 0;  // the TP and DP megabytes sent per step against the formulas
     for (size_t i = 1; i < rows.size(); i++) {
-        if (rows[i].size() != 12) break;
+        if (rows[i].size() != 15) break;
         int P = atoi(rows[i][0].c_str()), D = atoi(rows[i][1].c_str());
         got.push_back({P, D});
         double f[COMM_KINDS], sent[COMM_KINDS];
         step_comm_floats(&cfg, B, T, false, 1, f);
         bytes_off = std::max(bytes_off, fabs(atof(rows[i][9].c_str()) - ring_bytes(f, P, sent) / 1e6));
+        int kind_col[3][2] = {{12, KIND_ALLREDUCE}, {13, KIND_REDUCESCATTER}, {14, KIND_ALLGATHER}};  // the TP bytes by kind
+        for (auto& kc : kind_col) bytes_off = std::max(bytes_off, fabs(atof(rows[i][kc[0]].c_str()) - sent[kc[1]] / 1e6));
         dp_step_floats(&cfg, P, D, 0, f);
         bytes_off = std::max(bytes_off, fabs(atof(rows[i][10].c_str()) - ring_bytes(f, D, sent) / 1e6));
     }
     check(rc == 0 && got == want && out.find("speedup") != std::string::npos,
           "--sweep 1: a table and sweep.csv with a row for each valid P and each (P, D) with P x D <= %d cores (%zu rows of %zu)", cores,
           got.size(), want.size());
-    check_le(got.empty() ? INFINITY : bytes_off, 1e-4, "--sweep 1: TP and DP MB sent per step against the formulas, largest difference");
+    check_le(got.empty() ? INFINITY : bytes_off, 1e-4, "--sweep 1: TP (in all and by kind) and DP MB sent per step against the formulas, "
+             "largest difference");
     if (system("python3 -c 'import matplotlib' 2>/dev/null") != 0) {
         printf("  skip plot: matplotlib is not installed (pip install matplotlib); CI installs it\n");
         return;

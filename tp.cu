@@ -1590,6 +1590,7 @@ static void print_setup(const Run* run) {
 // world rank 0's time and bytes sent (as a ring sends them) over the timed steps of one grid
 struct SweepTime {
     double seconds, comm_seconds, dp_seconds, sent, dp_sent;
+    double sent_kind[COMM_KINDS];  // the TP bytes by kind of collective
     int steps;
 };
 
@@ -1606,6 +1607,7 @@ static void sweep_rank(Run* run, int d, int r, SweepTime* out) {
             out->comm_seconds += st.comm_seconds;
             out->dp_seconds += st.dp_seconds;
             out->sent += ring_bytes(st.comm_moved, run->P, sent);
+            for (int k = 0; k < COMM_KINDS; k++) out->sent_kind[k] += sent[k];
             out->dp_sent += ring_bytes(st.dp_moved, run->Dg, sent);
             out->steps++;
         }
@@ -1628,7 +1630,7 @@ static void sweep(Run* run) {
         csv = fopen(path.c_str(), "w");
         if (!csv) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
         fprintf(csv, "P,D,threads_per_rank,ms_per_step,tok_per_s,speedup,efficiency,comm_share,dp_share,comm_mb_per_step,"
-                     "dp_mb_per_step,mb_per_rank\n");
+                     "dp_mb_per_step,mb_per_rank,allreduce_mb_per_step,reducescatter_mb_per_step,allgather_mb_per_step\n");
     }
     ranks_teardown(run);  // run_setup made the groups of the run's own grid
     double base = 0;
@@ -1648,7 +1650,7 @@ static void sweep(Run* run) {
             run->P = P;
             run->D = run->Dg = D;
             ranks_setup(run);
-            SweepTime time = {0, 0, 0, 0, 0, 0};
+            SweepTime time = {};
             std::vector<std::thread> threads;
             for (int d = 0; d < D; d++)
                 for (int r = 0; r < P; r++) threads.emplace_back(sweep_rank, run, d, r, &time);
@@ -1666,9 +1668,11 @@ static void sweep(Run* run) {
             printf("%4d %4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %8.1f %9.2f %9.2f %12.1f\n", P, D, run->threads, ms, tps, speedup,
                    eff, 100 * share, 100 * dp_share, comm_mb, dp_mb, mb);
             fflush(stdout);
+            double per_step = 1e6 * time.steps;
             if (csv)
-                fprintf(csv, "%d,%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f\n", P, D, run->threads, ms, tps, speedup, eff,
-                        share, dp_share, comm_mb, dp_mb, mb);
+                fprintf(csv, "%d,%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.4f,%.4f,%.4f\n", P, D, run->threads, ms, tps,
+                        speedup, eff, share, dp_share, comm_mb, dp_mb, mb, time.sent_kind[KIND_ALLREDUCE] / per_step,
+                        time.sent_kind[KIND_REDUCESCATTER] / per_step, time.sent_kind[KIND_ALLGATHER] / per_step);
         }
     if (csv) fclose(csv);
 }
