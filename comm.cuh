@@ -60,6 +60,9 @@ static const char* comm_op_name(int op) {
     return names[op];
 }
 
+// where a rank computes: its buffers are in host memory (the CPU backend) or on its GPU
+enum Device { DEV_CPU, DEV_CUDA };
+
 enum CommBackend { COMM_HOST, COMM_CUDA, COMM_NCCL };
 
 // The kinds of collective that move data, for the accounting. The payload of each, in floats: an
@@ -418,15 +421,27 @@ static void comm_group_free(CommGroup* g) {
 // ----------------------------------------------------------------------------
 // setup of the GPU backends
 
+// Whether the n ranks' devices are all different, as NCCL needs; if not, *i and *j name the first two
+// ranks that share one.
+static bool gpus_distinct(const int* gpus, int n, int* i = nullptr, int* j = nullptr) {
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++)
+            if (gpus[a] == gpus[b]) {
+                if (i) *i = a;
+                if (j) *j = b;
+                return false;
+            }
+    return true;
+}
+
 // Creates the group's P NCCL communicators together, rank r on device gpus[r]. The devices must be
 // distinct: NCCL refuses two ranks on one GPU (ranks that share a GPU use COMM_CUDA instead). Call once,
 // from one thread, before the rank threads call comm_bind_cuda.
 static void comm_nccl_init_all(CommGroup* g, const int* gpus) {
-    for (int i = 0; i < g->P; i++)
-        for (int j = i + 1; j < g->P; j++)
-            if (gpus[i] == gpus[j])
-                fatal("ranks %d and %d are both on GPU %d: NCCL needs one GPU per rank (ranks that share a GPU use the "
-                      "shared-memory backend)", i, j, gpus[i]);
+    int i, j;
+    if (!gpus_distinct(gpus, g->P, &i, &j))
+        fatal("ranks %d and %d are both on GPU %d: NCCL needs one GPU per rank (ranks that share a GPU use the "
+              "shared-memory backend)", i, j, gpus[i]);
     ncclResult_t r = ncclCommInitAll(g->nccl, g->P, gpus);
     if (r != ncclSuccess) fatal("ncclCommInitAll for %d ranks failed: %s (%s)", g->P, ncclGetErrorString(r), ncclGetLastError(nullptr));
     g->log.assign((size_t)g->P * COMM_LOG, CommCall());

@@ -128,6 +128,10 @@ static void shard_plan_init(ShardPlan* s, const GPTConfig* c, int P, int rank) {
 static long shard_full_size(const TensorShard* t) { return t->nl * t->rows * t->cols; }
 static long shard_local_size(const TensorShard* t) { return t->nl * t->lrows * t->lcols; }
 
+// The length of a rank's flat shard of n floats as it is allocated: with ZeRO-1 (zero) padded to a
+// multiple of 32 per replica, so that each of the D replicas updates an equal, aligned slice.
+static long shard_padded(long n, int zero, int D) { return zero ? (n + 32L * D - 1) / (32L * D) * (32L * D) : n; }
+
 // Copies between a full tensor (all layers) and this rank's shard of it, in either direction.
 // Local row lr of one layer comes from full row:
 //   rows: rank*lrows + lr;  qkv: the same within each of the q, k, v thirds;  cols and none: lr;
@@ -149,8 +153,6 @@ static void shard_copy(const TensorShard* t, int rank, float* full, float* local
 
 // ----------------------------------------------------------------------------
 // a rank: one thread, its device and its communicators
-
-enum Device { DEV_CPU, DEV_CUDA };
 
 struct Rank {
     int rank, P;   // this rank's place in its tensor-parallel group of P ranks
@@ -458,7 +460,7 @@ static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full,
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) m->nparams += shard_local_size(&m->plan.t[i]);
     m->zero = zero;
     int D = rk->dp.P;
-    m->npad = zero ? (m->nparams + 32L * D - 1) / (32L * D) * (32L * D) : m->nparams;
+    m->npad = shard_padded(m->nparams, zero, D);
     m->nslice = zero ? m->npad / D : m->nparams;
     m->slice0 = zero ? rk->dp.rank * m->nslice : 0;
     m->params_mem = dev_alloc(rk, m->npad);

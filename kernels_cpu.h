@@ -18,6 +18,10 @@
 #include <cfloat>
 #include <vector>
 #include <omp.h>
+#include <thread>
+
+// the cores this process may use: the threads of the ranks on the CPU split them
+static int cpu_cores() { return (int)std::max(1u, std::thread::hardware_concurrency()); }
 
 // ----------------------------------------------------------------------------
 // exp that vectorises: glibc's expf is a scalar call, which keeps every loop with an exp in it (GELU,

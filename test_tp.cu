@@ -939,8 +939,8 @@ static pid_t spawn_tp(const std::string& args, const std::string& out) {
 }
 
 static bool wait_for_text(const std::string& path, const char* text, double seconds) {
-    double t0 = now_s();
-    while (now_s() - t0 < seconds) {
+    double t0 = comm_now();
+    while (comm_now() - t0 < seconds) {
         std::vector<char> b = slurp_bytes(path);
         if (std::string(b.begin(), b.end()).find(text) != std::string::npos) return true;
         usleep(20000);
@@ -1007,12 +1007,12 @@ static void expect_comm_abort(const char* what, const char* expect, std::functio
         _exit(0);  // reaching here means nothing was reported
     }
     int status = 0;
-    double t0 = now_s();
+    double t0 = comm_now();
     waitpid(pid, &status, 0);
     std::vector<char> b = slurp_bytes(errpath);
     std::string err(b.begin(), b.end());
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 1 && err.find(expect) != std::string::npos;
-    check(ok, "%s: exit %d after %.1f s, reported: %s", what, WIFEXITED(status) ? WEXITSTATUS(status) : -1, now_s() - t0,
+    check(ok, "%s: exit %d after %.1f s, reported: %s", what, WIFEXITED(status) ? WEXITSTATUS(status) : -1, comm_now() - t0,
           err.substr(0, err.find('\n')).c_str());
 }
 
@@ -1267,9 +1267,9 @@ static int count_lines_with(const std::string& text, const char* what) {
 #ifdef TP_MPI
 // waits up to `seconds` for child pid; returns its wait status, or -1 (then it is still running)
 static int wait_child(pid_t pid, double seconds) {
-    double t0 = now_s();
+    double t0 = comm_now();
     int status = 0;
-    while (now_s() - t0 < seconds) {
+    while (comm_now() - t0 < seconds) {
         if (waitpid(pid, &status, WNOHANG) == pid) return status;
         usleep(20000);
     }
@@ -1302,10 +1302,10 @@ static void expect_job_ends(int sig, std::vector<const char*> expect) {
     bool started = wait_for_text(out, "step    5/", 60);
     std::vector<char> o = slurp_bytes(out);
     int victim = grid_pid(std::string(o.begin(), o.end()), 1);
-    double t0 = now_s();
+    double t0 = comm_now();
     if (started && victim > 0) kill(victim, sig);
     int status = wait_child(job, timeout + 20);
-    double took = now_s() - t0;
+    double took = comm_now() - t0;
     if (status == -1) {  // still running: the test fails, and ends what it started
         kill(job, SIGKILL);
         waitpid(job, &status, 0);
@@ -1762,9 +1762,9 @@ static void test_own_data() {
     std::vector<int> tail = random_tokens(5000, 256, 5);
     tail.back() = 300;
     write_tokens(d + "/tail.bin", tail);
-    double t0 = now_s();
+    double t0 = comm_now();
     rc = run_cmd("-i " + d + "/tail.bin -j " + d + "/data/story_val.bin --vocab 256 -e L1C16H2 -b 2 -t 16 -x 5 -v 0 -g 0 --threads 1", &out, &err);
-    double sec = now_s() - t0;
+    double sec = comm_now() - t0;
     check(rc == 1 && out.find("step") == std::string::npos && err.find("token id 300 at token 4999") != std::string::npos &&
           err.find("give --vocab 301 or more") != std::string::npos && sec < 10,
           "a bad id in the last token of a shard: exit %d after %.1f s, no step taken: %s", rc, sec, err.substr(0, err.find('\n')).c_str());
@@ -1820,9 +1820,9 @@ static void test_memory() {
     printf("memory: a run that cannot fit is refused at once with the numbers; the estimate tracks what a run uses\n");
     std::string out, err;
     for (const char* args : {"-b 65536 -x 1", "-e d48 -b 64 -t 1024 -x 1"}) {
-        double t0 = now_s();
+        double t0 = comm_now();
         int rc = run_cmd(args, &out, &err);
-        double sec = now_s() - t0;
+        double sec = comm_now() - t0;
         bool line = err.rfind("error: this run needs about ", 0) == 0 && err.find("GB is free") != std::string::npos &&
                     err.find("lower -b or -t") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1;
         check_le(rc == 1 && line ? sec : INFINITY, 5.0, "./tp %s: refused with one line (%.60s...), seconds", args, err.c_str());
@@ -1911,9 +1911,9 @@ static void test_run_dir() {
     int kills = 0;
     for (int k = 0; k < 3; k++) {
         pid_t pid = spawn_tp(k == 0 ? run : "-y 1 --threads 1 -o " + dir, d + "/killed.txt");
-        double t0 = now_s();
+        double t0 = comm_now();
         size_t rows = 0;
-        while (now_s() - t0 < 30 && rows < 30 + 15 * (size_t)k) {  // past a few checkpoints, then kill at once
+        while (comm_now() - t0 < 30 && rows < 30 + 15 * (size_t)k) {  // past a few checkpoints, then kill at once
             usleep(2000);
             rows = read_csv(dir + "/log.csv").size();
         }
@@ -1975,11 +1975,11 @@ static void test_sample_cli() {
         pid_t pid = spawn_tp(c.args, path);
         bool started = wait_for_text(path, c.wait, 30);
         usleep(getenv("TP_BIN") ? 3000000 : 1000000);  // into the evaluation or the sample (sanitizer builds start slower)
-        double t0 = now_s();
+        double t0 = comm_now();
         kill(pid, SIGINT);
         int status = 0;
         waitpid(pid, &status, 0);
-        double sec = now_s() - t0;
+        double sec = comm_now() - t0;
         std::vector<char> b = slurp_bytes(path);
         std::string o(b.begin(), b.end());
         bool ok = started && WIFEXITED(status) && WEXITSTATUS(status) == 0 && o.find(c.said) != std::string::npos &&
@@ -2155,9 +2155,9 @@ int main(int argc, char** argv) {
     }
     if (run.empty())
         for (const TestGroup& g : g_groups) run.push_back(&g);
-    double t0 = now_s();
+    double t0 = comm_now();
     for (const TestGroup* g : run) g->run();
-    printf("(%.1f s)\n", now_s() - t0);
+    printf("(%.1f s)\n", comm_now() - t0);
     if (!g_failures.empty()) {
         printf("failures:\n");
         for (const std::string& f : g_failures) printf("  FAIL %s\n", f.c_str());

@@ -215,23 +215,6 @@ static void state_read(const char* dir, int step, long nparams, bool body, Train
     fclose(f);
 }
 
-// Process 0 read the state; every other process of an mpirun job receives it.
-static void state_bcast(TrainState* s, double timeout_s) {
-    comm_procs_bcast(&s->h, sizeof(s->h), timeout_s);
-    s->flags.resize(s->h.flags_bytes);
-    s->m.resize(s->h.nparams);
-    s->v.resize(s->h.nparams);
-    s->shard_order.resize(s->h.nshards);
-    s->sample_order.resize(s->h.nsamples);
-    s->rng.resize(s->h.rng_bytes);
-    comm_procs_bcast(&s->flags[0], s->flags.size(), timeout_s);
-    comm_procs_bcast(s->m.data(), s->m.size() * sizeof(float), timeout_s);
-    comm_procs_bcast(s->v.data(), s->v.size() * sizeof(float), timeout_s);
-    comm_procs_bcast(s->shard_order.data(), s->shard_order.size() * sizeof(int), timeout_s);
-    comm_procs_bcast(s->sample_order.data(), s->sample_order.size() * sizeof(long), timeout_s);
-    comm_procs_bcast(&s->rng[0], s->rng.size(), timeout_s);
-}
-
 // The saved position counts global batches, so any grid with the same global batch (B x replicas x
 // micro-steps sequences of T) continues on the same tokens; another one is refused.
 static void global_batch_check(const StateHeader* h, int B, int T, int replicas, int micro_steps) {

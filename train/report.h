@@ -1,0 +1,335 @@
+// train/report.h: everything a run prints about itself: the startup tables (the model, the grid and which
+// rank runs where, the shard plan, the memory per rank, the communication per step, the data) and the
+// step and average lines of training. Process 0 prints; world rank 0 prints the step lines.
+// Needs the model (gpt.cu) and tp.cu's Run and StepStats: tp.cu includes it right after them.
+#pragma once
+#include <climits>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+// the bytes a rank sends for a step's payload by kind, as a ring of P ranks sends them (comm_ring_bytes)
+static double ring_bytes(const double moved[COMM_KINDS], int P, double sent[COMM_KINDS]) {
+    double total = 0;
+    for (int k = 0; k < COMM_KINDS; k++) total += sent[k] = comm_ring_bytes(k, moved[k], P);
+    return total;
+}
+
+// " | comm 2.5 ms, 7.35 MB" for the step line: time in collectives and the bytes sent, with the kinds
+// when there is more than one (sequence parallelism: reduce-scatter, all-gather, all-reduce)
+static void comm_summary(char* out, size_t n, double seconds, const double sent[COMM_KINDS]) {
+    double total = 0;
+    int kinds = 0;
+    for (int k = 0; k < COMM_KINDS; k++) {
+        total += sent[k];
+        kinds += sent[k] > 0;
+    }
+    int w = snprintf(out, n, " | comm %.1f ms, %.2f MB", seconds * 1e3, total / 1e6);
+    if (kinds < 2) return;
+    const char* abbrev[COMM_KINDS] = {"AR", "RS", "AG", "BC"};
+    for (int k = 0, first = 1; k < COMM_KINDS && w < (int)n; k++)
+        if (sent[k] > 0) {
+            w += snprintf(out + w, n - w, "%s%s %.2f", first ? " (" : ", ", abbrev[k], sent[k] / 1e6);
+            first = 0;
+        }
+    if (w < (int)n) snprintf(out + w, n - w, ")");
+}
+
+// the GPUs all processes use, for MFU
+static int gpus_in_use(const Run* run) { return std::min(run->P * run->D, run->ngpu) * g_procs.n; }
+
+
+// The memory table: per rank, for this run's settings, for TP alone (no --sp, no -r, no ZeRO) and for
+// TP=1, each column shown once; then the per-layer activation formula of this run, which is what
+// acts_layout allocates (the tests hold the two to each other).
+static void print_memory(const Run* run) {
+    const GPTConfig* c = &run->cfg;
+    const Args* a = &run->args;
+    int zd = a->zero && run->Dg > 1 ? run->Dg : 1;  // the replicas ZeRO-1 splits AdamW's state over (1: none)
+    struct { int P, sp, r, zd; } want[3] = {{run->P, a->sp, a->recompute, zd}, {run->P, 0, 0, 1}, {1, 0, 0, 1}}, cols[3];
+    int ncols = 0;
+    for (auto& w : want) {
+        bool same = false;  // a column that allocates exactly what an earlier one does is left out
+        for (int k = 0; k < ncols; k++)
+            same |= cols[k].P == w.P && sp_splits(cols[k].sp, cols[k].P, a->B, a->T) == sp_splits(w.sp, w.P, a->B, a->T) &&
+                    cols[k].r == w.r && cols[k].zd == w.zd;
+        if (!same) cols[ncols++] = {w.P, w.sp, w.r, w.zd};
+    }
+    double mem[3][5];
+    printf("memory per rank (MB)    ");
+    for (int k = 0; k < ncols; k++) {
+        char name[40];
+        int n = snprintf(name, sizeof(name), "TP=%d", cols[k].P);
+        if (sp_splits(cols[k].sp, cols[k].P, a->B, a->T)) n += snprintf(name + n, sizeof(name) - n, " SP");
+        if (cols[k].r) n += snprintf(name + n, sizeof(name) - n, " -r %d", cols[k].r);
+        if (cols[k].zd > 1) snprintf(name + n, sizeof(name) - n, " ZeRO-1");
+        printf(" %11s", name);
+        RankMemory m = rank_memory(c, cols[k].P, cols[k].zd, cols[k].zd > 1, a->B, a->T, cols[k].sp, cols[k].r);
+        double row[5] = {m.params, m.grads, m.moments, m.acts, memory_total(&m)};
+        for (int i = 0; i < 5; i++) mem[k][i] = row[i];
+    }
+    const char* rows[] = {"parameters", "gradients", "AdamW m, v", "activations (B x T)", "total"};
+    for (int i = 0; i < 5; i++) {
+        printf("\n  %-22s", rows[i]);
+        for (int k = 0; k < ncols; k++) printf(" %11.1f", mem[k][i] / 1e6);
+        if (i == 2 && zd > 1) printf("   (ZeRO-1: each of the %d replicas keeps 1/%d)", zd, zd);
+    }
+    printf("\n");
+    // the formula: per layer, the token-wise buffers (residuals, layernorm outputs and statistics) hold N
+    // tokens, the rank's heads' buffers (qkv, attention, MLP) B*T tokens over P ranks
+    int r = a->recompute;
+    bool split = sp_splits(a->sp, run->P, a->B, a->T);
+    ShardPlan s;
+    shard_plan_init(&s, c, run->P, 0);
+    double per_layer = 4.0 * acts_floats_per_layer(c, &s, a->B, a->T, split, r);
+    double total = 4.0 * acts_floats(c, &s, a->B, a->T, split, r);
+    printf("  activations per layer: N*(%dC + 4) + B*T*%dC/P%s floats, N = %s tokens per rank: %.2f MB x %d layers,\n"
+           "  plus %.2f MB outside the layers\n", r >= 2 ? 2 : 4, r >= 1 ? 8 : 12, r >= 3 ? "" : " + B*NH*T*T/P",
+           split ? "B*T/P" : "B*T", per_layer / 1e6, c->L, (total - c->L * per_layer) / 1e6);
+}
+
+// The DP group's part of the communication: once per step, whatever the micro-steps.
+static void print_dp_communication(const Run* run) {
+    if (run->Dg == 1) return;
+    const Args* a = &run->args;
+    double f[COMM_KINDS], sent[COMM_KINDS];
+    dp_step_floats(&run->cfg, run->P, run->Dg, a->zero, f);
+    double mb = ring_bytes(f, run->Dg, sent) / 1e6;
+    if (!a->zero)
+        printf("communication over each DP group (%d replicas), once per step: all-reduce of the rank's shard of the gradient,\n"
+               "  N = %.0f floats; each rank sends %.2f MB, as a ring does (2(D-1)/D of the data)\n", run->Dg, f[KIND_ALLREDUCE], mb);
+    else
+        printf("communication over each DP group (%d replicas), once per step (ZeRO-1): reduce-scatter of the rank's padded\n"
+               "  shard of the gradient and all-gather of its parameters, N' = %.0f floats each, and all-reduce of 2 (the\n"
+               "  norm); each rank sends %.2f MB, as a ring does ((D-1)/D of each), as much as the all-reduce\n",
+               run->Dg, f[KIND_REDUCESCATTER], mb);
+}
+
+// What a training step's collectives carry (step_comm_floats, dp_step_floats) and what each rank sends for
+// it on a ring, over its TP group and over its DP group.
+static void print_communication(const Run* run) {
+    const GPTConfig* c = &run->cfg;
+    const Args* a = &run->args;
+    bool split = sp_splits(a->sp, run->P, a->B, a->T);
+    int A = run->accum;
+    double f[COMM_KINDS], tp_only[COMM_KINDS], sent = 0, sent_tp = 0;
+    step_comm_floats(c, a->B, a->T, split, A, f);
+    step_comm_floats(c, a->B, a->T, false, A, tp_only);
+    for (int k = 0; k < COMM_KINDS; k++) {
+        sent += comm_ring_bytes(k, f[k], run->P);
+        sent_tp += comm_ring_bytes(k, tp_only[k], run->P);
+    }
+    char micro[64] = "", times[8] = "";  // with -d: A micro-batches per step
+    if (A > 1) {
+        snprintf(micro, sizeof(micro), " (A = %d micro-steps)", A);
+        snprintf(times, sizeof(times), "A*");
+    }
+    if (run->P == 1)
+        printf("communication: none%s (one rank)\n", run->Dg > 1 ? " inside a replica" : "");
+    else if (!split) {
+        printf("communication per step%s: all-reduce of %s%s(4L+2)*B*T*C + 3*B*T%s + 1 = %.0f floats;\n", micro, times, A > 1 ? "(" : "",
+               A > 1 ? ")" : "", f[KIND_ALLREDUCE]);
+        printf("  each rank sends %.2f MB, as a ring does (2(P-1)/P of an all-reduce's data)\n", sent / 1e6);
+    } else {
+        printf("communication per step%s: reduce-scatter %s(4L+2)*B*T*C = %.0f, all-gather %s(6L+2)*B*T*C = %.0f and\n"
+               "  all-reduce %s3*B*T + 1 + T*C + 4*L*C + 2*C = %.0f floats; each rank sends %.2f MB, as a ring does\n"
+               "  ((P-1)/P of a reduce-scatter's or all-gather's data, 2(P-1)/P of an all-reduce's); TP alone sends %.2f MB\n",
+               micro, times, f[KIND_REDUCESCATTER], times, f[KIND_ALLGATHER], times, f[KIND_ALLREDUCE], sent / 1e6, sent_tp / 1e6);
+    }
+    print_dp_communication(run);
+}
+
+// the data line: what each split's pattern matched, its tokens and samples
+static void print_split(const Run* run, const char* what, const char* pattern, const std::vector<TokenShard>& shards) {
+    const Args* a = &run->args;
+    bool train = !strcmp(what, "train");
+    int G = run->Dg * (train ? run->accum : 1);  // a sample: B x T sequences of every replica (and micro-step)
+    long tokens = 0, samples = 0;
+    for (const TokenShard& s : shards) {
+        tokens += s.ntok;
+        samples += (s.ntok - 1) / ((long)a->B * a->T * G);
+    }
+    char shape[64], tail[192];
+    if (G > 1) snprintf(shape, sizeof(shape), "%d x %d x %d", G, a->B, a->T);
+    else snprintf(shape, sizeof(shape), "%d x %d", a->B, a->T);
+    if (train) snprintf(tail, sizeof(tail), "%ld samples of %s per epoch", samples, shape);
+    else snprintf(tail, sizeof(tail), "%ld samples of %s; an evaluation averages %d of them (-m %d)", samples, shape,
+                  run->val_batches, a->val_batches);
+    if (shards.size() == 1 && shards[0].path == pattern) {
+        printf("data: %-5s %s: %ld tokens, %s\n", what, pattern, tokens, tail);
+        return;
+    }
+    printf("data: %-5s '%s' matched %zu files: %ld tokens, %s\n", what, pattern, shards.size(), tokens, tail);
+    for (size_t i = 0; i < shards.size(); i++) {
+        if (i == 6 && shards.size() > 8) {
+            printf("             ... and %zu more\n", shards.size() - 6);
+            break;
+        }
+        printf("             %s: %ld tokens\n", shards[i].path.c_str(), shards[i].ntok);
+    }
+}
+
+// "replica 2-3" or "replica 0"
+static std::string span_text(const char* what, int lo, int hi) {
+    char b[64];
+    if (hi > lo) snprintf(b, sizeof(b), "%ss %d-%d", what, lo, hi);
+    else snprintf(b, sizeof(b), "%s %d", what, lo);
+    return b;
+}
+
+// The grid, when there are several replicas: processes x local replicas x TP ranks, where each process
+// runs, which device each rank of a process uses, how the groups talk, the batch of a step.
+static void print_grid(const Run* run) {
+    const Args* a = &run->args;
+    int P = run->P, D = run->D, N = g_procs.n;
+    const char* tp_link = P == 1 ? "no communication" : run->device != DEV_CUDA ? "shared memory"
+                        : run->tp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory";
+    const char* dp_link = run->device == DEV_CUDA ? (run->dp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory")
+                        : N > 1 ? (D > 1 ? "shared memory in a process, MPI between processes" : "MPI") : "shared memory";
+    printf("tp: grid of %d process%s x %d replica%s x %d TP rank%s: %d data-parallel replicas of the model, each split over "
+           "%d tensor-parallel rank%s; TP groups: %s, DP groups: %s\n", N, N > 1 ? "es" : "", D, D > 1 ? "s" : "", P,
+           P > 1 ? "s" : "", run->Dg, P, P > 1 ? "s" : "", tp_link, dp_link);
+    for (int p = 0; p < N; p++)
+        printf("tp:   process %d (%s, pid %d): %s, world ranks %d-%d\n", p, g_procs.hosts[p].c_str(), g_procs.pids[p],
+               span_text("replica", p * D, p * D + D - 1).c_str(), p * D * P, (p + 1) * D * P - 1);
+    for (int d = 0; d < D; d++) {
+        std::string where = run->device == DEV_CUDA ? "GPUs" : "the CPU";
+        for (int r = 0; r < P && run->device == DEV_CUDA; r++) where += (r ? ", " : " ") + std::to_string(rank_gpu(run, d, r));
+        printf("tp:   local replica %d of %s: %s on %s\n", d, N > 1 ? "each process" : "the process",
+               span_text("TP rank", 0, P - 1).c_str(), where.c_str());
+    }
+    printf("tp: %d thread%s per rank; batch %d x %d per replica and micro-step, x %d replicas x %d micro-step%s = %ld tokens per step\n",
+           run->threads, run->threads > 1 ? "s" : "", a->B, a->T, run->Dg, run->accum, run->accum > 1 ? "s" : "",
+           (long)a->B * a->T * run->Dg * run->accum);
+}
+
+// The startup lines (process 0 prints them): the model, the grid and which rank runs where, the shard
+// plan, the memory per rank and the communication per step, the data.
+static void print_setup(const Run* run) {
+    if (g_procs.me != 0) return;
+    const GPTConfig* c = &run->cfg;
+    const Args* a = &run->args;
+    char from[128] = "";
+    if (!run->vocab_from.empty()) snprintf(from, sizeof(from), "; %s", run->vocab_from.c_str());
+    printf("tp: GPT-2 with %d layers, %d heads, %d channels, vocab %d (padded %d%s), max T %d: %.2fM parameters\n",
+           c->L, c->NH, c->C, c->V, c->Vp, from, c->maxT, gpt_num_params(c) / 1e6);
+    char batch[96];
+    if (run->accum > 1)
+        snprintf(batch, sizeof(batch), "batch %d x %d, x %d micro-steps = %ld tokens per step", a->B, a->T, run->accum,
+                 (long)a->B * a->T * run->accum);
+    else snprintf(batch, sizeof(batch), "batch %d x %d = %d tokens", a->B, a->T, a->B * a->T);
+    if (run->Dg > 1)
+        print_grid(run);
+    else if (run->device == DEV_CUDA && run->P == 1)
+        printf("tp: 1 rank on 1 GPU; %s\n", batch);
+    else if (run->device == DEV_CUDA)
+        printf("tp: %d ranks on %d GPU%s (%s between ranks); %s\n", run->P, run->ngpu, run->ngpu > 1 ? "s" : "",
+               run->tp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory", batch);
+    else if (run->P == 1)
+        printf("tp: 1 rank on the CPU with %d thread%s; %s\n", run->threads, run->threads > 1 ? "s" : "", batch);
+    else
+        printf("tp: %d ranks on the CPU, %d thread%s each; %s\n", run->P, run->threads, run->threads > 1 ? "s" : "", batch);
+    if (run->sample_only) {
+        if (a->max_steps == 0) printf("tp: no training (-x 0): a sample of %d tokens\n", a->gen_tokens);
+        else printf("tp: the run in %s is finished (step %d of %d): a sample of %d tokens (give -x larger than %d to train further)\n",
+                    a->outdir, run->start_step, a->max_steps, a->gen_tokens, a->max_steps);
+        fflush(stdout);
+        return;
+    }
+    ShardPlan s;
+    shard_plan_init(&s, c, run->P, 0);
+    printf("shard plan (rank r of %d):\n", run->P);
+    printf("  %-9s %-22s %-22s %s\n", "tensor", "full shape", "per-rank shape", "split");
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const TensorShard* t = &s.t[i];
+        char full[48], local[48];
+        // (layers, rows, cols), without the layers for the non-layer tensors and the cols for vectors
+        char nl[16] = "";
+        if (t->nl > 1) snprintf(nl, sizeof(nl), "%d, ", t->nl);
+        if (t->cols > 1) {
+            snprintf(full, sizeof(full), "(%s%ld, %ld)", nl, t->rows, t->cols);
+            snprintf(local, sizeof(local), "(%s%ld, %ld)", nl, t->lrows, t->lcols);
+        } else {
+            snprintf(full, sizeof(full), "(%s%ld)", nl, t->rows);
+            snprintf(local, sizeof(local), "(%s%ld)", nl, t->lrows);
+        }
+        printf("  %-9s %-22s %-22s %s\n", t->name, full, local, t->how);
+    }
+    print_memory(run);
+    print_communication(run);
+    if (run->floor_nats > 0)
+        printf("data: the embedded corpus, %zu train and %zu val bytes of sentences from a probabilistic grammar;\n"
+               "      its entropy is %.4f nats per byte: the loss floor no model can beat\n",
+               run->corpus_train.size(), run->corpus_val.size(), run->floor_nats);
+    if (!run->train_shards.empty()) {
+        print_split(run, "train", a->train, run->train_shards);
+        print_split(run, "val", a->val, run->val_shards);
+        // the same file in both splits: the val loss would measure text the model trains on
+        for (const TokenShard& t : run->train_shards)
+            for (const TokenShard& v : run->val_shards) {
+                char rt[PATH_MAX], rv[PATH_MAX];
+                if (realpath(t.path.c_str(), rt) && realpath(v.path.c_str(), rv) && !strcmp(rt, rv))
+                    printf("data: warning: train and val share %s: the val loss measures text the model trains on\n", t.path.c_str());
+            }
+    }
+    fflush(stdout);
+}
+
+
+// ----------------------------------------------------------------------------
+// training: the val, step and average lines (world rank 0 prints them)
+
+// model FLOPs of one step: 6 per parameter per token (forward + backward) plus attention's 12 L T C
+static double step_flops(const Run* run) {
+    const GPTConfig* c = &run->cfg;
+    const Args* a = &run->args;
+    double tokens = (double)a->B * a->T * run->accum * run->Dg;
+    return (6.0 * gpt_num_params(c) + 12.0 * c->L * a->T * c->C) * tokens;
+}
+
+// the model FLOPs utilisation of `seconds` per step over every GPU in use (0: not on a GPU we know)
+static double mfu(const Run* run, double seconds) {
+    if (run->peak_flops <= 0) return 0;
+    return step_flops(run) / seconds / (run->peak_flops * gpus_in_use(run));
+}
+
+// "val loss X (floor F, N% above) | note"
+static void print_val_line(const Run* run, float vl, const char* note) {
+    const char* bar = note[0] ? "  | " : "";
+    if (run->floor_nats > 0) printf("val loss %.6f  (floor %.4f, %.1f%% above)%s%s\n", vl, run->floor_nats, 100.0 * (vl / run->floor_nats - 1.0), bar, note);
+    else printf("val loss %.6f%s%s\n", vl, bar, note);
+    fflush(stdout);
+}
+
+// "step N/M | loss | lr | norm | ms | tok/s | MFU | comm ms, MB | dp ms, MB": sent and dp_total are the
+// bytes this rank sent over its TP group (by kind) and its DP group in the step, as a ring sends them
+static void print_step_line(const Run* run, int step, const StepStats* st, const double sent[COMM_KINDS], double dp_total) {
+    const Args* a = &run->args;
+    double tokens = (double)a->B * a->T * run->accum * run->Dg;
+    char util[32] = "", comm[128] = "", dp[48] = "";
+    if (run->peak_flops > 0) snprintf(util, sizeof(util), " | MFU %.1f%%", 100.0 * mfu(run, st->seconds));
+    if (run->P > 1) comm_summary(comm, sizeof(comm), st->comm_seconds, sent);
+    if (run->Dg > 1) snprintf(dp, sizeof(dp), " | dp %.1f ms, %.2f MB", st->dp_seconds * 1e3, dp_total / 1e6);
+    printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s%s%s\n", step + 1, a->max_steps, st->loss,
+           st->lr, st->norm, st->seconds * 1e3, tokens / st->seconds, util, comm, dp);
+    fflush(stdout);
+}
+
+// The line after the last step: the average over the timed steps (all but the first of this run), its
+// time in the collectives, and on a GPU the memory in use.
+static void print_average_line(const Run* run, const StepStats* total, int n, const char* replicas_note) {
+    const Args* a = &run->args;
+    double tokens = (double)a->B * a->T * run->accum * run->Dg;
+    char util[32] = "", comm[64] = "", dp[64] = "";
+    if (run->peak_flops > 0) snprintf(util, sizeof(util), ", MFU %.1f%%", 100.0 * mfu(run, total->seconds / n));
+    if (run->P > 1) snprintf(comm, sizeof(comm), ", %.1f ms per step in collectives", total->comm_seconds / n * 1e3);
+    if (run->Dg > 1) snprintf(dp, sizeof(dp), ", %.1f ms in DP collectives", total->dp_seconds / n * 1e3);
+    printf("average %.1f ms per step, %.0f tok/s%s%s%s (steps %d..%d)\n", total->seconds / n * 1e3, tokens * n / total->seconds,
+           util, comm, dp, run->start_step + 2, a->max_steps);
+    if (run->device == DEV_CUDA) {
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+            printf("GPU 0 memory in use: %.2f GB of %.2f GB (all ranks on it, CUDA context included)\n", (total_b - free_b) / 1e9, total_b / 1e9);
+    }
+    if (run->Dg > 1) printf("after the last step: %s\n", replicas_note);
+}

@@ -1,0 +1,409 @@
+// train/setup.h: the pieces of a run's setup, which run_setup in tp.cu puts in order: the output
+// directory and what a resume finds there, the token files, the devices, the grid of replicas and ranks
+// and its communicator groups, the memory check, the prompt.
+// Needs the model (gpt.cu) and tp.cu's Run: tp.cu includes it right after Run.
+//
+// Under mpirun process 0 alone reads the output directory and the model file (they may be on its machine
+// only) and every other process receives what it read: procs_share below is that one exchange.
+#pragma once
+#include <algorithm>
+#include <climits>
+#include <dlfcn.h>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+// Under mpirun: process 0's copy of x, on every process (one broadcast; a vector's size first).
+template <typename T> static void procs_share(T* x, double timeout) { comm_procs_bcast(x, sizeof(T), timeout); }
+template <typename T> static void procs_share(std::vector<T>* v, double timeout) {
+    int64_t n = (int64_t)v->size();
+    comm_procs_bcast(&n, sizeof(n), timeout);
+    v->resize(n);
+    if (n) comm_procs_bcast(v->data(), n * sizeof(T), timeout);
+}
+static void procs_share(std::string* s, double timeout) {
+    int64_t n = (int64_t)s->size();
+    comm_procs_bcast(&n, sizeof(n), timeout);
+    s->resize(n);
+    if (n) comm_procs_bcast(&(*s)[0], n, timeout);
+}
+
+// ----------------------------------------------------------------------------
+// the memory a rank holds, and the memory check
+
+// The memory one rank holds with P TP ranks, D replicas and ZeRO stage zero, in bytes: parameters,
+// gradients, AdamW's m and v, activations (one micro-batch of B x T; with --sp and -r as given:
+// sp_splits decides whether the batch splits at this P)
+struct RankMemory {
+    double params, grads, moments, acts;
+};
+
+static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute) {
+    ShardPlan s;
+    shard_plan_init(&s, c, P, 0);
+    long n = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += shard_local_size(&s.t[i]);
+    long npad = shard_padded(n, zero, D);  // as gpt_build allocates it
+    RankMemory mem;
+    mem.params = 4.0 * npad;
+    mem.grads = 4.0 * npad;
+    mem.moments = 2 * 4.0 * (zero ? npad / D : n);
+    mem.acts = 4.0 * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute);
+    return mem;
+}
+
+static double memory_total(const RankMemory* m) { return m->params + m->grads + m->moments + m->acts; }
+
+// The payload of one step's DP collectives for one rank, by kind (as comm.cuh counts it): the all-reduce
+// of its shard of the gradient, N floats; with ZeRO-1 the reduce-scatter of the padded shard N' and the
+// all-gather of the updated parameters N', plus the all-reduce of the two squared norms. None with one
+// replica.
+static void dp_step_floats(const GPTConfig* c, int P, int D, int zero, double out[COMM_KINDS]) {
+    for (int k = 0; k < COMM_KINDS; k++) out[k] = 0;
+    if (D == 1) return;
+    double shard = rank_memory(c, P, D, zero, 1, 1, false, 0).params / 4;
+    if (!zero) out[KIND_ALLREDUCE] = shard;
+    else {
+        out[KIND_REDUCESCATTER] = out[KIND_ALLGATHER] = shard;
+        out[KIND_ALLREDUCE] = 2;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the memory check: before anything big is allocated, what the run will hold against what the machine
+// has free, so that a run that cannot fit is refused in a second with the numbers and the flags that
+// help, instead of being killed by the kernel a minute later with no message
+
+// a number in a file (a cgroup limit or usage); -1 when it is missing or says "max"
+static double read_number(const char* path) {
+    FILE* f = fopen(path, "r");
+    if (!f) return -1;
+    double x = -1;
+    if (fscanf(f, "%lf", &x) != 1) x = -1;
+    fclose(f);
+    return x;
+}
+
+// The host memory this process can still take: MemAvailable (what the kernel can hand out without
+// swapping), or less where a cgroup (a container's limit) allows less. -1: unknown.
+static double host_free_bytes() {
+    double avail = -1;
+    FILE* f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        long kb;
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, "MemAvailable: %ld kB", &kb) == 1) avail = kb * 1024.0;
+        fclose(f);
+    }
+    const char* cgroups[2][2] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                                 {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+    for (auto& cg : cgroups) {
+        double limit = read_number(cg[0]), used = read_number(cg[1]);
+        if (limit > 0 && used >= 0 && (avail < 0 || limit - used < avail)) avail = limit - used;
+    }
+    return avail;
+}
+
+// The estimate against measurement (peak resident memory, 2 ranks on the CPU unless said): a tiny model
+// on token files 232 MB (the CUDA, cuBLAS and NCCL libraries, OpenMP, the loaders), and beyond that the
+// memory table's totals plus the host copies agree within 1%: L3C128H4 B64 T256 1151 MB measured against
+// 892 MB estimated + the process; d6 B16 T256 1495 against 1254; d12 B8 T512 6508 against 6194; d12 B4
+// T256 at 4 ranks 3321 against 3059. So: the process, plus the estimate with 2% to spare.
+#define PROCESS_BYTES 256e6
+#define ESTIMATE_MARGIN 1.02
+// What a GPU needs besides the ranks' buffers: the CUDA context, cuBLAS workspaces, NCCL's buffers.
+// Not measured here (no GPU yet): a round allowance.
+#define CUDA_CONTEXT_BYTES 1e9
+
+// The estimate of a run at P ranks x D local replicas, in bytes.
+struct MemoryEstimate {
+    double rank;     // what one rank holds: the memory table's total
+    double acts;     // of it, the activations
+    double host;     // the process and the host's own full copies of the model
+    double cpu;      // all of it together, for ranks on the CPU
+};
+
+static MemoryEstimate memory_estimate(const Run* run, int P, int D) {
+    const Args* a = &run->args;
+    const GPTConfig* c = &run->cfg;
+    int B = run->sample_only ? 1 : a->B;  // sampling runs one sequence at a time
+    RankMemory rm = rank_memory(c, P, run->Dg / run->D * D, a->zero, B, a->T, a->sp, a->recompute);
+    double full = 4.0 * gpt_num_params(c);
+    // the host's own copies: the full weights (initial or loaded, and gathered into for checkpoints),
+    // AdamW's full m and v to save checkpoints and from a resumed state file, the embedded corpus
+    double host = full;
+    if (a->outdir && !run->sample_only) host += 2 * full;
+    if (run->resuming && !run->sample_only) host += 2 * full;
+    if (!a->train && !run->sample_only) host += 3.0 * (16L << 20);  // 16 MB of text, then as uint16
+    MemoryEstimate e;
+    e.rank = memory_total(&rm);
+    e.acts = rm.acts;
+    e.host = PROCESS_BYTES + ESTIMATE_MARGIN * host;
+    e.cpu = e.host + ESTIMATE_MARGIN * P * D * e.rank;
+    return e;
+}
+
+// Whether the run fits at P ranks x D local replicas; if not, *why is the one line that says so: what is
+// needed, what is free, and which flags lower it.
+static bool memory_fits(const Run* run, int P, int D, std::string* why) {
+    const Args* a = &run->args;
+    int B = run->sample_only ? 1 : a->B;
+    MemoryEstimate e = memory_estimate(run, P, D);
+    P *= D;  // the ranks of this process
+    double rank = e.rank, ma = e.acts, host = e.host;
+    const char* lower = "lower -b or -t (the activations grow with B x T)";
+    char line[1024];
+    if (run->device == DEV_CPU) {
+        double need = e.cpu, avail = host_free_bytes();
+        if (avail < 0 || need <= avail) return true;
+        snprintf(line, sizeof(line),
+                 "this run needs about %.1f GB of memory but %.1f GB is free: %d rank%s x %.2f GB (activations %.2f GB for -b %d -t %d; "
+                 "weights, gradients and AdamW state %.2f GB) and %.2f GB for the process and its full copies of the model; %s, or "
+                 "choose a smaller model with -e (on one CPU --tp does not help: its ranks share the same memory)",
+                 need / 1e9, avail / 1e9, P, P > 1 ? "s" : "", rank / 1e9, ma / 1e9, B, a->T, (rank - ma) / 1e9, host / 1e9, lower);
+        *why = line;
+        return false;
+    }
+    // on CUDA, rank r runs on GPU r % ngpu: GPU 0 holds the most ranks
+    int per_gpu = (P + run->ngpu - 1) / run->ngpu;
+    double need = CUDA_CONTEXT_BYTES + ESTIMATE_MARGIN * per_gpu * rank;
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && need > (double)free_b) {
+        char more[160] = "";
+        if (P < run->ngpu) snprintf(more, sizeof(more), ", spread the model over more GPUs with --tp (this machine has %d)", run->ngpu);
+        else if (per_gpu > 1) snprintf(more, sizeof(more), ", use one rank per GPU (--tp %d)", run->ngpu);
+        snprintf(line, sizeof(line),
+                 "this run needs about %.1f GB on GPU 0 but %.1f GB of its %.1f GB is free: %d rank%s x %.2f GB (activations %.2f GB for "
+                 "-b %d -t %d; weights, gradients and AdamW state %.2f GB) and %.1f GB for the CUDA context; %s%s, or choose a smaller model with -e",
+                 need / 1e9, free_b / 1e9, total_b / 1e9, per_gpu, per_gpu > 1 ? "s" : "", rank / 1e9, ma / 1e9, B, a->T, (rank - ma) / 1e9,
+                 CUDA_CONTEXT_BYTES / 1e9, lower, more);
+        *why = line;
+        return false;
+    }
+    cudaGetLastError();
+    double avail = host_free_bytes();
+    if (avail >= 0 && host > avail) {
+        snprintf(line, sizeof(line), "this run needs about %.1f GB of host memory for its full copies of the model but %.1f GB is free: "
+                 "choose a smaller model with -e", host / 1e9, avail / 1e9);
+        *why = line;
+        return false;
+    }
+    return true;
+}
+
+
+// ----------------------------------------------------------------------------
+// the output directory, the data, the prompt
+
+// `mkdir -p`: -o a/b/c creates a and a/b as well
+static void make_dirs(const char* path) {
+    std::string p = path;
+    for (size_t i = 1; i <= p.size(); i++) {
+        if (i < p.size() && p[i] != '/') continue;
+        std::string part = p.substr(0, i);
+        struct stat st;
+        if (stat(part.c_str(), &st) == 0) {
+            if (!S_ISDIR(st.st_mode)) fatal("-o %s: %s exists and is not a directory: give a directory for checkpoints", path, part.c_str());
+        } else if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+            fatal("cannot create the output directory -o %s (%s): %s", path, part.c_str(), strerror(errno));
+        }
+    }
+}
+
+// The output directory: created, writable, and not holding another run's checkpoints unless this run
+// continues it (-y 1) or was told to start over (--fresh 1). Returns the steps saved there.
+static std::vector<int> outdir_setup(const Args* a) {
+    make_dirs(a->outdir);
+    std::string probe = std::string(a->outdir) + "/.tp_write_test";
+    FILE* f = fopen(probe.c_str(), "wb");
+    if (!f || fclose(f) != 0) fatal("cannot write to the output directory -o %s: %s", a->outdir, strerror(errno));
+    remove(probe.c_str());
+    std::vector<int> saved = ckpt_steps(a->outdir);
+    bool trains = !a->sweep && a->max_steps > 0;
+    if (saved.empty() || a->resume || !trains) return saved;
+    if (!a->fresh)
+        fatal("-o %s holds the checkpoints of another run (steps %d to %d): continue it with -y 1, choose another -o, "
+              "or add --fresh 1 to delete them and start over", a->outdir, saved.front(), saved.back());
+    int n = ckpt_remove_all(a->outdir);
+    remove((std::string(a->outdir) + "/log.csv").c_str());
+    printf("tp: --fresh 1: deleted the %d checkpoint%s and log.csv of the earlier run in %s\n", n, n > 1 ? "s" : "", a->outdir);
+    return {};
+}
+
+// -e against the run's checkpoint on a resume: a model given must have its shape
+static void resume_model_check(const Args* a, const GPTConfig* c) {
+    GPTConfig want = *c;
+    bool shaped = a->model && (gpt_descriptor(a->model, &want, c->V, c->maxT) ||
+                               (access(a->model, R_OK) == 0 && (model_read(a->model, &want, nullptr), true)));
+    if ((shaped && (want.L != c->L || want.NH != c->NH || want.C != c->C || want.V != c->V)) || (a->vocab && a->vocab != c->V) ||
+        (a->given[flag_find("--maxT") - g_flags] && a->maxT != c->maxT))
+        fatal("%s disagrees with the checkpoint in %s (%d layers, %d heads, %d channels, vocab %d, max T %d): drop it to resume",
+              a->model ? "-e" : a->vocab ? "--vocab" : "--maxT", a->outdir, c->L, c->NH, c->C, c->V, c->maxT);
+}
+
+// Reads every token of -i and -j once: the largest id sets the vocab of a descriptor model given no
+// --vocab (byte-level data: 256, else GPT-2's 50257), and must be below the model's vocab, so a bad id
+// anywhere stops the run before its first step. Also caps the val batches at what the val data holds.
+static void data_setup(Run* run, bool descriptor) {
+    const Args* a = &run->args;
+    long replica_tokens = (long)a->B * a->T * run->Dg;  // a val batch of every replica; a train step is accum of them
+    run->train_shards = token_files(a->train, "train", replica_tokens * run->accum + 1);
+    run->val_shards = token_files(a->val, "val", replica_tokens + 1);
+    int max_id = -1;
+    long val_samples = 0;
+    for (auto* shards : {&run->train_shards, &run->val_shards})
+        for (TokenShard& s : *shards) {
+            token_shard_scan(&s, shards == &run->train_shards ? "train" : "val");
+            max_id = std::max(max_id, s.max_id);
+            if (shards == &run->val_shards) val_samples += (s.ntok - 1) / replica_tokens;
+        }
+    run->data_bytes = max_id < 256;
+    run->val_batches = (int)std::min((long)a->val_batches, val_samples);
+    GPTConfig* c = &run->cfg;
+    if (descriptor && !a->vocab) {
+        c->V = run->data_bytes ? 256 : 50257;
+        c->Vp = round_up(c->V, 128);
+        char from[96];
+        if (run->data_bytes) snprintf(from, sizeof(from), "byte-level data: every token id is below 256");
+        else snprintf(from, sizeof(from), "GPT-2's: the data's largest token id is %d", max_id);
+        run->vocab_from = from;
+    }
+    for (auto* shards : {&run->train_shards, &run->val_shards})
+        for (const TokenShard& s : *shards) {
+            if (s.max_id < c->V) continue;
+            char fix[160];
+            if (!descriptor) snprintf(fix, sizeof(fix), "this model cannot read it; train a new one on this data (-e with a descriptor such as L3C128H4)");
+            else snprintf(fix, sizeof(fix), "give --vocab %d or more%s", s.max_id + 1, a->vocab ? " (or drop --vocab: tp then sizes it from the data)" : "");
+            fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: %s",
+                  shards == &run->train_shards ? "train" : "val", s.path.c_str(), s.max_id, s.max_pos, c->V, fix);
+        }
+}
+
+// The prompt of the samples: --prompt as bytes, which a byte-level model reads; else a newline for a
+// byte-level model, or the end-of-text token.
+static void prompt_setup(Run* run) {
+    const Args* a = &run->args;
+    const GPTConfig* c = &run->cfg;
+    const Tokenizer* tk = &run->tokenizer;
+    bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
+    bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
+    if (!a->prompt) {
+        run->prompt.push_back(bytes ? '\n' : tk->pieces.empty() ? c->V - 1 : tk->eot);
+        return;
+    }
+    if (gpt2_tokens)
+        fatal("--prompt is text that tp encodes as bytes, but this model reads GPT-2 tokens (tokenizer %s), which tp cannot "
+              "encode: drop --prompt, and samples start from the end-of-text token", a->tokenizer);
+    if (!bytes)
+        fatal("--prompt is text that tp encodes as bytes, which needs a byte-level model (vocab 256); this model has vocab %d: "
+              "drop --prompt, or train on byte-level data (tp then picks vocab 256)", c->V);
+    for (const char* p = a->prompt; *p; p++) {
+        if ((unsigned char)*p >= c->V) fatal("--prompt holds byte %d, beyond this model's vocab of %d", (unsigned char)*p, c->V);
+        run->prompt.push_back((unsigned char)*p);
+    }
+    if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
+}
+
+// ----------------------------------------------------------------------------
+// devices, the grid and its communicator groups
+
+// The CUDA devices to use (0: the CPU). No GPU, or no NVIDIA driver at all, is an answer, not an error;
+// a driver that is there but cannot be used (older than this build needs, a device that is busy or
+// broken) gets one line before --device auto falls back to the CPU.
+static int device_setup(Run* run) {
+    const Args* a = &run->args;
+    int ngpu = 0;
+    cudaError_t err = cudaGetDeviceCount(&ngpu);
+    if (err != cudaSuccess) {
+        ngpu = 0;
+        cudaGetLastError();
+    }
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (driver) dlclose(driver);
+    bool unusable = err != cudaSuccess && err != cudaErrorNoDevice && driver;
+    if (a->device == DEV_CUDA && ngpu == 0)
+        fatal("--device cuda but no CUDA GPU can be used (%s): use --device cpu",
+              driver ? cudaGetErrorString(err) : "no NVIDIA driver is installed: libcuda.so.1 is not found");
+    if (a->device == -1 && unusable)
+        printf("tp: a CUDA driver is installed but cannot be used (%s): running on the CPU\n", cudaGetErrorString(err));
+    run->device = (a->device == DEV_CUDA || (a->device == -1 && ngpu > 0)) ? DEV_CUDA : DEV_CPU;
+    run->ngpu = run->device == DEV_CUDA ? ngpu : 0;
+    if (run->device == DEV_CUDA) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+            // dense TF32 tensor-core peaks (the fp32 training here runs its matmuls in TF32)
+            if (strstr(prop.name, "H100") || strstr(prop.name, "H200") || strstr(prop.name, "H800")) run->peak_flops = 494.7e12;
+            else if (strstr(prop.name, "A100") || strstr(prop.name, "A800")) run->peak_flops = 156e12;
+        }
+    }
+    return ngpu;
+}
+
+// The data-parallel side of the grid: replicas in this process and in all, and the micro-steps of -d.
+static void grid_setup(Run* run) {
+    const Args* a = &run->args;
+    run->D = a->dp;
+    run->Dg = a->dp * g_procs.n;
+    long micro_tokens = (long)a->B * a->T * run->Dg;  // one micro-batch of every replica
+    run->accum = 1;
+    if (a->total_batch && a->total_batch % micro_tokens != 0)
+        fatal("-d %ld is not a multiple of the tokens one micro-step of all replicas takes (-b %d x -t %d x %d replica%s = %ld): "
+              "give -d %ld, %ld, ...", a->total_batch, a->B, a->T, run->Dg, run->Dg > 1 ? "s" : "", micro_tokens, micro_tokens,
+              2 * micro_tokens);
+    if (a->total_batch) run->accum = (int)std::min(a->total_batch / micro_tokens, 1L << 30);
+}
+
+// the GPU of thread (d, r) of this process: the processes on one machine take consecutive blocks of its GPUs
+static int rank_gpu(const Run* run, int d, int r) {
+    return (g_procs.node_me * run->D * run->P + d * run->P + r) % run->ngpu;
+}
+
+// The communicator groups of the grid for run->P ranks x run->D local replicas, and the threads per rank.
+// Every process creates its groups in the same order (the spanning ones make MPI communicators).
+static void ranks_setup(Run* run) {
+    int ranks = run->P * run->D;
+    run->threads = run->args.threads ? run->args.threads : std::max(1, cpu_cores() / (ranks * g_procs.node_n));
+    double timeout = run->args.timeout;
+    run->tp_groups = new CommGroup[run->D];
+    for (int d = 0; d < run->D; d++) {
+        comm_group_init(&run->tp_groups[d], run->P, timeout);
+        // NCCL needs one GPU per rank; more ranks than GPUs share them through the shared-memory backend
+        if (run->device != DEV_CUDA || run->P == 1) continue;
+        std::vector<int> gpus(run->P);
+        for (int r = 0; r < run->P; r++) gpus[r] = rank_gpu(run, d, r);
+        if (gpus_distinct(gpus.data(), run->P)) comm_nccl_init_all(&run->tp_groups[d], gpus.data());
+    }
+    run->dp_groups = nullptr;
+    if (run->Dg > 1) {
+        run->dp_groups = new CommGroup[run->P];
+        for (int r = 0; r < run->P; r++) {
+            CommGroup* g = &run->dp_groups[r];
+            comm_group_init(g, run->D, timeout);
+            comm_group_span(g);
+            if (run->device != DEV_CUDA) continue;
+            std::vector<int> gpus(run->D);
+            for (int d = 0; d < run->D; d++) gpus[d] = rank_gpu(run, d, r);
+#ifdef TP_MPI
+            if (g->nproc > 1) {  // across processes only NCCL (it checks that the GPUs are distinct)
+                comm_nccl_init_procs(g, gpus.data());
+                continue;
+            }
+#endif
+            if (run->D > 1 && gpus_distinct(gpus.data(), run->D)) comm_nccl_init_all(g, gpus.data());
+        }
+    }
+    run->world = new CommGroup;
+    comm_group_init(run->world, ranks, timeout);
+    comm_group_span(run->world);
+}
+
+// releases what ranks_setup made, in the same order on every process
+static void ranks_teardown(Run* run) {
+    for (int r = 0; run->dp_groups && r < run->P; r++) comm_group_free(&run->dp_groups[r]);
+    comm_group_free(run->world);
+    delete[] run->tp_groups;
+    delete[] run->dp_groups;
+    delete run->world;
+    run->tp_groups = run->dp_groups = run->world = nullptr;
+}

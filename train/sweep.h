@@ -1,0 +1,99 @@
+// train/sweep.h: --sweep 1, the scaling table. Every valid P, and every (P, D) that fits the cores or
+// GPUs, trains a few steps of the same model on the same data through the same train_step as a run;
+// one table (and with -o, sweep.csv) of time, throughput, speed-up, communication and memory per grid.
+// Needs the model (gpt.cu) and tp.cu's Run, RankRun and train_step: tp.cu includes it after the loop.
+#pragma once
+#include <string>
+#include <thread>
+#include <vector>
+
+// world rank 0's time and bytes sent (as a ring sends them) over the timed steps of one grid
+struct SweepTime {
+    double seconds, comm_seconds, dp_seconds, sent, dp_sent;
+    double sent_kind[COMM_KINDS];  // the TP bytes by kind of collective
+    int steps;
+};
+
+// one rank of one grid: --sweep-steps training steps, the first 2 not timed (they warm up caches and allocations)
+static void sweep_rank(Run* run, int d, int r, SweepTime* out) {
+    RankRun rr;
+    rank_run_start(&rr, run, d, r);
+    comm_barrier(&rr.world, "start");
+    for (int step = 0; step < run->args.sweep_steps; step++) {
+        StepStats st = train_step(run, &rr, step);
+        if (rr.world.rank == 0 && step >= 2) {
+            double sent[COMM_KINDS];
+            out->seconds += st.seconds;
+            out->comm_seconds += st.comm_seconds;
+            out->dp_seconds += st.dp_seconds;
+            out->sent += ring_bytes(st.comm_moved, run->P, sent);
+            for (int k = 0; k < COMM_KINDS; k++) out->sent_kind[k] += sent[k];
+            out->dp_sent += ring_bytes(st.dp_moved, run->Dg, sent);
+            out->steps++;
+        }
+    }
+    rank_run_end(&rr);
+}
+
+static void sweep(Run* run) {
+    const Args* a = &run->args;
+    const GPTConfig* c = &run->cfg;
+    int cores = cpu_cores();
+    int units = run->device == DEV_CUDA ? run->ngpu : cores;
+    printf("\nsweep: %d steps per grid (the first 2 not timed), batch %d x %d per replica, on the %s; every valid P, and "
+           "every (P, D) with P x D <= %d\n", a->sweep_steps, a->B, a->T, run->device == DEV_CUDA ? "GPU" : "CPU", units);
+    printf("%4s %4s %8s %10s %10s %8s %10s %8s %8s %9s %9s %12s\n", "P", "D", "threads", "ms/step", "tok/s", "speedup",
+           "efficiency", "comm %", "dp %", "comm MB", "dp MB", "MB per rank");
+    FILE* csv = nullptr;
+    if (a->outdir) {
+        std::string path = std::string(a->outdir) + "/sweep.csv";
+        csv = fopen(path.c_str(), "w");
+        if (!csv) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
+        fprintf(csv, "P,D,threads_per_rank,ms_per_step,tok_per_s,speedup,efficiency,comm_share,dp_share,comm_mb_per_step,"
+                     "dp_mb_per_step,mb_per_rank,allreduce_mb_per_step,reducescatter_mb_per_step,allgather_mb_per_step\n");
+    }
+    ranks_teardown(run);  // run_setup made the groups of the run's own grid
+    double base = 0;
+    int units1 = 0;
+    for (int D = 1; D <= units || D == 1; D++)
+        for (int P = 1; P <= c->NH && P <= COMM_MAXP; P++) {
+            if (!tp_valid(c, P) || (D > 1 && P * D > units) || P * D > COMM_MAXP) continue;
+            if (a->sp && P > 1 && !sp_splits(true, P, a->B, a->T)) {
+                printf("%4d %4d  skipped: --sp 1 needs P to divide B*T = %d\n", P, D, a->B * a->T);
+                continue;
+            }
+            std::string why;
+            if (!memory_fits(run, P, D, &why)) {
+                printf("%4d %4d  skipped: %s\n", P, D, why.c_str());
+                continue;
+            }
+            run->P = P;
+            run->D = run->Dg = D;
+            ranks_setup(run);
+            SweepTime time = {};
+            std::vector<std::thread> threads;
+            for (int d = 0; d < D; d++)
+                for (int r = 0; r < P; r++) threads.emplace_back(sweep_rank, run, d, r, &time);
+            for (auto& t : threads) t.join();
+            ranks_teardown(run);
+            double ms = time.seconds / time.steps * 1e3, tps = (double)a->B * a->T * run->accum * D / (ms / 1e3);
+            // efficiency: speedup over P=1 divided by the growth in compute units used (cores on the CPU,
+            // GPUs on CUDA); on a CPU every grid uses the same cores, so the ideal speedup there is 1
+            int used = run->device == DEV_CUDA ? std::min(P * D, run->ngpu) : std::min(P * D * run->threads, cores);
+            if (base == 0) { base = ms; units1 = used; }  // P = 1, D = 1, unless it did not fit
+            double speedup = base / ms * D, eff = speedup / ((double)used / units1);
+            double share = time.comm_seconds / time.seconds, dp_share = time.dp_seconds / time.seconds;
+            RankMemory m = rank_memory(c, P, D, a->zero, a->B, a->T, a->sp, a->recompute);
+            double mb = memory_total(&m) / 1e6, comm_mb = time.sent / time.steps / 1e6, dp_mb = time.dp_sent / time.steps / 1e6;
+            printf("%4d %4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %8.1f %9.2f %9.2f %12.1f\n", P, D, run->threads, ms, tps, speedup,
+                   eff, 100 * share, 100 * dp_share, comm_mb, dp_mb, mb);
+            fflush(stdout);
+            double per_step = 1e6 * time.steps;
+            if (csv)
+                fprintf(csv, "%d,%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.4f,%.4f,%.4f\n", P, D, run->threads, ms, tps,
+                        speedup, eff, share, dp_share, comm_mb, dp_mb, mb, time.sent_kind[KIND_ALLREDUCE] / per_step,
+                        time.sent_kind[KIND_REDUCESCATTER] / per_step, time.sent_kind[KIND_ALLGATHER] / per_step);
+        }
+    if (csv) fclose(csv);
+}
+
