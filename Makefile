@@ -37,15 +37,15 @@ MPI_CFLAGS = -DTP_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
              $(foreach f,$(shell mpicxx --showme:compile),$(if $(filter -I%,$(f)),$(f),-Xcompiler $(f)))
 MPI_LIBS   = $(foreach f,$(shell mpicxx --showme:link),$(if $(filter -l% -L%,$(f)),$(f),-Xcompiler $(f)))
 endif
-SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh common/error.h data/grammar.h data/loader.h data/tokenizer.h \
-            train/checkpoint.h train/logger.h train/sampler.h
+SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh $(wildcard common/*.h data/*.h train/*.h)
+TESTS     = test_tp.cu tp.cu $(wildcard dev/test_*.cuh)
 
 all: tp
 
 tp: tp.cu $(SOURCES) | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ tp.cu $(LDLIBS)
 
-test_tp: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES) | nvcc
+test_tp: $(TESTS) $(SOURCES) | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ test_tp.cu $(LDLIBS)
 
 test: test_tp tp
@@ -78,14 +78,14 @@ TSAN = -Xcompiler -fsanitize=thread -Xlinker -ltsan
 
 tp_asan: tp.cu $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ tp.cu $(LDLIBS)
-test_tp_asan: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
+test_tp_asan: $(TESTS) $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ test_tp.cu $(LDLIBS)
 asan: tp_asan test_tp_asan
 	ASAN_OPTIONS=detect_leaks=0 TP_BIN=./tp_asan ./test_tp_asan
 
 tp_tsan: tp.cu $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ tp.cu $(LDLIBS)
-test_tp_tsan: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
+test_tp_tsan: $(TESTS) $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ test_tp.cu $(LDLIBS)
 tsan: tp_tsan test_tp_tsan
 	TSAN_OPTIONS=halt_on_error=1 TP_BIN=./tp_tsan ./test_tp_tsan
@@ -95,7 +95,7 @@ tsan: tp_tsan test_tp_tsan
 DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function $(MPI_CFLAGS)
 tp_debug: tp.cu $(SOURCES)
 	$(NVCC) $(DEBUGFLAGS) -o $@ tp.cu $(LDLIBS)
-test_tp_debug: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
+test_tp_debug: $(TESTS) $(SOURCES)
 	$(NVCC) $(DEBUGFLAGS) -o $@ test_tp.cu $(LDLIBS)
 debug: tp_debug test_tp_debug
 

@@ -406,7 +406,7 @@ static void test_comm(const std::vector<int>& gpus, bool nccl) {
         CommGroup* g = new CommGroup();
         comm_group_init(g, P, 60);
         if (nccl) comm_nccl_init_all(g, gpus.data());
-        std::vector<std::vector<float>> in(P), sum(P), mx(P), gat(P), bc(P), rsin(P), rs(P);
+        std::vector<std::vector<float>> in(P), sum(P), mx(P), gat(P), rsin(P), rs(P);
         for (int q = 0; q < P; q++) {
             Rnd rr = {(uint64_t)(q * 1000 + n)};
             in[q] = rnd_vec(&rr, n, -3, 3);
@@ -421,25 +421,21 @@ static void test_comm(const std::vector<int>& gpus, bool nccl) {
                 float* ds = cuda_alloc(&cx, n);
                 float* dm = cuda_alloc(&cx, n);
                 float* dg = cuda_alloc(&cx, n * P);
-                float* db = cuda_alloc(&cx, n);
                 float* drs = cuda_alloc(&cx, n * P);
                 cuda_upload(&cx, drs, rsin[q].data(), n * P * sizeof(float));
                 cuda_upload(&cx, ds, in[q].data(), n * sizeof(float));
                 cuda_upload(&cx, dm, in[q].data(), n * sizeof(float));
-                cuda_upload(&cx, db, in[q].data(), n * sizeof(float));
                 comm_allreduce(&c, ds, n, COMM_SUM, "test", -1);
                 comm_allreduce(&c, dm, n, COMM_MAX, "test", 3);
                 comm_allgather(&c, dg, dm, n, "test", 3);  // gathers the maxima
-                comm_broadcast(&c, db, n, P - 1, "test");
                 comm_reducescatter(&c, drs + q * n, drs, n, "test", 3);  // in place: slice q of the sum
                 comm_sync(&c);
                 sum[q] = dev_down(&cx, ds, n);
                 mx[q] = dev_down(&cx, dm, n);
                 gat[q] = dev_down(&cx, dg, n * P);
-                bc[q] = dev_down(&cx, db, n);
                 rs[q] = dev_down(&cx, drs + q * n, n);
                 comm_barrier(&c, "end");
-                for (float* p : {ds, dm, dg, db, drs}) cuda_free(&cx, p);
+                for (float* p : {ds, dm, dg, drs}) cuda_free(&cx, p);
                 comm_free(&c);
                 cuda_ctx_free(&cx);
             });
@@ -461,16 +457,15 @@ static void test_comm(const std::vector<int>& gpus, bool nccl) {
                 err = std::max(err, (double)fabsf(sum[q][i] - s));
                 differ += memcmp(&sum[q][i], &sum[0][i], sizeof(float)) != 0;
                 bad_other += mx[q][i] != m;
-                bad_other += bc[q][i] != in[P - 1][i];
                 for (int p2 = 0; p2 < P; p2++) bad_other += gat[q][p2 * n + i] != m;
             }
         }
         if (nccl) {
             check_le(err, 1e-5, "NCCL P=%d n=%ld: all-reduce and reduce-scatter sums against the rank-order sums, largest difference", P, n);
             check_le(differ, 0, "NCCL P=%d n=%ld: all-reduce sums differing across ranks", P, n);
-            check_le(bad_other, 0, "NCCL P=%d n=%ld: mismatches in max, all-gather, broadcast (exact)", P, n);
+            check_le(bad_other, 0, "NCCL P=%d n=%ld: mismatches in max, all-gather (exact)", P, n);
         } else {
-            check_le(bad_sum + bad_other, 0, "CUDA shm P=%d n=%ld: mismatches (sum, max, reduce-scatter, all-gather, broadcast; bit-exact)", P, n);
+            check_le(bad_sum + bad_other, 0, "CUDA shm P=%d n=%ld: mismatches (sum, max, reduce-scatter, all-gather; bit-exact)", P, n);
         }
         delete g;
     }

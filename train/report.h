@@ -26,7 +26,7 @@ static void comm_summary(char* out, size_t n, double seconds, const double sent[
     }
     int w = snprintf(out, n, " | comm %.1f ms, %.2f MB", seconds * 1e3, total / 1e6);
     if (kinds < 2) return;
-    const char* abbrev[COMM_KINDS] = {"AR", "RS", "AG", "BC"};
+    const char* abbrev[COMM_KINDS] = {"AR", "RS", "AG"};
     for (int k = 0, first = 1; k < COMM_KINDS && w < (int)n; k++)
         if (sent[k] > 0) {
             w += snprintf(out + w, n - w, "%s%s %.2f", first ? " (" : ", ", abbrev[k], sent[k] / 1e6);
