@@ -346,3 +346,26 @@ static void test_build() {
               "%s: %s", cases[i].what, first_line_with(out, "-gencode").substr(first_line_with(out, "-gencode").find("-gencode")).substr(0, 140).c_str());
     }
 }
+
+// The README's "What you see" shows the default run's real output: its first val loss (the model before
+// any step, on the val text) must be what this ./tp prints, so that the README cannot go stale. The
+// README's run is on 2 cores (--tp 2); one step is enough to print it.
+static void test_readme() {
+    printf("README: the first val-loss line of \"What you see\" against the default run\n");
+    FILE* f = fopen("README.md", "r");
+    std::string readme, want;
+    if (f) {
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) readme.append(buf, n);
+        fclose(f);
+    }
+    size_t at = readme.find("## What you see");
+    size_t line = at == std::string::npos ? at : readme.find("\nval loss ", at);
+    if (line != std::string::npos) want = readme.substr(line + 1, readme.find('\n', line + 1) - line - 1);
+    std::string out, err;
+    int rc = run_cmd("-x 1 -g 0 --tp 2", &out, &err);
+    std::string got = first_line_with(out, "val loss ");
+    check(rc == 0 && !want.empty() && got == want, "README's first val loss '%s' is what ./tp prints: '%s' (exit %d)", want.c_str(),
+          got.c_str(), rc);
+}

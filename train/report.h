@@ -1,7 +1,7 @@
-// train/report.h: everything a run prints about itself: the startup tables (the model, the grid and which
-// rank runs where, the shard plan, the memory per rank, the communication per step, the data) and the
-// step and average lines of training. Process 0 prints; world rank 0 prints the step lines.
-// Needs the model (gpt.cu) and tp.cu's Run and StepStats: tp.cu includes it right after them.
+// train/report.h (needs the model and tp.cu's Run): everything a run prints about itself: the startup
+// tables (the model, the grid and which rank runs where, the shard plan, the memory per rank, the
+// communication per step, the data) and the step and average lines of training. Process 0 prints; world
+// rank 0 prints the step lines.
 #pragma once
 #include <climits>
 #include <cstdlib>

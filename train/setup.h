@@ -1,7 +1,6 @@
-// train/setup.h: the pieces of a run's setup, which run_setup in tp.cu puts in order: the output
-// directory and what a resume finds there, the token files, the devices, the grid of replicas and ranks
-// and its communicator groups, the memory check, the prompt.
-// Needs the model (gpt.cu) and tp.cu's Run: tp.cu includes it right after Run.
+// train/setup.h (needs the model and tp.cu's Run): the pieces of a run's setup, which run_setup in tp.cu
+// puts in order: the output directory and what a resume finds there, the token files, the devices, the grid
+// of replicas and ranks and its communicator groups, the memory check, the prompt.
 //
 // Under mpirun process 0 alone reads the output directory and the model file (they may be on its machine
 // only) and every other process receives what it read: procs_share below is that one exchange.
