@@ -11,7 +11,7 @@
 // wait also runs the peers' streams (a single thread may drive several communicators in a group) and
 // reports a hang after TP_EMU_HANG_S seconds.
 #include "emu.h"
-#include "include/nccl.h"
+#include "fake_cuda/nccl.h"
 #include <algorithm>
 #include <map>
 #include <unistd.h>
