@@ -641,24 +641,29 @@ static int shm_behind(ShmHdr* h, int n, bool posted, uint64_t t) {
 // TP_EMU_NCCL_KILL=R:S: the process of rank R of a shared-memory communicator kills itself (SIGKILL, as
 // kill -9 would) when its collective #S starts to run: a process that dies mid-step at a known point, for
 // the test that the other processes report it through NCCL's error path
-static void maybe_die(ncclComm* comm, uint64_t seq, const char* name) {
-    static int rank = -2;
-    static long long at = -1;
-    if (rank == -2) {
-        const char* v = getenv("TP_EMU_NCCL_KILL");
-        rank = -1;
-        if (v && sscanf(v, "%d:%lld", &rank, &at) != 2) {
-            fprintf(stderr, "tp-emu: TP_EMU_NCCL_KILL=%s is not RANK:COLLECTIVE\n", v);
-            exit(2);
-        }
+struct KillAt {
+    int rank;
+    long long seq;
+};
+static KillAt kill_at() {
+    KillAt k = {-1, -1};
+    const char* v = getenv("TP_EMU_NCCL_KILL");
+    if (v && sscanf(v, "%d:%lld", &k.rank, &k.seq) != 2) {
+        fprintf(stderr, "tp-emu: TP_EMU_NCCL_KILL=%s is not RANK:COLLECTIVE\n", v);
+        exit(2);
     }
-    if (comm->rank != rank || (long long)seq != at) return;
+    return k;
+}
+static void maybe_die(ncclComm* comm, uint64_t seq, const char* name) {
+    static const KillAt at = kill_at();  // read once (a thread-safe static initialisation)
+    if (comm->rank != at.rank || (long long)seq != at.seq) return;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     fprintf(stderr, "tp-emu: TP_EMU_NCCL_KILL: process %d (rank %d) kills itself in %s #%llu at %.3f\n", (int)getpid(), comm->rank, name,
             (unsigned long long)seq, ts.tv_sec + ts.tv_nsec * 1e-9);
     fflush(stderr);
-    kill(getpid(), SIGKILL);
+    if (kill(getpid(), SIGKILL) != 0) fprintf(stderr, "tp-emu: TP_EMU_NCCL_KILL: kill: %s\n", strerror(errno));
+    _exit(137);  // not reached when the signal is delivered
 }
 
 // One turn of waiting for rank p. False: return to the caller (a query, or a blocking wait that is done
