@@ -43,6 +43,15 @@ static void check(bool ok, const char* fmt, ...) {
     report(ok, line);
 }
 
+// the predicate of every bounded check: value <= bound, false when either is NaN
+static bool within(double value, double bound) { return value <= bound; }
+
+// the worse of two errors, for worst-of loops (std::max(w, NaN) is w; here a NaN sticks)
+static double worse(double w, double e) {
+    if (w != w) return w;
+    return e > w || e != e ? e : w;
+}
+
 // a measured value against its bound: passes when value <= bound (a NaN fails); the line ends with
 // ": value 3.1e-06 (bound 1e-05)"
 static void check_le(double value, double bound, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -53,10 +62,10 @@ static void check_le(double value, double bound, const char* fmt, ...) {
     va_end(ap);
     char tail[96];
     snprintf(tail, sizeof(tail), ": value %.3g (bound %.3g)", value, bound);
-    report(value <= bound, line + tail);
+    report(within(value, bound), line + tail);
 }
 
-// ||a - b|| / ||b||, the norm-wise relative error
+// ||a - b|| / ||b||, the norm-wise relative error (NaN if either holds a NaN)
 static double rel_err(const float* a, const float* b, long n) {
     double num = 0, den = 0;
     for (long i = 0; i < n; i++) {
@@ -64,6 +73,7 @@ static double rel_err(const float* a, const float* b, long n) {
         num += d * d;
         den += (double)b[i] * b[i];
     }
+    if (num != num || den != den) return NAN;
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
@@ -276,12 +286,12 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
         for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
             long n = shard_full_size(&s.t[i]);
             double e = rel_err(res.grads_full.data() + off, ref.grads_full.data() + off, n);
-            if (e > worst) { worst = e; worst_name = s.t[i].name; }
+            if (e > worst || e != e) { worst = worse(worst, e); worst_name = s.t[i].name; }
             off += n;
         }
         check_le(worst, 1e-5, "P=%d gathered gradients: worst tensor %s, rel err", P, worst_name);
         double lw = 0;
-        for (int k = 0; k < steps; k++) lw = std::max(lw, (double)fabs(res.losses[k] - ref.losses[k]) / fabs(ref.losses[k]));
+        for (int k = 0; k < steps; k++) lw = worse(lw, (double)fabs(res.losses[k] - ref.losses[k]) / fabs(ref.losses[k]));
         check_le(lw, 1e-5, "P=%d losses over %d steps: worst rel err", P, steps);
         double pw = rel_err(res.params_full.data(), ref.params_full.data(), (long)ref.params_full.size());
         check_le(pw, 1e-5, "P=%d weights after %d steps: rel err", P, steps);
@@ -308,7 +318,7 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
         } else {
             double f[COMM_KINDS], worst = 0;
             step_comm_floats(cfg, B, T, true, 1, f);
-            for (int k = 0; k < COMM_KINDS; k++) worst = std::max(worst, fabs(res.moved[k] - f[k]));
+            for (int k = 0; k < COMM_KINDS; k++) worst = worse(worst, fabs(res.moved[k] - f[k]));
             check_le(worst, 0, "P=%d floats per step: reduce-scatter %.0f, all-gather %.0f, all-reduce %.0f vs (4L+2)BTC, (6L+2)BTC, "
                      "3BT + 1 + TC + 4LC + 2C: largest difference", P, res.moved[KIND_REDUCESCATTER], res.moved[KIND_ALLGATHER],
                      res.moved[KIND_ALLREDUCE]);
@@ -564,7 +574,7 @@ static void test_gradcheck() {
             den += (double)grad[off + idx[k]] * grad[off + idx[k]];
         }
         double e = den > 0 ? sqrt(num / den) : 0;
-        worst = std::max(worst, e);
+        worst = worse(worst, e);
         check_le(den > 0 ? e : INFINITY, 1e-2, "%-9s (|g| %.2e) rel err", m.plan.t[ti].name, sqrt(den));
         off += n;
     }
@@ -765,7 +775,7 @@ static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P
 static double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     if (a.size() != b.size() || a.empty()) return INFINITY;
     double w = 0;
-    for (size_t i = 0; i < a.size(); i++) w = std::max(w, (double)fabs(a[i] - b[i]));
+    for (size_t i = 0; i < a.size(); i++) w = worse(w, (double)fabs(a[i] - b[i]));
     return w;
 }
 
