@@ -77,14 +77,51 @@ static double rel_err(const float* a, const float* b, long n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static std::string tmpdir() {
-    static std::string dir;
-    if (dir.empty()) {
-        char t[] = "/tmp/tp_test_XXXXXX";
-        if (!mkdtemp(t)) { perror("mkdtemp"); exit(1); }
-        dir = t;
+// The run's scratch folder, /tmp/tp_test_PID_XXXXXX, made on first use and removed when the process that
+// made it exits, whether the tests passed or failed. TP_KEEP_TEST_DIRS=1 keeps it for debugging. A run
+// that cannot clean up (fatal()'s _Exit, a crash, kill -9) leaves its folder, and the next run removes it:
+// the folders of this user's processes that are gone, untouched for 2 minutes, are swept before a new one.
+static std::string g_tmpdir;
+static pid_t g_tmpdir_owner = 0;
+static bool keep_test_dirs() {
+    const char* keep = getenv("TP_KEEP_TEST_DIRS");
+    return keep && *keep && strcmp(keep, "0") != 0;
+}
+static void tmpdir_remove() {
+    if (g_tmpdir.empty() || getpid() != g_tmpdir_owner) return;  // a forked child leaves its parent's folder be
+    if (keep_test_dirs()) {
+        fprintf(stderr, "(test files kept in %s)\n", g_tmpdir.c_str());
+        return;
     }
-    return dir;
+    std::string cmd = "rm -rf '" + g_tmpdir + "'";
+    if (system(cmd.c_str()) != 0) fprintf(stderr, "(could not remove %s)\n", g_tmpdir.c_str());
+    g_tmpdir.clear();
+}
+static void tmpdir_sweep() {
+    glob_t g;
+    if (keep_test_dirs() || glob("/tmp/tp_test_*_*", GLOB_ONLYDIR, nullptr, &g) != 0) return;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        int pid = 0;
+        struct stat st;
+        if (sscanf(g.gl_pathv[i], "/tmp/tp_test_%d_", &pid) == 1 && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH &&
+            stat(g.gl_pathv[i], &st) == 0 && st.st_uid == getuid() && time(nullptr) - st.st_mtime > 120) {
+            std::string cmd = std::string("rm -rf '") + g.gl_pathv[i] + "'";
+            if (system(cmd.c_str()) != 0) fprintf(stderr, "(could not remove %s)\n", g.gl_pathv[i]);
+        }
+    }
+    globfree(&g);
+}
+static std::string tmpdir() {
+    if (g_tmpdir.empty()) {
+        tmpdir_sweep();
+        char t[64];
+        snprintf(t, sizeof(t), "/tmp/tp_test_%d_XXXXXX", (int)getpid());
+        if (!mkdtemp(t)) { perror("mkdtemp"); exit(1); }
+        g_tmpdir = t;
+        g_tmpdir_owner = getpid();
+        atexit(tmpdir_remove);
+    }
+    return g_tmpdir;
 }
 
 static void write_tokens(const std::string& path, const std::vector<int>& toks, int magic = 20240520, int version = 1, long claim = -1) {
