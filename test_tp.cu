@@ -929,6 +929,7 @@ static void test_sampling() {
 #include "dev/test_runs.cuh"
 #include "dev/test_procs.cuh"
 #include "dev/test_gpu.cuh"
+#include "dev/test_ops.cuh"
 
 // ----------------------------------------------------------------------------
 
@@ -970,16 +971,19 @@ struct TestGroup {
 static const TestGroup g_groups[] = {
     {"gpu", test_gpu, "every CUDA op against its CPU op, the GPU collectives, GPU training (needs a GPU)"},
     {"collectives", test_collectives, "all-reduce, reduce-scatter, all-gather against serial loops"},
+    {"harness", test_harness, "a NaN fails check_le and every worst-of; the scratch folders are removed"},
     {"tp", test_tp_all, "TP = 2, 3, 4, 6 against TP = 1: losses, gradients, weights, replicated tensors, bytes"},
     {"sp", test_sp_all, "--sp 1 at P = 2, 3, 4 against TP = 1; the activation memory table"},
     {"recompute", test_recompute, "-r 1, 2, 3 bit-identical to -r 0, with and without --sp 1"},
     {"reference", test_reference_forward, "the forward against an independent double-precision GPT-2"},
     {"gradcheck", test_gradcheck, "the backward against central finite differences"},
+    {"ops", test_ops, "every CPU op, forward and backward, against a float64 reference, scores and logits past exp's range"},
     {"loader", test_loader, "token files: order, shards, llm.c's shuffle"},
     {"checkpoint", test_checkpoint, "model files: write, load, shard and gather round trip"},
     {"cli", test_cli_parity_run, "the llm.c-parity command line at --tp 1, 2, 4"},
     {"bad_input", test_bad_input, "bad input: one line on stderr, exit status 1"},
     {"resume", test_resume, "resume at the same and another P, --keep, refusals, NaN stop"},
+    {"resume_epoch", test_resume_epoch, "resume, shuffled, across shards and an epoch wrap: bit-identical to one run"},
     {"interrupts", test_interrupts, "Ctrl-C saves and exits 0; kill -9 leaves a checkpoint that resumes"},
     {"hangs", test_hangs, "a mismatched or skipped collective is reported, not hung"},
     {"dp", test_dp, "data parallelism in one process: (P, D), -d, -z 1 against one rank; replicas bit-identical"},
@@ -1010,6 +1014,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && !strcmp(argv[1], "child-mpi-collectives")) return child_mpi_collectives(argc, argv);
 #endif
     if (argc > 1 && !strcmp(argv[1], "child-skip-nccl")) return child_skip(true);
+    if (argc > 2 && !strcmp(argv[1], "child-tmpdir")) return child_tmpdir(argv[2]);
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         if (g_ndev == 0) { printf("bench: no CUDA GPU\n"); return 1; }
         CudaCtx cx;
