@@ -42,10 +42,21 @@ TESTS     = test_tp.cu tp.cu $(wildcard dev/test_*.cuh)
 
 all: tp
 
-tp: tp.cu $(SOURCES) | nvcc
+# The build switches, recorded in build/config, which every binary depends on: the file is rewritten only
+# when the switches differ from the ones it holds, so `make MPI=0`, WERROR=1, another GPU model, or
+# installing OpenMPI after a build rebuilds ./tp and ./test_tp alike (never one with MPI, one without).
+BUILD_CONFIG := MPI=$(MPI) WERROR=$(WERROR) GPU_CCS=$(strip $(GPU_CCS))
+ifneq ($(BUILD_CONFIG),$(shell cat build/config 2>/dev/null))
+build/config: FORCE
+endif
+build/config:
+	@mkdir -p build && echo '$(BUILD_CONFIG)' > $@
+FORCE:
+
+tp: tp.cu $(SOURCES) build/config | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ tp.cu $(LDLIBS)
 
-test_tp: $(TESTS) $(SOURCES) | nvcc
+test_tp: $(TESTS) $(SOURCES) build/config | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ test_tp.cu $(LDLIBS)
 
 test: test_tp tp
@@ -76,16 +87,16 @@ SANFLAGS = -std=c++17 -O1 -g -Xcompiler -march=native,-fopenmp,-fno-omit-frame-p
 ASAN = -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-sanitize-recover=all -Xlinker -lasan,-lubsan
 TSAN = -Xcompiler -fsanitize=thread -Xlinker -ltsan
 
-tp_asan: tp.cu $(SOURCES)
+tp_asan: tp.cu $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ tp.cu $(LDLIBS)
-test_tp_asan: $(TESTS) $(SOURCES)
+test_tp_asan: $(TESTS) $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ test_tp.cu $(LDLIBS)
 asan: tp_asan test_tp_asan
 	ASAN_OPTIONS=detect_leaks=0 TP_BIN=./tp_asan ./test_tp_asan
 
-tp_tsan: tp.cu $(SOURCES)
+tp_tsan: tp.cu $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ tp.cu $(LDLIBS)
-test_tp_tsan: $(TESTS) $(SOURCES)
+test_tp_tsan: $(TESTS) $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ test_tp.cu $(LDLIBS)
 tsan: tp_tsan test_tp_tsan
 	TSAN_OPTIONS=halt_on_error=1 TP_BIN=./tp_tsan ./test_tp_tsan
@@ -93,9 +104,9 @@ tsan: tp_tsan test_tp_tsan
 # for people working on kernels: no optimisation, host and device debug info (-G implies line info), and
 # TP_CUDA_DEBUG, which makes every CUDA_LAUNCH_CHECK wait for its kernel so a fault names the kernel
 DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function $(MPI_CFLAGS)
-tp_debug: tp.cu $(SOURCES)
+tp_debug: tp.cu $(SOURCES) build/config
 	$(NVCC) $(DEBUGFLAGS) -o $@ tp.cu $(LDLIBS)
-test_tp_debug: $(TESTS) $(SOURCES)
+test_tp_debug: $(TESTS) $(SOURCES) build/config
 	$(NVCC) $(DEBUGFLAGS) -o $@ test_tp.cu $(LDLIBS)
 debug: tp_debug test_tp_debug
 
@@ -126,4 +137,4 @@ include dev/emu/emu.mk
 clean:
 	rm -f tp test_tp tp_asan test_tp_asan tp_tsan test_tp_tsan tp_debug test_tp_debug
 
-.PHONY: all test asan tsan debug gpucheck clean nvcc toolkit
+.PHONY: all test asan tsan debug gpucheck clean nvcc toolkit FORCE

@@ -1000,6 +1000,7 @@ static const TestGroup g_groups[] = {
     {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
+    {"buildconfig", test_build_config, "build/config records MPI, WERROR, the GPU models; changing one rebuilds tp and test_tp"},
     {"readme", test_readme, "the README's first val loss of the default run is what ./tp prints"},
 };
 

@@ -686,3 +686,44 @@ static void test_resume_epoch() {
               loss.size(), differ, same ? "bit-identical" : "DIFFER");
     }
 }
+
+// ----------------------------------------------------------------------------
+// the build records its switches: changing MPI, WERROR or the GPU models rebuilds ./tp and ./test_tp both
+
+static void test_build_config() {
+    printf("build/config: the build's switches, rewritten only when they change; tp and test_tp depend on it\n");
+    std::string d = tmpdir() + "/stamp", out;
+    // a copy of the tree's sources and Makefile (not its binaries or build/)
+    int rc = shell_out("mkdir -p " + d + " && find . \\( -path ./build -o -path ./.git -o -path './gpucheck_out' \\) -prune -o -type f \\( -name Makefile "
+                       "-o -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.py' -o -name '*.cpp' -o -name '*.sh' \\) -print | "
+                       "xargs cp --parents -t " + d, &out);
+    std::string mk = "cd " + d + " && env -u WERROR -u MPI -u GPU_CCS make --no-print-directory ";
+    rc = rc == 0 ? shell_out(mk + "build/config", &out) : rc;
+    std::vector<char> b = slurp_bytes(d + "/build/config");
+    std::string stamp(b.begin(), b.end());
+    bool has_mpi = stamp.find("MPI=1 ") == 0;
+    check(rc == 0 && stamp.find("MPI=") == 0 && stamp.find(" WERROR= GPU_CCS=") != std::string::npos, "make build/config writes the switches: %s",
+          stamp.substr(0, stamp.find('\n')).c_str());
+    // binaries built after everything else: up to date with the switches they were built with
+    shell_out("cd " + d + " && find . -type f -exec touch -d '2020-01-01 00:00' {} + && touch tp test_tp", nullptr);
+    const char* tp_line = "-o tp tp.cu";
+    const char* test_line = "-o test_tp test_tp.cu";
+    rc = shell_out(mk + "-n tp test_tp", &out);
+    check(rc == 0 && out.find(tp_line) == std::string::npos && out.find(test_line) == std::string::npos,
+          "the same switches: make -n tp test_tp rebuilds nothing (exit %d)", rc);
+    std::string other = has_mpi ? "MPI=0" : "MPI=1";
+    struct { std::string flags; const char* what; } cases[] = {
+        {other, has_mpi ? "MPI=0 (the build had MPI)" : "MPI=1 (as after installing OpenMPI)"}, {"WERROR=1", "WERROR=1"}, {"GPU_CCS=75", "GPU_CCS=75"}};
+    for (auto& c : cases) {
+        rc = shell_out(mk + "-n tp test_tp " + c.flags, &out);
+        std::vector<char> b2 = slurp_bytes(d + "/build/config");
+        check(rc == 0 && out.find(tp_line) != std::string::npos && out.find(test_line) != std::string::npos &&
+              std::string(b2.begin(), b2.end()) == stamp, "make -n tp test_tp %s: both rebuilt, build/config left as it was", c.what);
+    }
+    // the record changes for real: then the default switches rebuild both again
+    rc = shell_out(mk + "build/config " + other + " && " + mk + "-n tp test_tp", &out);
+    b = slurp_bytes(d + "/build/config");
+    std::string now(b.begin(), b.end());
+    check(rc == 0 && now.find(other + " ") == 0 && out.find(tp_line) != std::string::npos && out.find(test_line) != std::string::npos,
+          "after make build/config %s, plain make -n rebuilds both (the record was %s)", other.c_str(), now.substr(0, now.find('\n')).c_str());
+}
