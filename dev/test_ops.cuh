@@ -438,75 +438,80 @@ static void test_ops_attention() {
 
 static void test_ops_crossentropy() {
     OpsRng r = {606};
-    int N = 25, V = 300, Vp = 384;
-    // rows: ordinary logits, logits near +5000 and -8000 (exp of them overflows in float and double alike),
-    // one spread over [-1e4, 1e4], and rows whose target is far below the max
-    std::vector<float> full((long)N * Vp);
-    std::vector<int> tgt(N);
-    for (int n = 0; n < N; n++) {
-        for (int v = 0; v < Vp; v++) {
-            float l;
-            switch (n % 5) {
-                case 0: l = ops_normal(&r, 0, 3); break;
-                case 1: l = ops_normal(&r, 5000, 20); break;
-                case 2: l = ops_normal(&r, -8000, 20); break;
-                case 3: l = (float)(-1e4 + 2e4 * ops_uniform(&r)); break;
-                default: l = ops_normal(&r, 1000, 5); break;
-            }
-            full[(long)n * Vp + v] = v < V ? l : NAN;  // padded columns are never read
-        }
-        tgt[n] = ops_int(&r, 0, V - 1);
-        if (n % 5 == 4) full[(long)n * Vp + tgt[n]] = 900.0f;  // loss about 100
-    }
-    std::vector<double> rloss(N), sloss(N), rd((long)N * Vp), sd((long)N * Vp), rmax(N);
-    double dscale = 1.0 / N;
-    for (int n = 0; n < N; n++) {
-        const float* l = &full[(long)n * Vp];
-        double mx = -1e300, z = 0;
-        for (int v = 0; v < V; v++) mx = std::max(mx, (double)l[v]);
-        for (int v = 0; v < V; v++) z += exp(l[v] - mx);
-        rmax[n] = mx;
-        rloss[n] = log(z) - (l[tgt[n]] - mx);
-        sloss[n] = 1.0 + fabs(log(z)) + fabs(l[tgt[n]] - mx);
-        for (int v = 0; v < Vp; v++) {
-            double p = v < V ? exp(l[v] - mx) / z : 0.0, o = v == tgt[n] ? 1.0 : 0.0;
-            rd[(long)n * Vp + v] = (p - o) * dscale;
-            sd[(long)n * Vp + v] = (p + o) * dscale;
-        }
-    }
-    for (int P : {1, 2, 3}) {  // the vocab split over P ranks of Vl columns, combined as the recipe's all-reduces do
-        int Vl = Vp / P;
-        std::vector<std::vector<float>> lg(P), mx(P, std::vector<float>(N)), sums(P, std::vector<float>(2 * N));
-        std::vector<float> gmax(N, -FLT_MAX), gsum(2 * N, 0.0f), loss(N), dl((long)N * Vp);
-        for (int q = 0; q < P; q++) {
-            lg[q].resize((long)N * Vl);
-            for (int n = 0; n < N; n++) memcpy(&lg[q][(long)n * Vl], &full[(long)n * Vp + q * Vl], Vl * sizeof(float));
-            crossentropy_max_cpu(mx[q].data(), lg[q].data(), N, Vl, q * Vl, V);
-            for (int n = 0; n < N; n++) gmax[n] = std::max(gmax[n], mx[q][n]);
-        }
-        for (int q = 0; q < P; q++) {
-            crossentropy_sums_cpu(sums[q].data(), lg[q].data(), gmax.data(), tgt.data(), N, Vl, q * Vl, V);
-            for (int i = 0; i < 2 * N; i++) gsum[i] += sums[q][i];
-        }
-        long bad = 0;
-        double sum_err = 0;
+    // V 250 split in 3 leaves the last rank only padding columns: its max is -FLT_MAX, its sum 0
+    for (int V : {300, 250}) {
+        int N = 25, Vp = 384;
+        // rows: ordinary logits, logits near +5000 and -8000 (exp of them overflows in float and double alike),
+        // one spread over [-1e4, 1e4], and rows whose target is far below the max
+        std::vector<float> full((long)N * Vp);
+        std::vector<int> tgt(N);
         for (int n = 0; n < N; n++) {
-            bad += (double)gmax[n] != rmax[n];
-            bad += gsum[2 * n + 1] != full[(long)n * Vp + tgt[n]];
-            double z = 0;
-            for (int v = 0; v < V; v++) z += exp((double)full[(long)n * Vp + v] - rmax[n]);
-            sum_err = worse(sum_err, fabs(gsum[2 * n] - z) / z);
+            for (int v = 0; v < Vp; v++) {
+                float l;
+                switch (n % 5) {
+                    case 0: l = ops_normal(&r, 0, 3); break;
+                    case 1: l = ops_normal(&r, 5000, 20); break;
+                    case 2: l = ops_normal(&r, -8000, 20); break;
+                    case 3: l = (float)(-1e4 + 2e4 * ops_uniform(&r)); break;
+                    default: l = ops_normal(&r, 1000, 5); break;
+                }
+                full[(long)n * Vp + v] = v < V ? l : NAN;  // padded columns are never read
+            }
+            tgt[n] = ops_int(&r, 0, V - 1);
+            if (n % 5 == 4) full[(long)n * Vp + tgt[n]] = 900.0f;  // loss about 100
         }
-        for (int q = 0; q < P; q++) {
-            crossentropy_finish_cpu(loss.data(), lg[q].data(), gmax.data(), gsum.data(), tgt.data(), N, Vl, q * Vl, V, (float)dscale);
-            for (int n = 0; n < N; n++) memcpy(&dl[(long)n * Vp + q * Vl], &lg[q][(long)n * Vl], Vl * sizeof(float));
+        std::vector<double> rloss(N), sloss(N), rd((long)N * Vp), sd((long)N * Vp), rmax(N);
+        double dscale = 1.0 / N;
+        for (int n = 0; n < N; n++) {
+            const float* l = &full[(long)n * Vp];
+            double mx = -1e300, z = 0;
+            for (int v = 0; v < V; v++) mx = std::max(mx, (double)l[v]);
+            for (int v = 0; v < V; v++) z += exp(l[v] - mx);
+            rmax[n] = mx;
+            rloss[n] = log(z) - (l[tgt[n]] - mx);
+            sloss[n] = 1.0 + fabs(log(z)) + fabs(l[tgt[n]] - mx);
+            for (int v = 0; v < Vp; v++) {
+                double p = v < V ? exp(l[v] - mx) / z : 0.0, o = v == tgt[n] ? 1.0 : 0.0;
+                rd[(long)n * Vp + v] = (p - o) * dscale;
+                sd[(long)n * Vp + v] = (p + o) * dscale;
+            }
         }
-        check_le(bad, 0, "crossentropy P=%d of Vp %d (V %d, NaN in the padding): maxes and target logits not exact", P, Vp, V);
-        check_le(sum_err, (Vp / P + P + 4) * OPS_U, "crossentropy_sums P=%d, logits to +-1e4: sum of exp(l - max), max rel err, bound (Vl+P+4) u", P);
-        check_le(scaled_err(loss.data(), rloss.data(), sloss.data(), N), (Vp / P + P + 8) * OPS_U,
-                 "crossentropy_finish P=%d loss: max error / (1 + |log sum| + |l_t - max|), bound (Vl+P+8) u", P);
-        check_le(scaled_err(dl.data(), rd.data(), sd.data(), (long)N * Vp, 1e-30), (Vp / P + P + 8) * OPS_U,
-                 "crossentropy_finish P=%d dlogits = (p - onehot)/N, 0 in the padding: max error / ((p + onehot)/N), bound (Vl+P+8) u", P);
+        for (int P : {1, 2, 3}) {  // the vocab split over P ranks of Vl columns, combined as the recipe's all-reduces do
+            int Vl = Vp / P;
+            std::vector<std::vector<float>> lg(P), mx(P, std::vector<float>(N)), sums(P, std::vector<float>(2 * N));
+            std::vector<float> gmax(N, -FLT_MAX), gsum(2 * N, 0.0f), loss(N), dl((long)N * Vp);
+            for (int q = 0; q < P; q++) {
+                lg[q].resize((long)N * Vl);
+                for (int n = 0; n < N; n++) memcpy(&lg[q][(long)n * Vl], &full[(long)n * Vp + q * Vl], Vl * sizeof(float));
+                crossentropy_max_cpu(mx[q].data(), lg[q].data(), N, Vl, q * Vl, V);
+                for (int n = 0; n < N; n++) gmax[n] = std::max(gmax[n], mx[q][n]);
+            }
+            for (int q = 0; q < P; q++) {
+                crossentropy_sums_cpu(sums[q].data(), lg[q].data(), gmax.data(), tgt.data(), N, Vl, q * Vl, V);
+                for (int i = 0; i < 2 * N; i++) gsum[i] += sums[q][i];
+            }
+            long bad = 0;
+            double sum_err = 0;
+            for (int n = 0; n < N; n++) {
+                bad += (double)gmax[n] != rmax[n];
+                bad += gsum[2 * n + 1] != full[(long)n * Vp + tgt[n]];
+                for (int q = 0; q < P; q++) bad += q * Vl >= V && (mx[q][n] != -FLT_MAX || sums[q][2 * n] != 0.0f);
+                double z = 0;
+                for (int v = 0; v < V; v++) z += exp((double)full[(long)n * Vp + v] - rmax[n]);
+                sum_err = worse(sum_err, fabs(gsum[2 * n] - z) / z);
+            }
+            for (int q = 0; q < P; q++) {
+                crossentropy_finish_cpu(loss.data(), lg[q].data(), gmax.data(), gsum.data(), tgt.data(), N, Vl, q * Vl, V, (float)dscale);
+                for (int n = 0; n < N; n++) memcpy(&dl[(long)n * Vp + q * Vl], &lg[q][(long)n * Vl], Vl * sizeof(float));
+            }
+            check_le(bad, 0, "crossentropy V%d P=%d of Vp %d (NaN in the padding): maxes, target logits, padding-only ranks not exact", V, P, Vp);
+            check_le(sum_err, (Vp / P + P + 4) * OPS_U, "crossentropy_sums V%d P=%d, logits to +-1e4: sum of exp(l - max), max rel err, bound (Vl+P+4) u",
+                     V, P);
+            check_le(scaled_err(loss.data(), rloss.data(), sloss.data(), N), (Vp / P + P + 8) * OPS_U,
+                     "crossentropy_finish V%d P=%d loss: max error / (1 + |log sum| + |l_t - max|), bound (Vl+P+8) u", V, P);
+            check_le(scaled_err(dl.data(), rd.data(), sd.data(), (long)N * Vp, 1e-30), (Vp / P + P + 8) * OPS_U,
+                     "crossentropy_finish V%d P=%d dlogits = (p - onehot)/N, 0 in the padding: max error / ((p + onehot)/N), bound (Vl+P+8) u", V, P);
+        }
     }
 }
 
