@@ -698,10 +698,11 @@ static void test_resume_epoch() {
 static void test_build_config() {
     printf("build/config: the build's switches, rewritten only when they change; tp and test_tp depend on it\n");
     std::string d = tmpdir() + "/stamp", out;
-    // a copy of the tree's sources and Makefile (not its binaries or build/)
-    int rc = shell_out("mkdir -p " + d + " && find . \\( -path ./build -o -path ./.git -o -path './gpucheck_out' \\) -prune -o -type f \\( -name Makefile "
-                       "-o -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.py' -o -name '*.cpp' -o -name '*.sh' \\) -print | "
-                       "xargs cp --parents -t " + d, &out);
+    // a copy of the tree's files (git's view: tracked and new, not ignored, so not the binaries or build/;
+    // without git, the sources and make files)
+    int rc = shell_out("mkdir -p " + d + " && { git ls-files -co --exclude-standard 2>/dev/null || find . \\( -path ./build -o -path ./.git \\) "
+                       "-prune -o -type f \\( -name Makefile -o -name '*.mk' -o -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.py' "
+                       "-o -name '*.cpp' -o -name '*.sh' \\) -print; } | xargs cp --parents -t " + d, &out);
     std::string mk = "cd " + d + " && env -u WERROR -u MPI -u GPU_CCS make --no-print-directory ";
     rc = rc == 0 ? shell_out(mk + "build/config", &out) : rc;
     std::vector<char> b = slurp_bytes(d + "/build/config");
