@@ -37,7 +37,7 @@ MPI_CFLAGS = -DTP_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
              $(foreach f,$(shell mpicxx --showme:compile),$(if $(filter -I%,$(f)),$(f),-Xcompiler $(f)))
 MPI_LIBS   = $(foreach f,$(shell mpicxx --showme:link),$(if $(filter -l% -L%,$(f)),$(f),-Xcompiler $(f)))
 endif
-SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh common/error.h data/grammar.h data/loader.h data/tokenizer.h \
+SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh common/error.h data/grammar.h data/loader.h data/tokenizer.h data/bpe.h data/unicode.h \
             train/checkpoint.h train/logger.h train/sampler.h
 
 all: tp
@@ -45,7 +45,7 @@ all: tp
 tp: tp.cu $(SOURCES) | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ tp.cu $(LDLIBS)
 
-test_tp: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES) | nvcc
+test_tp: test_tp.cu tp.cu dev/test_gpu.cuh dev/test_bpe.cuh $(SOURCES) | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ test_tp.cu $(LDLIBS)
 
 test: test_tp tp

@@ -125,8 +125,10 @@ static void usage(FILE* out) {
         "  --temperature X  sampling temperature (0: greedy)                   (default 0.8)\n"
         "  --topk K    sample from the K most likely tokens (0: all)            (default 0)\n"
         "  --sample-seed N  seed of the sampler                                 (default 42)\n"
-        "  --prompt S  text to continue (byte-level models)                     (default: a newline)\n"
-        "  --tokenizer F  llm.c gpt2_tokenizer.bin to print GPT-2 tokens as text (default: token ids)\n"
+        "  --prompt S  text to continue (byte-level or BPE tokenizer.json models) (default: a newline or EOT)\n"
+        "  --tokenizer F  a BPE tokenizer.json (decodes samples, encodes --prompt, sets a new model's vocab)\n"
+        "              or llm.c's gpt2_tokenizer.bin (decodes)   (default: a tokenizer.json next to -i,\n"
+        "              next to -e, or in -o; else bytes or token ids)\n"
         "  --help      this text\n");
 }
 
@@ -1106,19 +1108,25 @@ static void data_setup(Run* run, bool descriptor) {
     run->data_bytes = max_id < 256;
     run->val_batches = (int)std::min((long)a->val_batches, val_samples);
     GPTConfig* c = &run->cfg;
+    Tokenizer* tk = &run->tokenizer;
+    if (tk->bpe && run->data_bytes && tk->from != "--tokenizer") *tk = Tokenizer();  // found next to byte-level data: not its tokenizer
     if (descriptor && !a->vocab) {
-        c->V = run->data_bytes ? 256 : 50257;
+        c->V = tk->bpe ? (int)tk->pieces.size() : run->data_bytes ? 256 : 50257;
         c->Vp = round_up(c->V, 128);
-        char from[96];
-        if (run->data_bytes) snprintf(from, sizeof(from), "byte-level data: every token id is below 256");
+        char from[512];
+        if (tk->bpe) snprintf(from, sizeof(from), "from tokenizer %s, %s", tk->path.c_str(), tk->from.c_str());
+        else if (run->data_bytes) snprintf(from, sizeof(from), "byte-level data: every token id is below 256");
         else snprintf(from, sizeof(from), "GPT-2's: the data's largest token id is %d", max_id);
         run->vocab_from = from;
     }
     for (auto* shards : {&run->train_shards, &run->val_shards})
         for (const TokenShard& s : *shards) {
             if (s.max_id < c->V) continue;
-            char fix[160];
-            if (!descriptor) snprintf(fix, sizeof(fix), "this model cannot read it; train a new one on this data (-e with a descriptor such as L3C128H4)");
+            char fix[600];
+            if (tk->bpe && (int)tk->pieces.size() == c->V)
+                snprintf(fix, sizeof(fix), "the data was not made with tokenizer %s (%s, vocab %d): give the tokenizer.json "
+                         "prepare.py wrote with it (--tokenizer FILE)", tk->path.c_str(), tk->from.c_str(), c->V);
+            else if (!descriptor) snprintf(fix, sizeof(fix), "this model cannot read it; train a new one on this data (-e with a descriptor such as L3C128H4)");
             else snprintf(fix, sizeof(fix), "give --vocab %d or more%s", s.max_id + 1, a->vocab ? " (or drop --vocab: tp then sizes it from the data)" : "");
             fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: %s",
                   shards == &run->train_shards ? "train" : "val", s.path.c_str(), s.max_id, s.max_pos, c->V, fix);
@@ -1157,21 +1165,41 @@ static int device_setup(Run* run) {
     return ngpu;
 }
 
-// The prompt of the samples: --prompt as bytes, which a byte-level model reads; else a newline for a
-// byte-level model, or the end-of-text token.
+// The tokenizer: --tokenizer FILE, else a tokenizer.json found next to -i, next to -e or in -o
+// (tokenizer_find). Every process reads it, as a BPE tokenizer sets a new model's vocab; process 0 keeps
+// a copy in -o as tokenizer.json, so the run folder samples and exports on its own.
+static void tokenizer_setup(Run* run, bool first) {
+    const Args* a = &run->args;
+    Tokenizer* tk = &run->tokenizer;
+    std::string where = "--tokenizer";
+    std::string path = a->tokenizer ? a->tokenizer : tokenizer_find(a->train, run->model_file.empty() ? a->model : run->model_file.c_str(), a->outdir, &where);
+    if (path.empty()) return;
+    tokenizer_read(tk, path.c_str());
+    tk->from = where;
+    if (first && a->outdir && tk->bpe && !run->sample_only) tokenizer_copy(path, a->outdir);
+}
+
+// The prompt of the samples: --prompt encoded by a BPE tokenizer.json, or as bytes, which a byte-level
+// model reads; else the tokenizer's end-of-text token, a newline for a byte-level model.
 static void prompt_setup(Run* run) {
     const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
     const Tokenizer* tk = &run->tokenizer;
     bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
     bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
+    if (tk->bpe) {  // a tokenizer.json: the prompt in its BPE tokens, by default its end-of-text token
+        if (!a->prompt) run->prompt = tk->eot >= 0 ? std::vector<int>{tk->eot} : bpe_encode(&tk->merges, "\n");
+        else run->prompt = bpe_encode(&tk->merges, a->prompt);
+        if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
+        return;
+    }
     if (!a->prompt) {
         run->prompt.push_back(bytes ? '\n' : tk->pieces.empty() ? c->V - 1 : tk->eot);
         return;
     }
     if (gpt2_tokens)
-        fatal("--prompt is text that tp encodes as bytes, but this model reads GPT-2 tokens (tokenizer %s), which tp cannot "
-              "encode: drop --prompt, and samples start from the end-of-text token", a->tokenizer);
+        fatal("--prompt is text, and tokenizer %s (llm.c's format) only decodes: give the model's BPE tokenizer.json with "
+              "--tokenizer (Hugging Face's GPT-2 has one; prepare.py --vocab N writes one), or drop --prompt", tk->path.c_str());
     if (!bytes)
         fatal("--prompt is text that tp encodes as bytes, which needs a byte-level model (vocab 256); this model has vocab %d: "
               "drop --prompt, or train on byte-level data (tp then picks vocab 256)", c->V);
@@ -1275,6 +1303,7 @@ static void run_setup(Run* run) {
                 fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, model, c->V);
         }
     }
+    tokenizer_setup(run, first);
     comm_procs_bcast(c, sizeof(*c), a->timeout);  // a model file's shape, from process 0
     // the data: token files read through once (the vocab of a descriptor follows them), or the embedded corpus
     bool embedded = a->train == nullptr;
@@ -1342,7 +1371,7 @@ static void run_setup(Run* run) {
         run->floor_nats = grammar_entropy_per_byte();
     }
     // sampling: the tokenizer and the prompt (replica 0 samples, and it runs in process 0)
-    if (first && a->tokenizer) tokenizer_load(&run->tokenizer, a->tokenizer, c->V);
+    if (first && !run->tokenizer.path.empty()) tokenizer_check(&run->tokenizer, c->V);
     if (first) prompt_setup(run);
     ranks_setup(run);
 }
