@@ -1249,6 +1249,7 @@ static void test_dp_cli() {
 }
 
 #include "dev/test_gpu.cuh"
+#include "dev/test_bpe.cuh"
 // ----------------------------------------------------------------------------
 // data parallelism across processes: ./tp under mpirun (Open MPI), on the CPU
 
@@ -2116,6 +2117,9 @@ static const TestGroup g_groups[] = {
     {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
+    {"bpe", test_bpe, "prepare.py --vocab N: C++ encoder = Hugging Face ids, decoding, the split, bad inputs, tokenizer mismatches"},
+    {"bperun", test_bpe_run, "a tiny BPE run trains and samples words; the run folder samples on its own"},
+    {"export", test_export, "export.py at TP 1 and 2 identical, numpy logits = tp's, import then export bit for bit, bf16, non-GPT-2"},
 };
 
 int main(int argc, char** argv) {

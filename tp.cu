@@ -1111,10 +1111,11 @@ static void data_setup(Run* run, bool descriptor) {
     Tokenizer* tk = &run->tokenizer;
     if (tk->bpe && run->data_bytes && tk->from != "--tokenizer") *tk = Tokenizer();  // found next to byte-level data: not its tokenizer
     if (descriptor && !a->vocab) {
-        c->V = tk->bpe ? (int)tk->pieces.size() : run->data_bytes ? 256 : 50257;
+        bool from_tk = tk->bpe || (!tk->pieces.empty() && !run->data_bytes);  // a tokenizer file's vocab, unless bytes
+        c->V = from_tk ? (int)tk->pieces.size() : run->data_bytes ? 256 : 50257;
         c->Vp = round_up(c->V, 128);
         char from[512];
-        if (tk->bpe) snprintf(from, sizeof(from), "from tokenizer %s, %s", tk->path.c_str(), tk->from.c_str());
+        if (from_tk) snprintf(from, sizeof(from), "from tokenizer %s, %s", tk->path.c_str(), tk->from.c_str());
         else if (run->data_bytes) snprintf(from, sizeof(from), "byte-level data: every token id is below 256");
         else snprintf(from, sizeof(from), "GPT-2's: the data's largest token id is %d", max_id);
         run->vocab_from = from;
@@ -1123,8 +1124,8 @@ static void data_setup(Run* run, bool descriptor) {
         for (const TokenShard& s : *shards) {
             if (s.max_id < c->V) continue;
             char fix[600];
-            if (tk->bpe && (int)tk->pieces.size() == c->V)
-                snprintf(fix, sizeof(fix), "the data was not made with tokenizer %s (%s, vocab %d): give the tokenizer.json "
+            if (!tk->pieces.empty() && (int)tk->pieces.size() == c->V)
+                snprintf(fix, sizeof(fix), "the data was not made with tokenizer %s (%s, vocab %d): give the tokenizer "
                          "prepare.py wrote with it (--tokenizer FILE)", tk->path.c_str(), tk->from.c_str(), c->V);
             else if (!descriptor) snprintf(fix, sizeof(fix), "this model cannot read it; train a new one on this data (-e with a descriptor such as L3C128H4)");
             else snprintf(fix, sizeof(fix), "give --vocab %d or more%s", s.max_id + 1, a->vocab ? " (or drop --vocab: tp then sizes it from the data)" : "");
