@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turn a UTF-8 text file into llm.c token files.
 
-    python3 data/prepare.py INPUT.txt OUTDIR [--val-frac 0.1] [--name NAME] [--vocab N | --bpe] [--tokenizer PATH]
+    python3 data/prepare.py INPUT.txt OUTDIR [--val-frac 0.1] [--name NAME] [--vocab N | --encode-with FILE | --bpe] [--tokenizer PATH]
 
 Writes OUTDIR/NAME_train.bin (first part of the text) and OUTDIR/NAME_val.bin (the last
 val-frac of the bytes); NAME defaults to the input's stem (plus "_bpeN" with --vocab N, "_gpt2"
@@ -12,7 +12,10 @@ text, offline, with Hugging Face `tokenizers` (pip install tokenizers), and writ
 token files: OUTDIR/NAME_tokenizer.json (Hugging Face's file; tp finds it next to -i, decodes samples
 and encodes --prompt with it) and OUTDIR/NAME_tokenizer.bin (llm.c's format, for decoding in llm.c).
 The last token, N-1, is <|endoftext|>.
-With --vocab the split falls where a line starts after a non-space character, where GPT-2's
+--encode-with FILE encodes with an existing byte-level BPE tokenizer.json instead (GPT-2's, from a
+local Hugging Face model directory, for fine-tuning an imported GPT-2: data/import.py), offline too;
+NAME gets "_hf", and the file is copied as OUTDIR/NAME_tokenizer.json.
+With --vocab or --encode-with the split falls where a line starts after a non-space character, where GPT-2's
 pre-tokenizer always cuts: so the val tokens are exactly the tokens of the val text, and no merge
 crosses the split.
 --bpe uses GPT-2 BPE via tiktoken. With --vocab or --bpe the end-of-text token starts each split, as
@@ -28,6 +31,7 @@ what it wrote.
 import argparse
 import os
 import shlex
+import shutil
 import struct
 import sys
 from array import array
@@ -149,7 +153,7 @@ def bpe_encode(tok, text, what):
 def tok_bytes(tok, i):
     """the bytes of token i of a byte-level BPE (an added token: its text)"""
     s = tok.id_to_token(i)
-    if s == "<|endoftext|>":
+    if s == "<|endoftext|>" or any(c not in BYTE_OF for c in s):
         return s.encode()
     return bytes(BYTE_OF[c] for c in s)
 
@@ -168,6 +172,21 @@ def bytes_to_unicode():
 
 
 BYTE_OF = {c: b for b, c in bytes_to_unicode().items()}
+
+
+def load_tokenizer_json(path):
+    """an existing tokenizer.json for --encode-with"""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        die("--encode-with needs Hugging Face's tokenizers package, which is not installed: pip install tokenizers")
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:
+        die(f"cannot read tokenizer {path} ({type(e).__name__}): give a Hugging Face tokenizer.json")
+    if tok.get_vocab_size() > 65536:
+        die(f"tokenizer {path} has vocab {tok.get_vocab_size()}: token files hold ids below 65536")
+    return tok
 
 
 def load_tiktoken():
@@ -192,14 +211,15 @@ def main():
     ap.add_argument("--val-frac", type=float, default=0.1, help="fraction of bytes for val (default 0.1)")
     ap.add_argument("--name", help="output name prefix (default: input file stem)")
     ap.add_argument("--vocab", type=int, metavar="N", help="train a byte-level BPE of N tokens on the text (Hugging Face tokenizers)")
+    ap.add_argument("--encode-with", metavar="FILE", help="encode with an existing tokenizer.json (e.g. GPT-2's) instead")
     ap.add_argument("--bpe", action="store_true", help="GPT-2 BPE tokens via tiktoken")
     ap.add_argument("--tokenizer", metavar="PATH", help="also write an llm.c tokenizer file")
     args = ap.parse_args()
 
     if not (0.0 < args.val_frac < 1.0):  # also rejects nan
         die(f"--val-frac must be strictly between 0 and 1, got {args.val_frac}")
-    if args.vocab is not None and args.bpe:
-        die("--vocab N trains a BPE of your own and --bpe uses GPT-2's: give one of them")
+    if sum([args.vocab is not None, args.bpe, args.encode_with is not None]) > 1:
+        die("--vocab N trains a BPE of your own, --encode-with FILE uses a tokenizer.json, --bpe uses tiktoken's GPT-2: give one of them")
     if args.vocab is not None and not (257 <= args.vocab <= 65536):
         die(f"--vocab {args.vocab}: a BPE vocab holds the 256 bytes, <|endoftext|> and the merges, and token files hold ids "
             "below 65536: give 257 <= N <= 65536 (e.g. 2048 or 8192; without --vocab the tokens are bytes)")
@@ -217,17 +237,19 @@ def main():
 
     n_val = int(round(len(data) * args.val_frac))
     split = len(data) - n_val
-    suffix = f"_bpe{args.vocab}" if args.vocab else "_gpt2" if args.bpe else ""
+    suffix = f"_bpe{args.vocab}" if args.vocab else "_hf" if args.encode_with else "_gpt2" if args.bpe else ""
     name = args.name or os.path.splitext(os.path.basename(args.input))[0] + suffix
 
-    if args.vocab:
+    if args.vocab or args.encode_with:
         text = data.decode("utf-8")
         cut = safe_cut(text, len(data[:split].decode("utf-8", errors="ignore")))
         if cut <= 0:
             die(f"{args.input} has no line that starts after a non-space character, where train and val can be split "
                 "without changing the val text: give a text of several lines")
-        tok = train_bpe(text[:cut], args.vocab)
+        tok = load_tokenizer_json(args.encode_with) if args.encode_with else train_bpe(text[:cut], args.vocab)
         eot = tok.token_to_id("<|endoftext|>")
+        if eot is None:
+            die(f"tokenizer {args.encode_with} has no <|endoftext|> token, which starts each split")
         train = [eot] + bpe_encode(tok, text[:cut], "encoding train")
         val = [eot] + bpe_encode(tok, text[cut:], "encoding val")
         val_bytes = len(text[cut:].encode("utf-8"))
@@ -250,9 +272,13 @@ def main():
         paths = [os.path.join(args.outdir, f"{name}_{s}.bin") for s in ("train", "val")]
         write_tokens(paths[0], train)
         write_tokens(paths[1], val)
-        if args.vocab:
+        if args.vocab or args.encode_with:
             tok_json = os.path.join(args.outdir, f"{name}_tokenizer.json")
-            tok.save(tok_json)
+            if args.encode_with:
+                if not (os.path.exists(tok_json) and os.path.samefile(args.encode_with, tok_json)):
+                    shutil.copyfile(args.encode_with, tok_json)
+            else:
+                tok.save(tok_json)
             pieces = [tok_bytes(tok, i) for i in range(tok.get_vocab_size())]
             tok_bin = args.tokenizer or os.path.join(args.outdir, f"{name}_tokenizer.bin")
             if max(len(p) for p in pieces) <= 255:  # llm.c's file holds a token in at most 255 bytes
@@ -268,10 +294,10 @@ def main():
     except OSError as e:
         die(f"cannot write output: {e}")
 
-    kind = f"BPE, vocab {args.vocab}" if args.vocab else "GPT-2 BPE" if args.bpe else "byte-level"
+    kind = f"BPE, vocab {args.vocab}" if args.vocab else f"BPE of {args.encode_with}" if args.encode_with else "GPT-2 BPE" if args.bpe else "byte-level"
     print(f"wrote {paths[0]}: {len(train)} tokens ({kind})")
     print(f"wrote {paths[1]}: {len(val)} tokens ({kind})")
-    if args.vocab:
+    if args.vocab or args.encode_with:
         print(f"wrote {tok_json} (tp finds it next to -i) and " +
               (f"{tok_bin} (llm.c's format)" if tok_bin else "no llm.c tokenizer file (a token is longer than its 255 bytes)"))
         print(f"val text: {val_bytes} bytes in {len(val) - 1} tokens, {val_bytes / (len(val) - 1):.4f} bytes per token "
