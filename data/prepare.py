@@ -104,8 +104,8 @@ def chunks(text, size=1 << 20):
 
 
 def progress(what, done, total):
-    """one line about a long job, rewritten in place on a terminal (only for inputs of 8 MB or more)"""
-    if total < 8 << 20:
+    """one line about a long job, rewritten in place on a terminal (only for inputs of 4 MB or more)"""
+    if total < 4 << 20:
         return
     if sys.stderr.isatty():
         print(f"\r{what}: {done / total:4.0%} of {total / 1e6:.0f} MB", end="\n" if done >= total else "", file=sys.stderr, flush=True)
@@ -124,7 +124,7 @@ def train_bpe(text, vocab):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab - 1, min_frequency=2, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=sys.stderr.isatty() and len(text) >= 8 << 20)
+                                  show_progress=sys.stderr.isatty() and len(text) >= 4 << 20)
     tok.train_from_iterator(chunks(text), trainer=trainer, length=len(text) // (1 << 20) + 1)
     got = tok.get_vocab_size() + 1
     if got < vocab:
