@@ -120,6 +120,17 @@ static void test_bpe() {
           first_bad.empty() ? "" : ", first: ", first_bad.c_str());
     check(rc == 0 && bad_text == 0 && cut > 0 && multi > 0, "decoding gives the texts back (%d differ), with %ld tokens that end "
           "inside a UTF-8 character and %ld that join whole multi-byte characters", bad_text, cut, multi);
+    // the same from the older layout of tokenizer.json that GPT-2's own file has
+    rc = bpe_sh("python3 dev/test_bpe.py legacy " + tok + " " + d + "/legacy.json", &out);
+    Tokenizer old;
+    if (rc == 0) tokenizer_read(&old, (d + "/legacy.json").c_str());
+    int bad_old = rc == 0 ? 0 : -1;
+    for (const Json& c : cases.items) {
+        std::vector<int> want;
+        for (const Json& x : c.items[1].items) want.push_back((int)x.num);
+        if (rc == 0) bad_old += bpe_encode(&old.merges, c.items[0].str) != want;
+    }
+    check(bad_old == 0 && !cases.items.empty(), "the same ids from a tokenizer.json with merges as \"left right\" strings (GPT-2's layout): %d differ", bad_old);
     rc = bpe_sh("python3 dev/test_bpe.py split " + tok + " " + d + "/story.txt " + d + "/data/story_bpe512_train.bin " + d +
                 "/data/story_bpe512_val.bin", &out);
     check(rc == 0 && out.rfind("ok", 0) == 0, "the train/val split changes no token: %s", bpe_line(out).c_str());
@@ -295,6 +306,15 @@ static void test_export() {
     rc = run_cmd("-e " + d + "/imp/model.bin -x 0 -g 12 --prompt The --threads 1", &out, &err);
     check(rc == 0 && bpe_sample(out).rfind("The", 0) == 0, "-e on the imported file samples, with the tokenizer import put beside it (exit %d)%s",
           rc, bpe_line(err).c_str());
+    // a vocab that is not a multiple of 128 (GPT-2's 50257 is not): the padding rows are dropped on export and
+    // come back as zeros on import
+    GPTConfig c300 = make_config(1, 2, 16, 300, 64);
+    model_write((d + "/v300.bin").c_str(), &c300, init_weights(&c300, 9).data());
+    rc = bpe_sh("python3 data/export.py " + d + "/v300.bin " + d + "/x300 && python3 data/import.py " + d + "/x300 " + d + "/v300b/model.bin", &out);
+    std::vector<char> cj = slurp_bytes(d + "/x300/config.json");
+    std::string conf(cj.begin(), cj.end());
+    check(rc == 0 && conf.find("\"vocab_size\": 300") != std::string::npos && same_file(d + "/v300.bin", d + "/v300b/model.bin"),
+          "vocab 300 (padded 384): exported with 300 rows, imported back bit for bit (exit %d)", rc);
     // a bf16 file (llm.c's version 5) exports its weights; a directory of another model is refused in one line
     rc = bpe_sh("python3 dev/test_bpe.py bf16 " + m1 + " " + d + "/v5.bin && python3 data/export.py " + d + "/v5.bin " + d +
                 "/x5 && python3 dev/test_bpe.py same " + d + "/x5 " + m1 + " bf16", &out);

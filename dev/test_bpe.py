@@ -3,6 +3,7 @@
 
     python3 dev/test_bpe.py ids TOKENIZER TEXT OUT.json N   [text, ids] pairs: TEXT's lines, TEXT whole, N random strings
     python3 dev/test_bpe.py split TOKENIZER TEXT TRAIN.bin VAL.bin   whether the token files are TEXT's tokens, split
+    python3 dev/test_bpe.py legacy TOKENIZER OUT.json                  TOKENIZER as older files (GPT-2's own) write it
     python3 dev/test_bpe.py bf16 MODEL.bin OUT.bin                     MODEL (version 3) as llm.c's bf16 version 5
     python3 dev/test_bpe.py same HF_DIR MODEL.bin [bf16]               whether HF_DIR holds MODEL's weights (rounded to bf16)
 Each prints one line; "ok" at its start when the property holds.
@@ -66,6 +67,15 @@ def main():
             print("FAIL the val tokens do not decode to the end of the text")
         else:
             print(f"ok train {len(train) - 1} + val {len(val) - 1} tokens are the whole text's {len(whole)}; val decodes to its last {len(val_text)} characters")
+    elif cmd == "legacy":  # merges as "left right" strings, "" for the unused affixes, no use_regex
+        tj = json.load(open(sys.argv[2], encoding="utf-8"))
+        tj["model"]["merges"] = [" ".join(m) for m in tj["model"]["merges"]]
+        tj["model"]["continuing_subword_prefix"] = ""
+        tj["model"]["end_of_word_suffix"] = ""
+        tj["model"].pop("ignore_merges", None)
+        tj["pre_tokenizer"].pop("use_regex", None)
+        json.dump(tj, open(sys.argv[3], "w", encoding="utf-8"), indent=2)
+        print(f"ok wrote {sys.argv[3]}")
     elif cmd == "bf16":
         raw = bytearray(open(sys.argv[2], "rb").read())
         h = list(struct.unpack("<256i", raw[:1024]))
