@@ -303,6 +303,9 @@ static void test_export() {
     rc = bpe_sh("python3 data/import.py " + d + "/x1 " + d + "/imp/model.bin && python3 data/export.py " + d + "/imp/model.bin " + d + "/x3", &out);
     check(rc == 0 && same_file(d + "/imp/model.bin", m1) && same_file(d + "/x3/model.safetensors", d + "/x1/model.safetensors") &&
           same_file(d + "/x3/config.json", d + "/x1/config.json"), "import.py then export.py: the checkpoint and model.safetensors again, bit for bit (exit %d)", rc);
+    rc = bpe_sh("python3 dev/test_bpe.py hub " + d + "/x1 " + d + "/hub && python3 data/import.py " + d + "/hub " + d + "/hub.bin", &out);
+    check(rc == 0 && same_file(d + "/hub.bin", m1), "import.py of the Hub's layout (no \"transformer.\" prefix, attention mask buffers, "
+          "lm_head.weight): the same checkpoint (exit %d)", rc);
     rc = run_cmd("-e " + d + "/imp/model.bin -x 0 -g 12 --prompt The --threads 1", &out, &err);
     check(rc == 0 && bpe_sample(out).rfind("The", 0) == 0, "-e on the imported file samples, with the tokenizer import put beside it (exit %d)%s",
           rc, bpe_line(err).c_str());

@@ -4,6 +4,7 @@
     python3 dev/test_bpe.py ids TOKENIZER TEXT OUT.json N   [text, ids] pairs: TEXT's lines, TEXT whole, N random strings
     python3 dev/test_bpe.py split TOKENIZER TEXT TRAIN.bin VAL.bin   whether the token files are TEXT's tokens, split
     python3 dev/test_bpe.py legacy TOKENIZER OUT.json                  TOKENIZER as older files (GPT-2's own) write it
+    python3 dev/test_bpe.py hub HF_DIR OUT_DIR                         HF_DIR laid out as the Hub's gpt2 folder is
     python3 dev/test_bpe.py bf16 MODEL.bin OUT.bin                     MODEL (version 3) as llm.c's bf16 version 5
     python3 dev/test_bpe.py same HF_DIR MODEL.bin [bf16]               whether HF_DIR holds MODEL's weights (rounded to bf16)
 Each prints one line; "ok" at its start when the property holds.
@@ -75,6 +76,20 @@ def main():
         tj["model"].pop("ignore_merges", None)
         tj["pre_tokenizer"].pop("use_regex", None)
         json.dump(tj, open(sys.argv[3], "w", encoding="utf-8"), indent=2)
+        print(f"ok wrote {sys.argv[3]}")
+    elif cmd == "hub":  # names without "transformer.", the attention mask buffers, an lm_head equal to wte, F16-free
+        from export import read_safetensors, write_safetensors
+        os.makedirs(sys.argv[3], exist_ok=True)
+        conf = json.load(open(os.path.join(sys.argv[2], "config.json")))
+        w = {k[len("transformer."):]: v for k, v in read_safetensors(os.path.join(sys.argv[2], "model.safetensors")).items()}
+        T = conf["n_positions"]
+        for layer in range(conf["n_layer"]):
+            w[f"h.{layer}.attn.bias"] = np.tril(np.ones((T, T), dtype=np.float32))[None, None]
+        w["lm_head.weight"] = w["wte.weight"]
+        write_safetensors(os.path.join(sys.argv[3], "model.safetensors"), w)
+        for k in ("architectures", "bos_token_id", "eos_token_id", "n_inner", "scale_attn_weights", "tie_word_embeddings"):
+            conf.pop(k, None)
+        json.dump(conf, open(os.path.join(sys.argv[3], "config.json"), "w"))
         print(f"ok wrote {sys.argv[3]}")
     elif cmd == "bf16":
         raw = bytearray(open(sys.argv[2], "rb").read())
