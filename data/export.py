@@ -40,6 +40,7 @@ LAYER_NAMES = {"ln1w": ("ln_1.weight", False), "ln1b": ("ln_1.bias", False),
                "fcw": ("mlp.c_fc.weight", True), "fcb": ("mlp.c_fc.bias", False),
                "fcprojw": ("mlp.c_proj.weight", True), "fcprojb": ("mlp.c_proj.bias", False)}
 EOT = "<|endoftext|>"
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"]
 
 
 def die(msg, prog="export.py"):
@@ -280,6 +281,10 @@ def main():
         die(f"{out_dir} exists and is not a directory")
     os.makedirs(out_dir, exist_ok=True)
     eot = None
+    if not tok:  # no tokenizer files of an earlier export left beside other weights
+        for name in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
     if tok:
         eot, n = write_tokenizer_files(tok, out_dir, cfg["maxT"])
         if n != cfg["V"]:
