@@ -929,6 +929,7 @@ static void test_sampling() {
 #include "dev/test_runs.cuh"
 #include "dev/test_procs.cuh"
 #include "dev/test_gpu.cuh"
+#include "dev/test_bpe.cuh"
 #include "dev/test_ops.cuh"
 
 // ----------------------------------------------------------------------------
@@ -1001,6 +1002,9 @@ static const TestGroup g_groups[] = {
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
     {"buildconfig", test_build_config, "build/config records MPI, WERROR, the GPU models; changing one rebuilds tp and test_tp"},
+    {"bpe", test_bpe, "prepare.py --vocab N: C++ encoder = Hugging Face ids, decoding, the split, bad inputs, tokenizer mismatches"},
+    {"bperun", test_bpe_run, "a tiny BPE run trains and samples words; the run folder samples on its own"},
+    {"export", test_export, "export.py at TP 1 and 2 identical, numpy logits = tp's, import then export bit for bit, bf16, non-GPT-2"},
     {"readme", test_readme, "the README's first val loss of the default run is what ./tp prints"},
 };
 
