@@ -13,7 +13,7 @@ MAKEFLAGS += -j$(shell nproc)  # builds side by side (make test: test_tp beside 
 NVCC     ?= /usr/local/cuda/bin/nvcc
 CUDA_DIR  = $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))..)
 comma    := ,
-HOSTFLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function
+HOSTFLAGS = -O3 -march=native -fopenmp-simd -Wall -Wextra -Wno-unused-function
 # Kernels for each GPU model of this machine (the compute capabilities nvidia-smi lists; only digits are
 # taken, so an nvidia-smi that prints an error adds nothing), or with none for A100 (sm_80) and H100/H200
 # (sm_90); plus PTX of the highest, which the driver compiles at load time for GPUs newer than these.
@@ -27,7 +27,7 @@ ifeq ($(WERROR),1)
 NVWERROR  = -Werror all-warnings
 endif
 NVFLAGS   = -std=c++17 -O3 $(NVWERROR) $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS)) $(MPI_CFLAGS)
-LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp -ldl $(MPI_LIBS)
+LDLIBS    = -lcublas -lcublasLt -lnccl -ldl $(MPI_LIBS)
 # MPI (to run data parallelism across processes with mpirun): compiled in when an MPI compiler wrapper
 # (Debian's OpenMPI: apt-get install openmpi-bin libopenmpi-dev) is found, or never with make MPI=0.
 # Its flags come from `mpicxx --showme`; nvcc takes -I, -L and -l as they are, the rest through -Xcompiler.
@@ -37,7 +37,7 @@ MPI_CFLAGS = -DTP_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
              $(foreach f,$(shell mpicxx --showme:compile),$(if $(filter -I%,$(f)),$(f),-Xcompiler $(f)))
 MPI_LIBS   = $(foreach f,$(shell mpicxx --showme:link),$(if $(filter -l% -L%,$(f)),$(f),-Xcompiler $(f)))
 endif
-SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh common/error.h data/grammar.h data/loader.h data/tokenizer.h \
+SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh common/error.h common/cpu_pool.h data/grammar.h data/loader.h data/tokenizer.h \
             train/checkpoint.h train/logger.h train/sampler.h
 
 all: tp
@@ -45,7 +45,7 @@ all: tp
 tp: tp.cu $(SOURCES) | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ tp.cu $(LDLIBS)
 
-test_tp: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES) | nvcc
+test_tp: test_tp.cu tp.cu dev/test_gpu.cuh dev/test_perf.cuh $(SOURCES) | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ test_tp.cu $(LDLIBS)
 
 test: test_tp tp
@@ -72,30 +72,30 @@ toolkit:
 	if [ $$ok = 1 ]; then echo "toolkit: complete; make builds ./tp"; else echo "toolkit: incomplete (see above)"; exit 1; fi
 
 # sanitizer builds: host code only (the CPU backend, the comm layer, the driver), -O1 with frame pointers
-SANFLAGS = -std=c++17 -O1 -g -Xcompiler -march=native,-fopenmp,-fno-omit-frame-pointer $(MPI_CFLAGS)
+SANFLAGS = -std=c++17 -O1 -g -Xcompiler -march=native,-fopenmp-simd,-fno-omit-frame-pointer $(MPI_CFLAGS)
 ASAN = -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-sanitize-recover=all -Xlinker -lasan,-lubsan
 TSAN = -Xcompiler -fsanitize=thread -Xlinker -ltsan
 
 tp_asan: tp.cu $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ tp.cu $(LDLIBS)
-test_tp_asan: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
+test_tp_asan: test_tp.cu tp.cu dev/test_gpu.cuh dev/test_perf.cuh $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ test_tp.cu $(LDLIBS)
 asan: tp_asan test_tp_asan
 	ASAN_OPTIONS=detect_leaks=0 TP_BIN=./tp_asan ./test_tp_asan
 
 tp_tsan: tp.cu $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ tp.cu $(LDLIBS)
-test_tp_tsan: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
+test_tp_tsan: test_tp.cu tp.cu dev/test_gpu.cuh dev/test_perf.cuh $(SOURCES)
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ test_tp.cu $(LDLIBS)
 tsan: tp_tsan test_tp_tsan
 	TSAN_OPTIONS=halt_on_error=1 TP_BIN=./tp_tsan ./test_tp_tsan
 
 # for people working on kernels: no optimisation, host and device debug info (-G implies line info), and
 # TP_CUDA_DEBUG, which makes every CUDA_LAUNCH_CHECK wait for its kernel so a fault names the kernel
-DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function $(MPI_CFLAGS)
+DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp-simd,-Wall,-Wextra,-Wno-unused-function $(MPI_CFLAGS)
 tp_debug: tp.cu $(SOURCES)
 	$(NVCC) $(DEBUGFLAGS) -o $@ tp.cu $(LDLIBS)
-test_tp_debug: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES)
+test_tp_debug: test_tp.cu tp.cu dev/test_gpu.cuh dev/test_perf.cuh $(SOURCES)
 	$(NVCC) $(DEBUGFLAGS) -o $@ test_tp.cu $(LDLIBS)
 debug: tp_debug test_tp_debug
 
@@ -127,10 +127,10 @@ gpucheck: tp test_tp
 # of aggregates keeps a float4 one 16-byte access (alignment-checked). The emulator itself is plain C++.
 EMU       = build/emu
 EMU_CXX  ?= g++
-EMU_FLAGS = -std=c++17 -O1 -g -fdebug-prefix-map=$(CURDIR)=. -fno-tree-sra -fno-pie -fopenmp -pthread -fsanitize=thread \
+EMU_FLAGS = -std=c++17 -O1 -g -fdebug-prefix-map=$(CURDIR)=. -fno-tree-sra -fno-pie -fopenmp-simd -pthread -fsanitize=thread \
             --param=tsan-instrument-func-entry-exit=0 -Wall -Wno-unknown-pragmas -Wno-unused-function -DTP_EMU -Idev/emu/include
 EMU_RTFLAGS = -std=c++17 -O2 -g -fno-pie -pthread -Wall -Wextra
-EMU_LDFLAGS = -no-pie -pthread -fopenmp -Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset
+EMU_LDFLAGS = -no-pie -pthread -Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset
 EMU_RT    = $(EMU)/runtime.o $(EMU)/exec.o $(EMU)/blas.o $(EMU)/nccl.o
 EMU_SRCS := $(shell find . \( -path ./build -o -path ./.git -o -path ./dev/emu/include \) -prune -o \
               \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.hpp' -o -name '*.inl' -o -name '*.inc' \) -print)

@@ -1249,6 +1249,7 @@ static void test_dp_cli() {
 }
 
 #include "dev/test_gpu.cuh"
+#include "dev/test_perf.cuh"
 // ----------------------------------------------------------------------------
 // data parallelism across processes: ./tp under mpirun (Open MPI), on the CPU
 
@@ -2115,6 +2116,7 @@ static const TestGroup g_groups[] = {
     {"rundir", test_run_dir, "-y 1 alone continues a run, a used -o is refused, log.csv after kill -9, -o a/b/c"},
     {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
+    {"pool", test_pool, "the CPU ranks' worker threads: FTZ|DAZ in each, asleep when idle, bit-identical at any count"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
 };
 
