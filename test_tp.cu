@@ -2117,6 +2117,7 @@ static const TestGroup g_groups[] = {
     {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
     {"pool", test_pool, "the CPU ranks' worker threads: FTZ|DAZ in each, asleep when idle, bit-identical at any count"},
+    {"cpuarch", test_cpu_arch, "the host code's -march: x86-64-v4 on AVX-512, v3 on AVX2, else native"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
 };
 

@@ -3,6 +3,8 @@
 // same bits at any number of threads. Included by test_tp.cu; group "pool".
 #include <sys/resource.h>
 
+static int run_sh(const std::string& cmd, std::string* out);  // test_tp.cu: runs cmd, stdout and stderr to out
+
 // the process's CPU time (user + system) in seconds
 static double perf_cpu_seconds() {
     struct rusage u;
@@ -120,5 +122,29 @@ static void test_pool() {
         bool same = many.size() == one.size() && memcmp(many.data(), one.data(), one.size() * sizeof(float)) == 0;
         check(same, "gemm, attention, layernorm, GELU and bias-gradient outputs (%zu floats) at %d threads bit-identical to 1 thread",
               one.size(), nt);
+    }
+}
+
+// The build's CPU code: x86-64-v4 on any AVX-512 CPU, x86-64-v3 on any AVX2 one, with generic tuning, so
+// an Intel and an AMD host compile the same vector code; -march=native for anything else.
+static void test_cpu_arch() {
+    struct Case { const char* what; const char* flags; const char* want; };
+    const Case cases[] = {
+        {"an AVX-512 CPU (Zen 4 or Xeon)", "fpu sse2 avx avx2 fma bmi1 bmi2 f16c abm movbe xsave avx512f avx512bw avx512cd avx512dq avx512vl",
+         "-march=x86-64-v4,-mtune=generic,-mprefer-vector-width=512"},
+        {"an AVX2 CPU", "fpu sse2 avx avx2 fma bmi1 bmi2 f16c abm movbe xsave", "-march=x86-64-v3,-mtune=generic"},
+        {"a CPU without AVX2", "fpu sse2 avx", "-march=native"},
+    };
+    std::string dir = tmpdir();
+    for (const Case& c : cases) {
+        std::string f = dir + "/cpuinfo";
+        FILE* fp = fopen(f.c_str(), "w");
+        if (fp) {
+            fprintf(fp, "processor\t: 0\nflags\t\t: %s\n", c.flags);
+            fclose(fp);
+        }
+        std::string out;
+        int rc = run_sh("make -n -B tp CPUINFO=" + f, &out);
+        check(rc == 0 && out.find(c.want) != std::string::npos, "make on %s: the host code is built with %s (exit %d)", c.what, c.want, rc);
     }
 }
