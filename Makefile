@@ -13,7 +13,22 @@ MAKEFLAGS += -j$(shell nproc)  # builds side by side (make test: test_tp beside 
 NVCC     ?= /usr/local/cuda/bin/nvcc
 CUDA_DIR  = $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))..)
 comma    := ,
-HOSTFLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function
+# The CPU code is built for the level of x86-64 the machine has, not for its model: every CPU with AVX-512
+# gets the same instructions (x86-64-v4, 512-bit vectors), every AVX2 one the same (x86-64-v3), with
+# generic tuning; so an Intel and an AMD host run the same vector code and print the same losses. The
+# speed is that of -march=native here (the GEMM tile's registers are chosen in kernels_cpu.h). Others:
+# -march=native. make HOSTARCH=-march=native builds for this CPU model alone.
+CPUINFO  ?= /proc/cpuinfo
+CPUFLAGS := $(shell grep -m1 '^flags' $(CPUINFO) 2>/dev/null)
+has_all   = $(if $(strip $(foreach f,$(1),$(if $(filter $(f),$(CPUFLAGS)),,missing))),,yes)
+ifeq ($(call has_all,avx512f avx512bw avx512cd avx512dq avx512vl avx2 fma bmi2 movbe),yes)
+HOSTARCH ?= -march=x86-64-v4 -mtune=generic -mprefer-vector-width=512
+else ifeq ($(call has_all,avx2 fma bmi1 bmi2 f16c abm movbe xsave),yes)
+HOSTARCH ?= -march=x86-64-v3 -mtune=generic
+else
+HOSTARCH ?= -march=native
+endif
+HOSTFLAGS = -O3 $(HOSTARCH) -fopenmp-simd -Wall -Wextra -Wno-unused-function
 # Kernels for each GPU model of this machine (the compute capabilities nvidia-smi lists; only digits are
 # taken, so an nvidia-smi that prints an error adds nothing), or with none for A100 (sm_80) and H100/H200
 # (sm_90); plus PTX of the highest, which the driver compiles at load time for GPUs newer than these.
@@ -27,7 +42,7 @@ ifeq ($(WERROR),1)
 NVWERROR  = -Werror all-warnings
 endif
 NVFLAGS   = -std=c++17 -O3 $(NVWERROR) $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS)) $(MPI_CFLAGS)
-LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp -ldl $(MPI_LIBS)
+LDLIBS    = -lcublas -lcublasLt -lnccl -ldl $(MPI_LIBS)
 # MPI (to run data parallelism across processes with mpirun): compiled in when an MPI compiler wrapper
 # (Debian's OpenMPI: apt-get install openmpi-bin libopenmpi-dev) is found, or never with make MPI=0.
 # Its flags come from `mpicxx --showme`; nvcc takes -I, -L and -l as they are, the rest through -Xcompiler.
@@ -83,7 +98,7 @@ toolkit:
 	if [ $$ok = 1 ]; then echo "toolkit: complete; make builds ./tp"; else echo "toolkit: incomplete (see above)"; exit 1; fi
 
 # sanitizer builds: host code only (the CPU backend, the comm layer, the driver), -O1 with frame pointers
-SANFLAGS = -std=c++17 -O1 -g -Xcompiler -march=native,-fopenmp,-fno-omit-frame-pointer $(MPI_CFLAGS)
+SANFLAGS = -std=c++17 -O1 -g -Xcompiler $(subst $() ,$(comma),$(HOSTARCH)),-fopenmp-simd,-fno-omit-frame-pointer $(MPI_CFLAGS)
 ASAN = -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-sanitize-recover=all -Xlinker -lasan,-lubsan
 TSAN = -Xcompiler -fsanitize=thread -Xlinker -ltsan
 
@@ -103,7 +118,7 @@ tsan: tp_tsan test_tp_tsan
 
 # for people working on kernels: no optimisation, host and device debug info (-G implies line info), and
 # TP_CUDA_DEBUG, which makes every CUDA_LAUNCH_CHECK wait for its kernel so a fault names the kernel
-DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function $(MPI_CFLAGS)
+DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp-simd,-Wall,-Wextra,-Wno-unused-function $(MPI_CFLAGS)
 tp_debug: tp.cu $(SOURCES) build/config
 	$(NVCC) $(DEBUGFLAGS) -o $@ tp.cu $(LDLIBS)
 test_tp_debug: $(TESTS) $(SOURCES) build/config

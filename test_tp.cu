@@ -929,6 +929,7 @@ static void test_sampling() {
 #include "dev/test_runs.cuh"
 #include "dev/test_procs.cuh"
 #include "dev/test_gpu.cuh"
+#include "dev/test_perf.cuh"
 #include "dev/test_bpe.cuh"
 #include "dev/test_ops.cuh"
 
@@ -1005,6 +1006,8 @@ static const TestGroup g_groups[] = {
     {"bpe", test_bpe, "prepare.py --vocab N: C++ encoder = Hugging Face ids, decoding, the split, bad inputs, tokenizer mismatches"},
     {"bperun", test_bpe_run, "a tiny BPE run trains and samples words; the run folder samples on its own"},
     {"export", test_export, "export.py at TP 1 and 2 identical, numpy logits = tp's, import then export bit for bit, bf16, non-GPT-2"},
+    {"pool", test_pool, "the CPU ranks' worker threads: FTZ|DAZ in each, asleep when idle, bit-identical at any count"},
+    {"cpuarch", test_cpu_arch, "the host code's -march: x86-64-v4 on AVX-512, v3 on AVX2, else native"},
     {"readme", test_readme, "the README's first val loss of the default run is what ./tp prints"},
 };
 

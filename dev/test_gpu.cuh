@@ -630,7 +630,7 @@ static void gpu_training_tests(int ndev) {
 static void gpu_op_tests(const char* argv0, int ndev) {
     CudaCtx cx;
     cuda_ctx_init(&cx, 0, 0);
-    omp_set_num_threads(std::max(1u, std::thread::hardware_concurrency()));
+    cpu_pool_start((int)std::max(1u, std::thread::hardware_concurrency()));  // the CPU references on every core
     test_matmul(&cx);
     test_attention(&cx);
     cuda_set_tf32(&cx, false);  // full fp32: the same comparisons, tight

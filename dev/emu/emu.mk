@@ -17,11 +17,11 @@ ifeq ($(MPI),1)
 EMU_MPI_CFLAGS = -DTP_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(shell mpicxx --showme:compile)
 EMU_MPI_LIBS   = $(shell mpicxx --showme:link)
 endif
-EMU_FLAGS = -std=c++17 -O1 -g -fdebug-prefix-map=$(CURDIR)=. -fno-tree-sra -fno-pie -fopenmp -pthread -fsanitize=thread \
+EMU_FLAGS = -std=c++17 -O1 -g -fdebug-prefix-map=$(CURDIR)=. -fno-tree-sra -fno-pie -fopenmp-simd -pthread -fsanitize=thread \
             --param=tsan-instrument-func-entry-exit=0 -Wall -Wno-unknown-pragmas -Wno-unused-function -DTP_EMU -I$(EMU_FAKE) \
             $(EMU_MPI_CFLAGS)
 EMU_RTFLAGS = -std=c++17 -O2 -g -fno-pie -pthread -Wall -Wextra
-EMU_LDFLAGS = -no-pie -pthread -fopenmp -Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset
+EMU_LDFLAGS = -no-pie -pthread -Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset
 EMU_LIBS  = $(EMU_MPI_LIBS) -lrt
 EMU_RT    = $(EMU)/runtime.o $(EMU)/exec.o $(EMU)/blas.o $(EMU)/nccl.o
 EMU_SRCS := $(shell find . \( -path ./build -o -path ./.git -o -path ./$(EMU_FAKE) \) -prune -o \
