@@ -1249,6 +1249,7 @@ static void test_dp_cli() {
 }
 
 #include "dev/test_gpu.cuh"
+#include "dev/test_files.cuh"
 // ----------------------------------------------------------------------------
 // data parallelism across processes: ./tp under mpirun (Open MPI), on the CPU
 
@@ -2114,6 +2115,7 @@ static const TestGroup g_groups[] = {
     {"memory", test_memory, "a run that cannot fit is refused at once; the estimate against a measured run"},
     {"rundir", test_run_dir, "-y 1 alone continues a run, a used -o is refused, log.csv after kill -9, -o a/b/c"},
     {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
+    {"checksums", test_checksums, "checkpoint checksums: each kind of damage found, the fallback to the newest that verifies, refusal"},
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
 };

@@ -101,15 +101,44 @@ struct StepStats {
 // Process 0 alone reads the output directory and the model file (under mpirun they may be on its machine
 // only); each phase that reads ends with procs_share, which hands every process what process 0 read.
 
+// -y 1: the newest checkpoint in dir whose files verify (whole, and matching the checksums in the state
+// file). A damaged one is named in a warning and the one before it is taken; with none left the run is
+// refused, saying what is damaged and what to do. Process 0; says how long verifying took.
+static int resume_pick(const char* dir, const std::vector<int>& saved) {
+    double t0 = comm_now();
+    std::string damaged;      // "step 6: model_00000006.bin does not match its checksum; step 4: ..."
+    int ndamaged = 0;
+    int verified_model = -1;  // the newest step whose model file verified, though its state file did not
+    for (int i = (int)saved.size() - 1; i >= 0; i--) {
+        CkptCheck ck = ckpt_verify(dir, saved[i]);
+        if (ck.model_ok && ck.state_ok) {
+            if (ndamaged)
+                fprintf(stderr, "warning: damaged checkpoint%s in %s not used (%s): resuming from step %d, the newest checkpoint that verifies\n",
+                        ndamaged > 1 ? "s" : "", dir, damaged.c_str(), saved[i]);
+            printf("tp: checkpoint of step %d %s in %.2f s\n", saved[i],
+                   ck.summed ? "verified against its checksums" : "has no checksums (an older tp wrote it): sizes checked", comm_now() - t0);
+            return saved[i];
+        }
+        if (ck.model_ok && ck.summed && verified_model < 0) verified_model = saved[i];
+        damaged += (damaged.empty() ? "step " : "; step ") + std::to_string(saved[i]) + ": " + ck.why;
+        ndamaged++;
+    }
+    std::string hint = "restore the files from a copy, or start over in " + std::string(dir) + " with --fresh 1 instead of -y 1";
+    if (verified_model >= 0)
+        hint = "start a new run from the weights of step " + std::to_string(verified_model) + " (they verify) with -e " +
+               ckpt_path(dir, "model", verified_model) + " and another -o, or " + hint;
+    fatal("-y 1: no checkpoint in %s verifies, every one is damaged (%s): %s", dir, damaged.c_str(), hint.c_str());
+}
+
 // The output directory, and what a resume finds there: the newest checkpoint's step, the model's shape
 // and the run's saved flags, which fill in every flag the command line did not give.
 static void setup_resume(Run* run) {
     Args* a = &run->args;
     bool first = g_procs.me == 0;
     std::vector<int> saved = a->outdir && first ? outdir_setup(a) : std::vector<int>();
-    run->saved_step = saved.empty() ? -1 : saved.back();
+    run->saved_step = -1;
     if (first && a->resume && saved.empty()) printf("tp: -y 1 but no checkpoint in %s yet: starting a new run there\n", a->outdir);
-    if (!a->resume) run->saved_step = -1;
+    if (first && a->resume && !saved.empty()) run->saved_step = resume_pick(a->outdir, saved);
     if (first && run->saved_step >= 0) {
         run->model_file = ckpt_path(a->outdir, "model", run->saved_step);
         model_read(run->model_file.c_str(), &run->cfg, nullptr);
@@ -170,6 +199,7 @@ static bool setup_model_shape(Run* run) {
                 fatal("-e %s is neither a readable checkpoint file nor a descriptor (d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", model);
             if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", model);
             model_read(model, c, nullptr);
+            model_verify_beside(model);
             run->model_file = model;
             run->vocab_from = "the checkpoint's";
             if (a->vocab && a->vocab != c->V)

@@ -231,6 +231,31 @@ static std::vector<int> outdir_setup(const Args* a) {
     return {};
 }
 
+// -e DIR/model_N.bin of a tp checkpoint with its state file beside it (the same folder and step): the model
+// file must match the checksum there. Process 0, before the weights are read.
+static void model_verify_beside(const char* model) {
+    std::string path = model;
+    size_t slash = path.rfind('/');
+    std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+    const char* base = model + (slash == std::string::npos ? 0 : slash + 1);
+    int step, len = 0;
+    if (sscanf(base, "model_%d.bin%n", &step, &len) != 1 || base[len] != '\0') return;
+    std::string state = ckpt_path(dir.c_str(), "state", step);
+    FILE* sf = fopen(state.c_str(), "rb");
+    if (!sf) return;  // a model file alone: llm.c's format has no checksum of its own
+    StateHeader h;
+    bool ok = state_header_read(sf, &h);
+    fclose(sf);
+    if (!ok || h.version < 4) return;
+    FILE* mf = fopen(model, "rb");
+    if (!mf) return;  // setup_model_shape reports it
+    std::string why = model_check(mf, path, &h);
+    fclose(mf);
+    if (!why.empty())
+        fatal("-e %s: %s, against the checksum in %s beside it: give an earlier checkpoint of that run, or restore the file from a copy",
+              model, why.c_str(), state.c_str());
+}
+
 // -e against the run's checkpoint on a resume: a model given must have its shape
 static void resume_model_check(const Args* a, const GPTConfig* c) {
     GPTConfig want = *c;
