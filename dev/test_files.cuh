@@ -1,6 +1,7 @@
 // dev/test_files.cuh: the tests of the files a run leaves behind and of what tp says about them:
-// checkpoint checksums and the fallback to the newest checkpoint that verifies. Black-box: ./tp is run as
-// a user runs it.
+// checkpoint checksums and the fallback to the newest checkpoint that verifies, folders that hold a run
+// (orphan files, -y 1 on a missing folder), one run per folder (the lock), the temporary files of a save
+// cut short. Black-box: ./tp is run as a user runs it.
 // Included by test_tp.cu (it uses its check, run_cmd, tmpdir, spawn_tp, ...).
 #pragma once
 #include <sys/file.h>
@@ -175,5 +176,82 @@ static void test_checksums() {
     rc = run_cmd("-y 1 -x 8 --threads 1 -o " + dir, &out, &err);
     check(rc == 0 && out.find("has no checksums (an older tp wrote it)") != std::string::npos && ckpt_steps(dir.c_str()).back() == 8,
           "a version-3 state file (no checksums) resumes (exit %d): %s", rc, f_line_with(out, "checksums").c_str());
+}
+
+// ----------------------------------------------------------------------------
+// folders: what holds a run, one run at a time, leftovers
+
+static void test_run_folders() {
+    printf("run folders: orphan files are nobody's to overwrite, -y 1 needs a folder, one run per folder, stale .tmp removed\n");
+    std::string d = tmpdir() + "/folders";
+    mkdir(d.c_str(), 0755);
+    std::string base = "-e L2C64H4 -b 2 -t 32 -v 0 -g 0 --threads 1 --tp 1 ";
+    std::string out, err;
+    // -y 1 on a folder that does not exist
+    int rc = run_cmd(base + "-x 2 -y 1 -o " + d + "/nope", &out, &err);
+    check(rc == 1 && f_lines(err) == 1 && err.find("no such folder") != std::string::npos && !f_exists(d + "/nope"),
+          "-y 1 -o on a missing folder: exit %d, refused, nothing created: %s", rc, f_first_line(err).c_str());
+    // a folder with a model file and log.csv but no state file
+    rc = run_cmd(base + "-x 4 -o " + d + "/a", nullptr, nullptr);
+    std::string o = d + "/orphan";
+    mkdir(o.c_str(), 0755);
+    f_sh("cp " + d + "/a/model_00000004.bin " + d + "/a/log.csv " + o + "/");
+    std::vector<char> model = slurp_bytes(o + "/model_00000004.bin"), log = slurp_bytes(o + "/log.csv");
+    auto untouched = [&]() {
+        return slurp_bytes(o + "/model_00000004.bin") == model && slurp_bytes(o + "/log.csv") == log && !model.empty() &&
+               ckpt_steps(o.c_str()).empty();
+    };
+    rc = run_cmd("-y 1 -x 2 --threads 1 -o " + o, &out, &err);
+    check(rc == 1 && f_lines(err) == 1 && err.find("model_00000004.bin but no state file") != std::string::npos &&
+          err.find("-e " + o + "/model_00000004.bin") != std::string::npos && err.find("--fresh 1") != std::string::npos && untouched(),
+          "-y 1 on model_N.bin without its state file: exit %d, named, untouched: %s", rc, f_first_line(err).c_str());
+    rc = run_cmd(base + "-x 2 -o " + o, &out, &err);
+    check(rc == 1 && f_lines(err) == 1 && err.find("holds the files of another run") != std::string::npos && untouched(),
+          "a new run in it without --fresh 1: exit %d, refused, untouched: %s", rc, f_first_line(err).c_str());
+    std::string lo = d + "/logonly";
+    mkdir(lo.c_str(), 0755);
+    f_sh("cp " + d + "/a/log.csv " + lo + "/");
+    rc = run_cmd(base + "-x 2 -o " + lo, &out, &err);
+    check(rc == 1 && err.find("(log.csv)") != std::string::npos && slurp_bytes(lo + "/log.csv") == log,
+          "a new run where only log.csv is: exit %d, refused: %s", rc, f_first_line(err).c_str());
+    rc = run_cmd(base + "-x 2 --fresh 1 -o " + o, &out, &err);
+    check(rc == 0 && !f_exists(o + "/model_00000004.bin") && ckpt_steps(o.c_str()) == std::vector<int>({2}),
+          "--fresh 1 clears them and starts over (exit %d): %s", rc, f_line_with(out, "--fresh 1").c_str());
+    // two runs in one folder at once: the second is refused naming the first's pid; the first goes on
+    std::string l = d + "/locked";
+    pid_t first = spawn_tp(base + "-x 1000000 -n 3 -o " + l, d + "/first.txt");
+    bool started = wait_for_text(d + "/first.txt", "saved checkpoint", 60);
+    std::string tmp = l + "/model_00000777.bin.tmp";  // as if the first run were in the middle of a save
+    f_sh("echo partial > " + tmp);
+    rc = run_cmd(base + "-x 2 --fresh 1 -o " + l, &out, &err);
+    std::string pid = "pid " + std::to_string(first);
+    bool refused = rc == 1 && f_lines(err) == 1 && err.find("is in use by another run (" + pid) != std::string::npos;
+    check(started && refused && f_exists(tmp) && !ckpt_steps(l.c_str()).empty(),
+          "a second run (--fresh 1) while the first runs: exit %d, refused, the first's files kept: %s", rc, f_first_line(err).c_str());
+    rc = run_cmd(base + "-y 1 -x 2000000 -o " + l, &out, &err);
+    check(rc == 1 && err.find(pid) != std::string::npos, "-y 1 while it runs: exit %d, refused naming %s", rc, pid.c_str());
+    kill(first, SIGINT);
+    int status = 0;
+    waitpid(first, &status, 0);
+    std::string fo = f_text(d + "/first.txt");
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 0 && fo.find("interrupted after step") != std::string::npos,
+          "the first run then stops on Ctrl-C and saves (exit %d): %s", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+          f_line_with(fo, "interrupted").c_str());
+    // a run killed with kill -9 leaves its lock file, which does not block; the partial files go
+    std::string k = d + "/killed";
+    pid_t victim = spawn_tp(base + "-x 1000000 -n 2 -o " + k, d + "/killed.txt");
+    started = wait_for_text(d + "/killed.txt", "saved checkpoint", 60);
+    kill(victim, SIGKILL);
+    waitpid(victim, &status, 0);
+    std::string held = f_text(k + "/.lock");
+    for (const char* name : {"/model_00000099.bin.tmp", "/state_00000099.bin.tmp", "/log.csv.tmp"}) f_sh("echo partial > " + k + name);
+    rc = run_cmd("-y 1 --threads 1 -x " + std::to_string(ckpt_steps(k.c_str()).back() + 1) + " -o " + k, &out, &err);
+    std::string now = f_text(k + "/.lock");
+    check(started && atoi(held.c_str()) == victim && rc == 0 && out.find("resuming from") != std::string::npos && now != held,
+          "kill -9 leaves .lock with pid %d: the next run takes it over (exit %d, .lock now pid %d)%s", atoi(held.c_str()), rc,
+          atoi(now.c_str()), err.c_str());
+    bool gone = !f_exists(k + "/model_00000099.bin.tmp") && !f_exists(k + "/state_00000099.bin.tmp") && !f_exists(k + "/log.csv.tmp");
+    check(gone && out.find("removed 3 temporary files") != std::string::npos, "the stale .tmp files are removed at the start: %s",
+          f_line_with(out, "temporary").c_str());
 }
 

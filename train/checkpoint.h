@@ -460,14 +460,48 @@ static void loader_restore(DataLoader* d, const TrainState* s) {
     rng >> d->rng;
 }
 
-// Deletes every checkpoint in dir (the state file first, so a half-deleted pair never looks saved);
-// returns how many there were.
+// The files in dir that belong to a run: every model_*.bin and state_*.bin (paired or not) and log.csv.
+// A folder holding any of them holds a run, whether or not a resume could continue it.
+static std::vector<std::string> run_files(const char* dir) {
+    std::vector<std::string> names;
+    for (const char* pat : {"/model_*.bin", "/state_*.bin", "/log.csv"}) {
+        glob_t g;
+        if (glob((std::string(dir) + pat).c_str(), 0, nullptr, &g) != 0) continue;
+        for (size_t i = 0; i < g.gl_pathc; i++) names.push_back(file_name(g.gl_pathv[i]));
+        globfree(&g);
+    }
+    return names;
+}
+
+// "a, b, c and 4 more": names for a message line
+static std::string name_list(const std::vector<std::string>& names, size_t show = 3) {
+    std::string s;
+    for (size_t i = 0; i < names.size() && i < show; i++) s += (i ? ", " : "") + names[i];
+    if (names.size() > show) s += " and " + std::to_string(names.size() - show) + " more";
+    return s;
+}
+
+// Removes what an interrupted save left in dir: its temporary files (AtomicFile's PATH.tmp), never a
+// finished file. Only while this run holds the folder's lock, so no live run's save is touched. Returns
+// the names removed.
+static std::vector<std::string> remove_stale_tmp(const char* dir) {
+    std::vector<std::string> gone;
+    for (const char* pat : {"/model_*.bin.tmp", "/state_*.bin.tmp", "/log.csv.tmp", "/sweep.csv.tmp"}) {
+        glob_t g;
+        if (glob((std::string(dir) + pat).c_str(), 0, nullptr, &g) != 0) continue;
+        for (size_t i = 0; i < g.gl_pathc; i++)
+            if (remove(g.gl_pathv[i]) == 0) gone.push_back(file_name(g.gl_pathv[i]));
+        globfree(&g);
+    }
+    return gone;
+}
+
+// Deletes every file of the run in dir (state files first, so a half-deleted pair never looks saved);
+// returns how many checkpoints there were.
 static int ckpt_remove_all(const char* dir) {
     std::vector<int> steps = ckpt_steps(dir);
-    for (int step : steps) {
-        remove(ckpt_path(dir, "state", step).c_str());
-        remove(ckpt_path(dir, "model", step).c_str());
-    }
+    for (int step : steps) remove(ckpt_path(dir, "state", step).c_str());
+    for (const std::string& name : run_files(dir)) remove((std::string(dir) + "/" + name).c_str());
     return (int)steps.size();
 }
 
