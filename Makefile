@@ -13,6 +13,7 @@ MAKEFLAGS += -j$(shell nproc)  # builds side by side (make test: test_tp beside 
 NVCC     ?= /usr/local/cuda/bin/nvcc
 CUDA_DIR  = $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))..)
 comma    := ,
+TP_VERSION := $(shell git describe --always --dirty 2>/dev/null)
 HOSTFLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function
 # Kernels for each GPU model of this machine (the compute capabilities nvidia-smi lists; only digits are
 # taken, so an nvidia-smi that prints an error adds nothing), or with none for A100 (sm_80) and H100/H200
@@ -27,6 +28,7 @@ ifeq ($(WERROR),1)
 NVWERROR  = -Werror all-warnings
 endif
 NVFLAGS   = -std=c++17 -O3 $(NVWERROR) $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS)) $(MPI_CFLAGS)
+NVFLAGS  += $(if $(TP_VERSION),-DTP_VERSION='"$(TP_VERSION)"')  # ./tp --version
 LDLIBS    = -lcublas -lcublasLt -lnccl -lgomp -ldl $(MPI_LIBS)
 # MPI (to run data parallelism across processes with mpirun): compiled in when an MPI compiler wrapper
 # (Debian's OpenMPI: apt-get install openmpi-bin libopenmpi-dev) is found, or never with make MPI=0.

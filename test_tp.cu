@@ -2117,6 +2117,7 @@ static const TestGroup g_groups[] = {
     {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
     {"checksums", test_checksums, "checkpoint checksums: each kind of damage found, the fallback to the newest that verifies, refusal"},
     {"folders", test_run_folders, "orphan files, -y 1 on a missing folder, one run per folder (lock), stale .tmp files"},
+    {"messages", test_honest_messages, "a failed save, a peer's death under mpirun, --version, -i alone, a default -t that adapts"},
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
 };

@@ -207,6 +207,13 @@ static bool setup_model_shape(Run* run) {
         }
     }
     procs_share(c, a->timeout);
+    // a default -t longer than the model allows adapts to it (said); a -t the user gave is refused in setup_data
+    Args* args = &run->args;
+    if (args->T > c->maxT && !args->given[flag_find("-t") - g_flags]) {
+        if (g_procs.me == 0) printf("tp: the model's maximum sequence length is %d: using -t %d instead of the default %d\n", c->maxT, c->maxT, args->T);
+        args->T = c->maxT;
+        grid_setup(run);  // -d's micro-steps follow the tokens of a micro-batch
+    }
     return descriptor;
 }
 
@@ -351,7 +358,8 @@ static void rank_run_start(RankRun* rr, Run* run, int d, int r) {
     int g = rr->rk.dp.rank;  // the replica, counted over all processes
     loader_init(&rr->train, "train", a->train, files ? nullptr : &run->corpus_train, a->B, a->T, run->cfg.V, a->shuffle,
                 run->Dg, g, run->accum);
-    loader_init(&rr->val, "val", a->val, files ? nullptr : &run->corpus_val, a->B, a->T, run->cfg.V, false, run->Dg, g, 1);
+    if (!files || a->val)  // -i alone (with -v 0) has no val data
+        loader_init(&rr->val, "val", a->val, files ? nullptr : &run->corpus_val, a->B, a->T, run->cfg.V, false, run->Dg, g, 1);
 }
 
 static void rank_run_end(RankRun* rr) {
@@ -425,10 +433,28 @@ enum Phase { PHASE_STEP, PHASE_EVAL, PHASE_SAMPLE };
 static std::atomic<int> g_phase{PHASE_STEP};
 static char g_signal_msg[3][160];  // what the handler prints in each phase, written before it is installed
 
-static void on_signal(int sig) {
+// Under mpirun a SIGTERM from the parent (mpirun, or its daemon on another machine) means the job is being
+// ended: a process of it died or failed (mpirun then ends the others, and kills them a second later), or
+// mpirun itself was stopped. This process cannot finish a step with a peer gone, let alone save: it says so,
+// with the last good checkpoint, and exits at once instead of promising a save.
+static char g_mpi_end_msg[160];
+
+static void write_str(const char* s) {
+    ssize_t ignored = write(STDERR_FILENO, s, strlen(s));  // write and strlen are async-signal-safe
+    (void)ignored;
+}
+
+static void on_signal(int sig, siginfo_t* info, void*) {
+    if (g_procs.n > 1 && sig == SIGTERM && info && info->si_pid == getppid()) {
+        write_str(g_mpi_end_msg);
+        const char* note = fatal_note();
+        write_str(note ? note : "nothing was saved (no -o)");
+        write_str("\n");
+        _exit(1);
+    }
     g_signal.store(sig);
     const char* msg = g_signal_msg[g_phase.load()];
-    ssize_t ignored = write(STDOUT_FILENO, msg, strlen(msg));  // write and strlen are async-signal-safe
+    ssize_t ignored = write(STDOUT_FILENO, msg, strlen(msg));
     (void)ignored;
 }
 
@@ -439,9 +465,11 @@ static void signal_setup(const Run* run) {
         const char* what[3] = {"after this step", "after this evaluation batch", "this sample"};
         snprintf(g_signal_msg[p], sizeof(g_signal_msg[0]), "\ntp: stopping %s%s (Ctrl-C again quits at once)\n", what[p], then);
     }
+    snprintf(g_mpi_end_msg, sizeof(g_mpi_end_msg), "tp: process %d of %d: mpirun is ending the job (a process of it died or failed, or "
+             "mpirun was stopped): stopping without saving; ", g_procs.me, g_procs.n);
     struct sigaction sa = {};
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops at once
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_RESETHAND | SA_SIGINFO;  // a second Ctrl-C stops at once
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
 }
@@ -601,6 +629,7 @@ static void rank_main(Run* run, int d, int r) {
         if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
             checkpoint_save(&run->ckpt, run->init.data(), &rr.m, &rr.rk, &rr.world, &rr.train, step + 1);
             last_saved = step + 1;
+            if (d == 0 && r == 0) ckpt_note(a->outdir, last_saved);  // each process's first thread
         }
         // a signal: every rank stops after the same step (the step's world all-reduce carried every rank's flag)
         if (st.stop) {
@@ -609,8 +638,10 @@ static void rank_main(Run* run, int d, int r) {
             return;
         }
     }
-    if (a->outdir && last_saved != a->max_steps)
+    if (a->outdir && last_saved != a->max_steps) {
         checkpoint_save(&run->ckpt, run->init.data(), &rr.m, &rr.rk, &rr.world, &rr.train, a->max_steps);
+        if (d == 0 && r == 0) ckpt_note(a->outdir, a->max_steps);
+    }
     char note[96];
     check_replicas(run, &rr, a->max_steps, note, sizeof(note));
     if (lead && a->max_steps > run->start_step + 1) print_average_line(run, &total, a->max_steps - run->start_step - 1, note);
@@ -627,6 +658,8 @@ static int tp_main(int argc, char** argv) {
     Run* run = new Run();
     parse_args(argc, argv, &run->args);
     run_setup(run);
+    // from here on every error line (and mpirun's ending of the job) names the last good checkpoint
+    if (run->args.outdir && !run->sample_only && !run->args.sweep) ckpt_note(run->args.outdir, run->resuming ? run->start_step : 0);
     if (!run->args.sweep) signal_setup(run);  // before the setup is printed: from then on Ctrl-C is handled
     print_setup(run);
     if (run->args.sweep) {

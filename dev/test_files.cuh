@@ -1,7 +1,8 @@
 // dev/test_files.cuh: the tests of the files a run leaves behind and of what tp says about them:
 // checkpoint checksums and the fallback to the newest checkpoint that verifies, folders that hold a run
 // (orphan files, -y 1 on a missing folder), one run per folder (the lock), the temporary files of a save
-// cut short. Black-box: ./tp is run as a user runs it.
+// cut short, a failed save, the messages after a peer's death under mpirun, --version, -i alone with -v 0,
+// and a default -t that adapts to the model. Black-box: ./tp is run as a user runs it.
 // Included by test_tp.cu (it uses its check, run_cmd, tmpdir, spawn_tp, ...).
 #pragma once
 #include <sys/file.h>
@@ -255,3 +256,115 @@ static void test_run_folders() {
           f_line_with(out, "temporary").c_str());
 }
 
+// ----------------------------------------------------------------------------
+// honest messages
+
+#ifdef TP_MPI
+// process p's pid from the grid line "process p (host, pid N)"
+static int f_grid_pid(const std::string& out, int p) {
+    size_t at = out.find("process " + std::to_string(p) + " (");
+    if (at == std::string::npos) return -1;
+    at = out.find("pid ", at);
+    return at == std::string::npos ? -1 : atoi(out.c_str() + at + 4);
+}
+
+// A job of two processes saving every 3 steps into -o; process 1 gets sig after a checkpoint. The survivor
+// must say what happened and which checkpoint is the last good one, and promise no save.
+static void expect_peer_death(int sig, const char* expect) {
+    std::string d = tmpdir() + "/peerdeath" + std::to_string(sig);
+    f_sh("rm -rf " + d);
+    mkdir(d.c_str(), 0755);
+    std::string out = d + "/out.txt";
+    pid_t job = fork();
+    if (job == 0) {
+        std::string cmd = "exec timeout 120 mpirun -np 2 --oversubscribe " + tp_bin() + " -e L2C64H4 -b 2 -t 32 -x 1000000 -v 0 -g 0 "
+                          "--threads 1 --timeout 3 -n 3 -o " + d + "/run >" + out + " 2>" + out + ".err </dev/null";
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+        _exit(127);
+    }
+    bool started = wait_for_text(out, "saved checkpoint", 60) && wait_for_text(out, "step    5/", 60);
+    int victim = f_grid_pid(f_text(out), 1);
+    if (started && victim > 0) kill(victim, sig);
+    int status = 0;
+    double t0 = comm_now();
+    bool ended = false;
+    while (comm_now() - t0 < 30 && !(ended = waitpid(job, &status, WNOHANG) == job)) usleep(20000);
+    if (!ended) {
+        kill(job, SIGKILL);
+        waitpid(job, &status, 0);
+    }
+    if (victim > 0) kill(victim, SIGKILL);
+    std::vector<int> steps = ckpt_steps((d + "/run").c_str());
+    std::string err = f_text(out + ".err"), so = f_text(out);
+    std::string last = steps.empty() ? "none" : "the last good checkpoint is step " + std::to_string(steps.back()) + " in " + d + "/run";
+    std::string line = f_line_with(err, expect);
+    check(started && ended && line.find(last) != std::string::npos && so.find("then saving") == std::string::npos &&
+          err.find("then saving") == std::string::npos, "process 1 %s: the survivor says so, names the last checkpoint, promises no save: %s",
+          sig == SIGKILL ? "killed (SIGKILL)" : "stopped (SIGSTOP)", line.empty() ? f_first_line(err).c_str() : line.c_str());
+}
+#endif
+
+static void test_honest_messages() {
+    printf("messages: a failed save says what remains, a peer's death under mpirun, --version, -i alone, a default -t that adapts\n");
+    std::string d = tmpdir() + "/honest";
+    mkdir(d.c_str(), 0755);
+    std::string base = "-e L2C64H4 -b 2 -t 32 -v 0 -g 0 --threads 1 --tp 1 ";
+    std::string out, err;
+    // a save that fails (the file size limit stands in for a full disk: 1000 KB holds the model file, not the
+    // state file): its partial files go, and the line lists what remains
+    int rc = run_cmd(base + "-x 2 -o " + d + "/full", nullptr, nullptr);
+    std::string limited = "bash -c \"trap '' XFSZ; ulimit -f 1000; exec " + tp_bin() + " ";
+    std::string cmd = limited + "-y 1 -x 4 --threads 1 -o " + d + "/full\" >/dev/null 2>" + d + "/full.err";
+    int rc2 = f_sh(cmd);
+    err = f_text(d + "/full.err");
+    bool clean = !f_exists(d + "/full/model_00000004.bin") && f_sh("ls " + d + "/full/*.tmp >/dev/null 2>&1") != 0;
+    check(rc == 0 && rc2 == 1 && f_lines(err) == 1 && err.find("saving the checkpoint of step 4 failed") != std::string::npos &&
+          err.find("the checkpoint in " + d + "/full is step 2") != std::string::npos && clean && ckpt_steps((d + "/full").c_str()) == std::vector<int>({2}),
+          "a failed save: exit %d, its partial files removed, step 2 named as what remains: %s", rc2, f_first_line(err).c_str());
+    cmd = limited + base + "-x 2 -o " + d + "/full2\" >/dev/null 2>" + d + "/full2.err";
+    rc = f_sh(cmd);
+    err = f_text(d + "/full2.err");
+    check(rc == 1 && err.find("no checkpoint of this run is saved in " + d + "/full2") != std::string::npos &&
+          err.find("intact") == std::string::npos && !f_exists(d + "/full2/model_00000002.bin"),
+          "a failed first save: exit %d, says that nothing is saved: %s", rc, f_first_line(err).c_str());
+    // a non-finite loss names the last good checkpoint
+    GPTConfig cfg = make_config(2, 4, 64, 256, 64);
+    std::vector<float> w = init_weights(&cfg, 3);
+    model_write((d + "/short_T.bin").c_str(), &cfg, w.data());  // maxT 64
+    w[w.size() - 2 * 64] = NAN;
+    model_write((d + "/nan.bin").c_str(), &cfg, w.data());
+    rc = run_cmd("-e " + d + "/nan.bin -b 2 -t 32 -x 3 -v 0 -g 0 --threads 1 -o " + d + "/nan", nullptr, &err);
+    check(rc == 1 && f_lines(err) == 1 && err.find("not finite") != std::string::npos &&
+          err.find("no checkpoint of this run is saved in " + d + "/nan yet") != std::string::npos,
+          "a non-finite loss says what is saved: %s", f_first_line(err).c_str());
+    // --version
+    rc = run_cmd("--version", &out, &err);
+    check(rc == 0 && out.rfind("tp ", 0) == 0 && out.find("CUDA ") != std::string::npos && out.find("NCCL ") != std::string::npos &&
+          out.find("MPI") != std::string::npos && err.empty(), "--version: exit %d: %s | %s", rc, f_first_line(out).c_str(),
+          f_line_with(out, "built with").c_str());
+    // -i alone with -v 0
+    write_tokens(d + "/train.bin", random_tokens(5000, 256, 4));
+    rc = run_cmd(base + "-x 2 -i " + d + "/train.bin", &out, &err);
+    check(rc == 0 && out.find("step    2/2") != std::string::npos, "-i alone with -v 0 trains without val data (exit %d)%s", rc, err.c_str());
+    // a default -t beyond the model's maxT adapts; one given is refused
+    rc = run_cmd("-e " + d + "/short_T.bin -x 0 -g 4 --threads 1", &out, &err);
+    check(rc == 0 && out.find("using -t 64 instead of the default 128") != std::string::npos, "-e CKPT (max T 64) -x 0: exit %d: %s", rc,
+          f_line_with(out, "-t 64").c_str());
+    rc = run_cmd("-e " + d + "/short_T.bin -x 0 -g 4 -t 128 --threads 1", &out, &err);
+    check(rc == 1 && err.find("exceeds the model's maximum 64") != std::string::npos, "-t 128 given: still refused: %s", f_first_line(err).c_str());
+#ifdef TP_MPI
+    if (f_sh("command -v mpirun >/dev/null 2>&1") != 0) {
+        printf("  skip the messages after a peer's death: no mpirun\n");
+        g_skipped++;
+        return;
+    }
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_btl", "self,vader", 1);
+    expect_peer_death(SIGKILL, "mpirun is ending the job");
+    expect_peer_death(SIGSTOP, "for the other processes");
+#else
+    printf("  skip the messages after a peer's death under mpirun: this build has no MPI\n");
+    g_skipped++;
+#endif
+}

@@ -505,6 +505,26 @@ static int ckpt_remove_all(const char* dir) {
     return (int)steps.size();
 }
 
+// What a message says about the checkpoints in dir: "the checkpoints in DIR are steps 5 and 10 (continue
+// with -y 1 -o DIR)", or that there are none.
+static std::string ckpt_remaining(const char* dir) {
+    std::vector<int> steps = ckpt_steps(dir);
+    if (steps.empty()) return std::string("no checkpoint of this run is saved in ") + dir;
+    std::string list;
+    for (size_t i = 0; i < steps.size(); i++)
+        list += (i == 0 ? "" : i + 1 == steps.size() ? " and " : ", ") + std::to_string(steps[i]);
+    return std::string("the checkpoint") + (steps.size() > 1 ? "s" : "") + " in " + dir + (steps.size() > 1 ? " are steps " : " is step ") +
+           list + " (continue with -y 1 -o " + dir + ")";
+}
+
+// The note every later error line ends with (common/error.h): the last good checkpoint of the run in dir.
+static void ckpt_note(const char* dir, int step) {
+    char note[600];
+    if (step > 0) snprintf(note, sizeof(note), "the last good checkpoint is step %d in %s: continue with -y 1 -o %s", step, dir, dir);
+    else snprintf(note, sizeof(note), "no checkpoint of this run is saved in %s yet", dir);
+    fatal_note_set(note);
+}
+
 // ----------------------------------------------------------------------------
 // saving
 
@@ -542,9 +562,14 @@ static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* r
             err = state_write(state.c_str(), &h, ck->flags, ck->m.data(), ck->v.data(), train, rng.str());
             failed = &state;
         }
-        if (err != 0)
-            fatal("saving the checkpoint of step %d failed: cannot write %s: %s; the earlier checkpoints are intact", step,
-                  failed->c_str(), strerror(err));
+        if (err != 0) {
+            // the failed file's temporary is gone already (atomic_close); a model file without its state file
+            // is no checkpoint: it goes too, and the line says exactly what is left
+            if (failed == &state) remove(model.c_str());
+            fatal_note_set(nullptr);
+            fatal("saving the checkpoint of step %d failed: cannot write %s: %s; removed this save's partial files; %s", step,
+                  failed->c_str(), strerror(err), ckpt_remaining(ck->dir).c_str());
+        }
         // keep the newest ck->keep steps; the state file goes first, so a half-removed pair never looks saved
         std::vector<int> steps = ckpt_steps(ck->dir);
         for (int i = 0; i + ck->keep < (int)steps.size(); i++) {

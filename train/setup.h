@@ -332,7 +332,7 @@ static void data_setup(Run* run, bool descriptor) {
     const Args* a = &run->args;
     long replica_tokens = (long)a->B * a->T * run->Dg;  // a val batch of every replica; a train step is accum of them
     run->train_shards = token_files(a->train, "train", replica_tokens * run->accum + 1);
-    run->val_shards = token_files(a->val, "val", replica_tokens + 1);
+    if (a->val) run->val_shards = token_files(a->val, "val", replica_tokens + 1);  // -i alone: -v 0, no val data
     int max_id = -1;
     long val_samples = 0;
     for (auto* shards : {&run->train_shards, &run->val_shards})
