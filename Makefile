@@ -41,6 +41,7 @@ MPI_LIBS   = $(foreach f,$(shell mpicxx --showme:link),$(if $(filter -l% -L%,$(f
 endif
 SOURCES   = gpt.cu comm.cuh kernels_cpu.h kernels.cuh common/error.h data/grammar.h data/loader.h data/tokenizer.h \
             train/checkpoint.h train/logger.h train/sampler.h
+SOURCES  += train/flags.h train/setup.h train/report.h train/sweep.h  # tp.cu includes them too: a change rebuilds
 
 all: tp
 
@@ -49,6 +50,8 @@ tp: tp.cu $(SOURCES) | nvcc
 
 test_tp: test_tp.cu tp.cu dev/test_gpu.cuh $(SOURCES) | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ test_tp.cu $(LDLIBS)
+
+test_tp: dev/test_files.cuh
 
 test: test_tp tp
 	./test_tp

@@ -202,7 +202,7 @@ static void test_run_folders() {
         return slurp_bytes(o + "/model_00000004.bin") == model && slurp_bytes(o + "/log.csv") == log && !model.empty() &&
                ckpt_steps(o.c_str()).empty();
     };
-    rc = run_cmd("-y 1 -x 2 --threads 1 -o " + o, &out, &err);
+    rc = run_cmd(base + "-y 1 -x 2 -o " + o, &out, &err);  // (the flags bound the run a tp without this check starts)
     check(rc == 1 && f_lines(err) == 1 && err.find("model_00000004.bin but no state file") != std::string::npos &&
           err.find("-e " + o + "/model_00000004.bin") != std::string::npos && err.find("--fresh 1") != std::string::npos && untouched(),
           "-y 1 on model_N.bin without its state file: exit %d, named, untouched: %s", rc, f_first_line(err).c_str());
@@ -229,7 +229,7 @@ static void test_run_folders() {
     bool refused = rc == 1 && f_lines(err) == 1 && err.find("is in use by another run (" + pid) != std::string::npos;
     check(started && refused && f_exists(tmp) && !ckpt_steps(l.c_str()).empty(),
           "a second run (--fresh 1) while the first runs: exit %d, refused, the first's files kept: %s", rc, f_first_line(err).c_str());
-    rc = run_cmd(base + "-y 1 -x 2000000 -o " + l, &out, &err);
+    rc = run_in("timeout 60", base + "-y 1 -x 2000000 -o " + l, &out, &err);  // a tp without the lock would train on
     check(rc == 1 && err.find(pid) != std::string::npos, "-y 1 while it runs: exit %d, refused naming %s", rc, pid.c_str());
     kill(first, SIGINT);
     int status = 0;

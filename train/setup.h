@@ -284,8 +284,8 @@ static std::vector<int> outdir_setup(const Args* a) {
               "delete them and start over%s", dir, name_list(files).c_str(),
               models.empty() ? "" : (" (-e " + std::string(dir) + "/" + models.back() + " starts a new run from its weights)").c_str());
     int n = ckpt_remove_all(dir);
-    printf("tp: --fresh 1: deleted the files of the earlier run in %s (%d checkpoint%s, %s)\n", dir, n, n == 1 ? "" : "s",
-           name_list(files).c_str());
+    std::string what = n ? std::to_string(n) + (n == 1 ? " checkpoint: " : " checkpoints: ") : "";
+    printf("tp: --fresh 1: deleted the earlier run's files in %s (%s%s)\n", dir, what.c_str(), name_list(files).c_str());
     return {};
 }
 
