@@ -206,6 +206,7 @@ static bool setup_model_shape(Run* run) {
                 fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, model, c->V);
         }
     }
+    tokenizer_setup(run, g_procs.me == 0);
     procs_share(c, a->timeout);
     // a default -t longer than the model allows adapts to it (said); a -t the user gave is refused in setup_data
     Args* args = &run->args;
@@ -308,7 +309,7 @@ static void setup_outputs(Run* run) {
         run->floor_nats = grammar_entropy_per_byte();
     }
     // sampling: replica 0 samples, and it runs in process 0
-    if (first && a->tokenizer) tokenizer_load(&run->tokenizer, a->tokenizer, run->cfg.V);
+    if (first && !run->tokenizer.path.empty()) tokenizer_check(&run->tokenizer, run->cfg.V);
     if (first) prompt_setup(run);
 }
 

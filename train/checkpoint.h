@@ -1,4 +1,4 @@
-// train/checkpoint.h: model files, state files and resume.
+// train/checkpoint.h (needs the model, gpt.cu): model files, state files and resume.
 //
 // A checkpoint of step N in DIR is two files:
 //   DIR/model_NNNNNNNN.bin  the weights in llm.c's GPT-2 fp32 format (a header of 256 int32: magic

@@ -145,8 +145,10 @@ static void usage(FILE* out) {
         "  --temperature X  sampling temperature (0: greedy)                   (default 0.8)\n"
         "  --topk K    sample from the K most likely tokens (0: all)            (default 0)\n"
         "  --sample-seed N  seed of the sampler                                 (default 42)\n"
-        "  --prompt S  text to continue (byte-level models)                     (default: a newline)\n"
-        "  --tokenizer F  llm.c gpt2_tokenizer.bin to print GPT-2 tokens as text (default: token ids)\n"
+        "  --prompt S  text to continue (byte-level or BPE tokenizer.json models) (default: a newline or EOT)\n"
+        "  --tokenizer F  a BPE tokenizer.json (decodes samples, encodes --prompt, sets a new model's vocab)\n"
+        "              or llm.c's gpt2_tokenizer.bin (decodes)   (default: a tokenizer.json next to -i,\n"
+        "              next to -e, or in -o; else bytes or token ids)\n"
         "  --version   tp's version and what it was built with (CUDA, NCCL, MPI, GPU code)\n"
         "  --help      this text\n");
 }

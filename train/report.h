@@ -1,7 +1,7 @@
-// train/report.h: everything a run prints about itself: the startup tables (the model, the grid and which
-// rank runs where, the shard plan, the memory per rank, the communication per step, the data) and the
-// step and average lines of training. Process 0 prints; world rank 0 prints the step lines.
-// Needs the model (gpt.cu) and tp.cu's Run and StepStats: tp.cu includes it right after them.
+// train/report.h (needs the model and tp.cu's Run): everything a run prints about itself: the startup
+// tables (the model, the grid and which rank runs where, the shard plan, the memory per rank, the
+// communication per step, the data) and the step and average lines of training. Process 0 prints; world
+// rank 0 prints the step lines.
 #pragma once
 #include <climits>
 #include <cstdlib>
@@ -26,7 +26,7 @@ static void comm_summary(char* out, size_t n, double seconds, const double sent[
     }
     int w = snprintf(out, n, " | comm %.1f ms, %.2f MB", seconds * 1e3, total / 1e6);
     if (kinds < 2) return;
-    const char* abbrev[COMM_KINDS] = {"AR", "RS", "AG", "BC"};
+    const char* abbrev[COMM_KINDS] = {"AR", "RS", "AG"};
     for (int k = 0, first = 1; k < COMM_KINDS && w < (int)n; k++)
         if (sent[k] > 0) {
             w += snprintf(out + w, n - w, "%s%s %.2f", first ? " (" : ", ", abbrev[k], sent[k] / 1e6);

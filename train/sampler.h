@@ -1,6 +1,7 @@
-// train/sampler.h: text from the model. Generation runs through the vocab-parallel LM head: each rank
-// has the logits of its vocab slice only, so gpt_logits_row all-gathers one position's row, and every
-// rank then draws from the same seeded generator, so all ranks agree on every token.
+// train/sampler.h (needs the model, gpt.cu): text from the model. Generation runs through the vocab-
+// parallel LM head: each rank has the logits of its vocab slice only, so gpt_logits_row all-gathers one
+// position's row, and every rank then draws from the same seeded generator, so all ranks agree on every
+// token.
 #pragma once
 #include <algorithm>
 #include <cfloat>

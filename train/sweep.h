@@ -1,7 +1,7 @@
-// train/sweep.h: --sweep 1, the scaling table. Every valid P, and every (P, D) that fits the cores or
-// GPUs, trains a few steps of the same model on the same data through the same train_step as a run;
-// one table (and with -o, sweep.csv) of time, throughput, speed-up, communication and memory per grid.
-// Needs the model (gpt.cu) and tp.cu's Run, RankRun and train_step: tp.cu includes it after the loop.
+// train/sweep.h (needs the model and tp.cu's loop): --sweep 1, the scaling table. Every valid P, and every
+// (P, D) that fits the cores or GPUs, trains a few steps of the same model on the same data through the
+// same train_step as a run; one table (and with -o, sweep.csv) of time, throughput, speed-up, communication
+// and memory per grid.
 #pragma once
 #include <string>
 #include <thread>

@@ -1,0 +1,371 @@
+// dev/test_cli.cuh: the command line, run as a user runs it: ./tp as a child process with the llm.c-parity
+// flags, bad input (one line on stderr, exit 1, never a crash), sampling from the command line, the
+// flag wording and the build. Part of test_tp.cu, which includes it after its harness.
+#pragma once
+// ----------------------------------------------------------------------------
+// the command line, run as a user runs it
+
+// the tp binary under test: ./tp, or $TP_BIN (the sanitizer builds test their own)
+static std::string tp_bin() {
+    const char* b = getenv("TP_BIN");
+    return b ? b : "./tp";
+}
+
+// runs `launcher tp args` (launcher: empty, or e.g. "mpirun -np 2"), returns its exit status
+static int run_in(const std::string& launcher, const std::string& args, std::string* out, std::string* err) {
+    std::string d = tmpdir();
+    std::string cmd = launcher + (launcher.empty() ? "" : " ") + tp_bin() + " " + args + " >" + d + "/out.txt 2>" + d + "/err.txt </dev/null";
+    int rc = system(cmd.c_str());
+    auto slurp = [](const std::string& p) {
+        std::string s;
+        FILE* f = fopen(p.c_str(), "r");
+        if (!f) return s;
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
+        fclose(f);
+        return s;
+    };
+    if (out) *out = slurp(d + "/out.txt");
+    if (err) *err = slurp(d + "/err.txt");
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static int run_cmd(const std::string& args, std::string* out, std::string* err) { return run_in("", args, out, err); }
+
+static std::vector<float> grep_floats(const std::string& text, const char* key) {
+    std::vector<float> v;
+    size_t pos = 0, kl = strlen(key);
+    while ((pos = text.find(key, pos)) != std::string::npos) {
+        v.push_back(strtof(text.c_str() + pos + kl, nullptr));
+        pos += kl;
+    }
+    return v;
+}
+
+static std::vector<char> slurp_bytes(const std::string& path) {
+    std::vector<char> b;
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return b;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) b.insert(b.end(), buf, buf + n);
+    fclose(f);
+    return b;
+}
+
+// starts ./tp in the background with stdout and stderr in files; returns its pid
+static pid_t spawn_tp(const std::string& args, const std::string& out) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        std::string cmd = "exec " + tp_bin() + " " + args + " >" + out + " 2>" + out + ".err </dev/null";
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+        _exit(127);
+    }
+    return pid;
+}
+
+static bool wait_for_text(const std::string& path, const char* text, double seconds) {
+    double t0 = comm_now();
+    while (comm_now() - t0 < seconds) {
+        std::vector<char> b = slurp_bytes(path);
+        if (std::string(b.begin(), b.end()).find(text) != std::string::npos) return true;
+        usleep(20000);
+    }
+    return false;
+}
+
+// a text file of n bytes of the corpus's sentences
+static std::string write_text(const std::string& path, size_t n, uint64_t seed) {
+    std::string text;
+    grammar_generate(seed, n, &text, nullptr);
+    FILE* f = fopen(path.c_str(), "wb");
+    fwrite(text.data(), 1, text.size(), f);
+    fclose(f);
+    return text;
+}
+
+// runs a shell command; its stdout and stderr together in *out
+static int run_sh(const std::string& cmd, std::string* out) {
+    std::string path = tmpdir() + "/sh_out.txt";
+    int rc = system((cmd + " >" + path + " 2>&1 </dev/null").c_str());
+    std::vector<char> b = slurp_bytes(path);
+    if (out) out->assign(b.begin(), b.end());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static std::string first_line_with(const std::string& text, const char* key) {
+    size_t p = text.find(key);
+    if (p == std::string::npos) return "(none)";
+    size_t b = text.rfind('\n', p), e = text.find('\n', p);
+    b = b == std::string::npos ? 0 : b + 1;
+    return text.substr(b, e == std::string::npos ? std::string::npos : e - b);
+}
+
+static void test_cli_parity_run() {
+    printf("command line: the llm.c-parity command gives the same losses at --tp 1, 2, 4\n");
+    std::string d = tmpdir();
+    GPTConfig cfg = make_config(2, 4, 32, 256, 64);
+    std::vector<float> init = init_weights(&cfg, 21);
+    model_write((d + "/ckpt.bin").c_str(), &cfg, init.data());
+    write_tokens(d + "/train.bin", random_tokens(4000, 256, 1));
+    write_tokens(d + "/val.bin", random_tokens(2000, 256, 2));
+    std::string base = "-e " + d + "/ckpt.bin -i " + d + "/train.bin -j " + d + "/val.bin -b 4 -t 64 -x 12 -l 1e-4 -u 0 -q 1 -c 0 "
+                       "--beta2 0.999 --clip 0 --shuffle 0 -v 10 -m 5 -s 0 --device cpu --threads 1 --tp ";
+    std::vector<float> ref_train, ref_val;
+    for (int P : {1, 2, 4}) {
+        std::string out, err;
+        int rc = run_cmd(base + std::to_string(P), &out, &err);
+        std::vector<float> tr = grep_floats(out, "| loss "), va = grep_floats(out, "val loss ");
+        bool shape = rc == 0 && tr.size() == 12 && va.size() == 3;  // val before steps 0, 10 and at the last step (11)
+        if (P == 1) {
+            ref_train = tr; ref_val = va;
+            check(shape, "--tp 1: exit %d, %zu step losses, %zu val losses%s%s", rc, tr.size(), va.size(), err.empty() ? "" : ": ", err.c_str());
+            continue;
+        }
+        double w = 0;
+        for (size_t k = 0; k < tr.size() && k < ref_train.size(); k++) w = worse(w, (double)fabs(tr[k] - ref_train[k]));
+        for (size_t k = 0; k < va.size() && k < ref_val.size(); k++) w = worse(w, (double)fabs(va[k] - ref_val[k]));
+        check_le(shape ? w : INFINITY, 2e-6, "--tp %d: exit %d, printed losses against --tp 1: largest difference", P, rc);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// bad input: one line on stderr naming the problem, exit status 1, never a crash or a hang
+
+static void test_bad_input() {
+    printf("bad input: one clear line on stderr and exit status 1 (a bad flag: and a hint line)\n");
+    std::string d = tmpdir() + "/bad";
+    mkdir(d.c_str(), 0755);
+    std::vector<int> ok_tokens = random_tokens(3000, 256, 3);
+    write_tokens(d + "/ok.bin", ok_tokens);
+    write_tokens(d + "/magic.bin", ok_tokens, 12345);
+    write_tokens(d + "/version.bin", ok_tokens, 20240520, 2);
+    write_tokens(d + "/trunc.bin", ok_tokens, 20240520, 1, 5000);  // header claims more than the file has
+    write_tokens(d + "/short.bin", std::vector<int>(100, 1));
+    std::vector<int> big = ok_tokens;
+    big[1234] = 300;
+    write_tokens(d + "/bigid.bin", big);
+    FILE* f = fopen((d + "/empty.bin").c_str(), "wb");
+    fclose(f);
+    mkdir((d + "/dir.bin").c_str(), 0755);
+    // checkpoints: a good one, and broken copies of it
+    GPTConfig cfg = make_config(1, 2, 16, 256, 32);
+    std::vector<float> init = init_weights(&cfg, 1);
+    model_write((d + "/model.bin").c_str(), &cfg, init.data());
+    std::string m = d + "/model.bin";
+    auto patch = [&](const std::string& name, long offset, int value, long truncate_to) {
+        std::string cmd = "cp " + m + " " + d + "/" + name;
+        if (system(cmd.c_str()) != 0) return;
+        FILE* g = fopen((d + "/" + name).c_str(), "r+b");
+        if (offset >= 0) { fseek(g, offset, SEEK_SET); fwrite(&value, 4, 1, g); }
+        fclose(g);
+        if (truncate_to >= 0 && truncate((d + "/" + name).c_str(), truncate_to) != 0) perror("truncate");
+    };
+    patch("ck_magic.bin", 0, 7, -1);
+    patch("ck_version.bin", 4, 5, -1);
+    patch("ck_trunc.bin", -1, 0, 1024 + 100);
+    patch("ck_short.bin", -1, 0, 10);
+    patch("ck_header.bin", 24, 0, -1);  // C = 0
+    std::string data = " -i " + d + "/ok.bin -j " + d + "/ok.bin";
+    std::string run = " -b 2 -t 16 -x 1 -v 0 -g 0 --threads 1";
+    // flag: a bad command line, answered by the error line and a hint line (./tp --help), nothing on stdout
+    struct { const char* what; std::string args; const char* expect; bool flag = false; } cases[] = {
+        {"missing train file", "-i " + d + "/nope.bin -j " + d + "/ok.bin -e " + m + run, "no train data matches"},
+        {"empty token file", "-i " + d + "/empty.bin -j " + d + "/ok.bin -e " + m + run, "shorter than the 1024-byte header"},
+        {"truncated token file", "-i " + d + "/trunc.bin -j " + d + "/ok.bin -e " + m + run, "truncated or corrupt"},
+        {"wrong-magic token file", "-i " + d + "/magic.bin -j " + d + "/ok.bin -e " + m + run, "not an llm.c token file"},
+        {"wrong-version token file", "-i " + d + "/ok.bin -j " + d + "/version.bin -e " + m + run, "version 2"},
+        {"directory as token file", "-i " + d + "/dir.bin -j " + d + "/ok.bin -e " + m + run, "is a directory"},
+        {"token id >= vocab", "-i " + d + "/bigid.bin -j " + d + "/ok.bin -e " + m + " -b 4 -t 32 --shuffle 0 -x 20 -v 0 -g 0", "token id 300"},
+        {"fewer tokens than one batch", "-i " + d + "/short.bin -j " + d + "/ok.bin -e " + m + run + " -b 8", "fewer than one batch"},
+        {"missing checkpoint", "-e " + d + "/nope.bin" + data + run, "neither a readable checkpoint file nor a descriptor"},
+        {"empty checkpoint", "-e " + d + "/empty.bin" + data + run, "shorter than its 1024-byte header"},
+        {"short checkpoint", "-e " + d + "/ck_short.bin" + data + run, "shorter than its 1024-byte header"},
+        {"truncated checkpoint", "-e " + d + "/ck_trunc.bin" + data + run, "truncated"},
+        {"wrong-magic checkpoint", "-e " + d + "/ck_magic.bin" + data + run, "not an llm.c model file"},
+        {"wrong-version checkpoint (bf16)", "-e " + d + "/ck_version.bin" + data + run, "version 5"},
+        {"checkpoint with an invalid header", "-e " + d + "/ck_header.bin" + data + run, "invalid header"},
+        {"directory as checkpoint", "-e " + d + "/dir.bin" + data + run, "is a directory"},
+        {"T > maxT", "-e " + m + data + run + " -t 64", "exceeds the model's maximum 32"},
+        {"B zero", "-b 0" + data + run, "out of range", true},
+        {"T negative", "-t -5" + data + run, "out of range", true},
+        {"P does not divide the heads", "-e " + m + data + " --tp 3" + run, "valid --tp values are 1, 2"},
+        {"--sp 1 with P not dividing B*T", "-e " + m + data + " --tp 2 --sp 1 -b 3 -t 5 -x 1 -v 0 -g 0 --threads 1", "2 ranks do not divide them"},
+        {"-r out of range", "-r 4", "out of range", true},
+        {"unknown flag", "--frobnicate 1", "unknown flag --frobnicate", true},
+        {"flag missing its value", "-b", "needs a value", true},
+        {"non-numeric value", "-b eight", "takes an integer, not 'eight'", true},
+        {"non-numeric value, --flag=value", "--tp=two", "takes an integer, not 'two'", true},
+        {"non-numeric float", "-l fast", "takes a number, not 'fast'", true},
+        {"out-of-range value", "-q 2", "out of range", true},
+        {"bad device", "--device tpu", "takes auto, cpu or cuda", true},
+        {"-i without -j", "-i " + d + "/ok.bin", "give both -i and -j", true},
+        {"-y 1 with --fresh 1", "-y 1 --fresh 1 -o " + d + "/out", "give one of them", true},
+        {"checkpoint disagrees with --vocab", "-e " + m + " --vocab 300" + data + run, "disagrees with checkpoint"},
+        {"stray argument", "train.bin", "unexpected argument", true},
+        {"bad descriptor", "-e d13", "not a GPT-2 size: the dN descriptors are d1..d12, d24, d36 and d48"},
+        {"channels not a multiple of heads", "-e L3C130H4", "130 channels do not split into 4 heads of equal size"},
+        {"heads that do not divide channels", "-e L3C128H3", "128 channels do not split into 3 heads of equal size"},
+        {"-x 0 with -g 0", "-x 0 -g 0", "-g 0 asks for no tokens"},
+        {"--dp 0", "--dp 0" + data + run, "out of range", true},
+        {"-z 2", "-z 2" + data + run, "out of range", true},
+        {"-d not a multiple of B x T x D", "-e " + m + data + run + " --dp 2 -d 100", "is not a multiple"},
+        {"--tp 3 --dp 2 (heads)", "-e " + m + data + " --tp 3 --dp 2" + run, "valid --tp values are 1, 2"},
+        {"--tp 2 --dp 40 (ranks)", "-e " + m + data + " --tp 2 --dp 40" + run, "more than the 64"},
+    };
+    for (auto& c : cases) {
+        std::string out, err;
+        int rc = run_cmd(c.args, &out, &err);
+        int lines = (int)std::count(err.begin(), err.end(), '\n');
+        bool found = err.find(c.expect) != std::string::npos && err.rfind("error: ", 0) == 0;
+        // a bad flag: the hint is the second line, and the help is not dumped on stdout
+        bool hint = !c.flag || (err.find("\n./tp --help lists the flags\n") != std::string::npos && out.empty());
+        std::string shown = err.substr(0, err.find('\n'));
+        check(rc == 1 && lines == (c.flag ? 2 : 1) && found && hint, "%-34s exit %d, %d stderr line%s: %s", c.what, rc, lines,
+              lines > 1 ? "s" : "", shown.c_str());
+    }
+    // a near miss gets a suggestion in the hint line
+    std::string out, err;
+    int rc = run_cmd("--temprature 0.5", &out, &err);
+    check(rc == 1 && err.find("error: unknown flag --temprature\ndid you mean --temperature? (./tp --help lists the flags)\n") == 0 &&
+          out.empty(), "a misspelt flag: %s", err.c_str());
+}
+
+static void test_sample_cli() {
+    printf("samples: -x 0 samples a checkpoint at any --tp, control bytes escaped, Ctrl-C in an evaluation or a sample\n");
+    std::string d = tmpdir() + "/samplecli";
+    mkdir(d.c_str(), 0755);
+    GPTConfig cfg = make_config(2, 4, 64, 256, 64);
+    std::vector<float> w = init_weights(&cfg, 13);
+    for (auto& x : w) x *= 4.0f;
+    model_write((d + "/model.bin").c_str(), &cfg, w.data());
+    std::string first;
+    bool same = true;
+    for (int P : {1, 2, 4}) {
+        std::string out, err;
+        int rc = run_cmd("-e " + d + "/model.bin -x 0 -g 60 -t 64 --temperature 1 --threads 1 --tp " + std::to_string(P), &out, &err);
+        std::string sample = out.substr(std::min(out.size(), out.find("---")));
+        if (P == 1) first = sample;
+        same &= rc == 0 && sample == first && sample.size() > 60 && out.find("step") == std::string::npos;
+    }
+    check(same, "-x 0 -e model.bin prints the same sample at --tp 1, 2, 4 and trains nothing");
+    std::string out, err;
+    int rc = run_cmd("-e L1C32H2 -b 2 -t 32 -x 3 -v 0 -g 10 --threads 1 -o " + d + "/done", nullptr, nullptr);
+    rc = run_cmd("-y 1 --threads 1 -o " + d + "/done", &out, &err);
+    check(rc == 0 && out.find("is finished (step 3 of 3)") != std::string::npos && out.find("sample after 3 steps") != std::string::npos &&
+          ckpt_steps((d + "/done").c_str()) == std::vector<int>({3}), "-y 1 on a finished run samples it and exits 0 (exit %d)", rc);
+    // an untrained model at a high temperature draws bytes of every kind; the terminal sees none of the control ones
+    rc = run_cmd("-e L1C32H2 -x 0 -g 2000 -t 32 --temperature 50 --threads 1 --prompt \"$(printf 'A\\033[31mB')\"", &out, &err);
+    int raw = 0;
+    for (unsigned char ch : out) raw += (ch < 0x20 && ch != '\n' && ch != '\t') || ch == 0x7f;
+    check(rc == 0 && raw == 0 && out.find("---\nA\\x1b[31mB") != std::string::npos && out.find("\\x") != std::string::npos,
+          "2000 random bytes and an ESC in the prompt: %d raw control bytes on stdout, escapes as \\xNN (exit %d)", raw, rc);
+    // Ctrl-C in a long evaluation (200000 val batches) and in a long sample: said at once, obeyed within a second
+    struct { const char* what; std::string args; const char* wait; const char* said; const char* then; } cases[] = {
+        {"an evaluation", "-e L1C16H2 -b 1 -t 16 -m 200000 -v 1 -x 5 -g 0 --threads 1 -o " + d + "/sig", "data: the embedded corpus",
+         "tp: stopping after this evaluation batch", "interrupted before the first step"},
+        {"a sample", "-e " + d + "/model.bin -x 0 -g 1000000 -t 64 --threads 1", "tp: no training", "tp: stopping this sample", "(interrupted)"},
+    };
+    for (auto& c : cases) {
+        std::string path = d + "/sig_" + std::to_string(&c - cases) + ".txt";
+        pid_t pid = spawn_tp(c.args, path);
+        bool started = wait_for_text(path, c.wait, 30);
+        usleep(getenv("TP_BIN") ? 3000000 : 1000000);  // into the evaluation or the sample (sanitizer builds start slower)
+        double t0 = comm_now();
+        kill(pid, SIGINT);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        double sec = comm_now() - t0;
+        std::vector<char> b = slurp_bytes(path);
+        std::string o(b.begin(), b.end());
+        bool ok = started && WIFEXITED(status) && WEXITSTATUS(status) == 0 && o.find(c.said) != std::string::npos &&
+                  o.find(c.then) != std::string::npos;
+        check_le(ok ? sec : INFINITY, 2.0, "Ctrl-C in %s: '%s', exit %d, seconds to stop", c.what, c.said,
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
+}
+
+static void test_flags_ux() {
+    printf("flags: --flag=value, wording at --tp 1, the CUDA fallback line\n");
+    std::string out1, out2, err;
+    std::string base = "-e L1C32H2 -b 2 -t 32 -x 3 -v 2 -m 1 -g 0 --threads 1";
+    int rc1 = run_cmd(base + " --tp 2 --seed 5 --clip 0.5", &out1, nullptr);
+    int rc2 = run_cmd(base + " --tp=2 --seed=5 --clip=0.5", &out2, nullptr);
+    std::vector<float> a = grep_floats(out1, "| loss "), b = grep_floats(out2, "| loss ");
+    check(rc1 == 0 && rc2 == 0 && a.size() == 3 && a == b, "--tp=2 --seed=5 --clip=0.5 gives the same losses as --tp 2 --seed 5 --clip 0.5");
+    int rc = run_cmd(base + " --tp 1", &out1, &err);
+    std::string table = first_line_with(out1, "memory per rank");
+    bool one = out1.find("tp: 1 rank on the CPU with 1 thread;") != std::string::npos && table.find("TP=1") != std::string::npos &&
+               table.find("TP=", table.find("TP=1") + 1) == std::string::npos && out1.find("communication: none (one rank)") != std::string::npos &&
+               out1.find("communication per step") == std::string::npos && out1.find("comm ") == std::string::npos &&
+               out1.find("collectives") == std::string::npos;
+    check(rc == 0 && one, "--tp 1: one rank, one memory column, no communication claimed (exit %d): %s", rc, first_line_with(out1, "rank").c_str());
+    // a CUDA driver that is there but unusable (here: a library named libcuda.so.1 that is not one)
+    std::string d = tmpdir() + "/fakecuda";
+    mkdir(d.c_str(), 0755);
+    if (run_sh("cc -shared -fPIC -o " + d + "/libcuda.so.1 -x c /dev/null", nullptr) != 0) {
+        printf("  skip the CUDA fallback line: no C compiler to make a stand-in libcuda.so.1\n");
+        g_skipped++;
+        return;
+    }
+    bool quiet = out1.find("CUDA") == std::string::npos;
+    rc = run_sh("LD_LIBRARY_PATH=" + d + " " + tp_bin() + " -x 1 -v 0 -g 0 -e L1C16H2 -b 1 -t 8 --threads 1", &out2);
+    check(rc == 0 && quiet && out2.find("tp: a CUDA driver is installed but cannot be used (") != std::string::npos &&
+          out2.find("running on the CPU") != std::string::npos && out2.find("ranks on the CPU") != std::string::npos,
+          "--device auto with an unusable CUDA driver says so in one line and trains on the CPU; with none, says nothing: %s",
+          first_line_with(out2, "CUDA").c_str());
+}
+
+static void test_build() {
+    printf("build: make builds ./tp alone, -Werror only with WERROR=1, GPU code for each GPU model and PTX\n");
+    std::string out;
+    int rc = run_sh("env -u WERROR make -n -B", &out);  // as a learner types it (CI exports WERROR=1)
+    check(rc == 0 && out.find("-o tp tp.cu") != std::string::npos && out.find("test_tp") == std::string::npos && out.find("-Werror") == std::string::npos,
+          "make: builds tp only, without -Werror (exit %d)", rc);
+    rc = run_sh("make -n -B WERROR=1 test_tp", &out);
+    check(rc == 0 && out.find("-Werror all-warnings") != std::string::npos && out.find("-o test_tp") != std::string::npos,
+          "make WERROR=1 test_tp: -Werror all-warnings (exit %d)", rc);
+    // nvidia-smi stand-ins: a machine with two GPU models (one listed twice), and one whose nvidia-smi fails
+    std::string d = tmpdir() + "/smi";
+    struct { const char* what; const char* script; const char* want; } cases[] = {
+        {"GPUs 8.6, 9.0, 8.6", "printf '8.6\\n9.0\\n8.6\\n'",
+         "-gencode arch=compute_86,code=sm_86 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -X"},
+        {"nvidia-smi failing with a message", "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9",
+         "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -X"},
+    };
+    for (int i = 0; i < 2; i++) {
+        std::string bin = d + std::to_string(i);
+        mkdir(bin.c_str(), 0755);
+        FILE* f = fopen((bin + "/nvidia-smi").c_str(), "w");
+        fprintf(f, "#!/bin/sh\n%s\n", cases[i].script);
+        fclose(f);
+        chmod((bin + "/nvidia-smi").c_str(), 0755);
+        rc = run_sh("PATH=" + bin + ":$PATH make -n -B tp", &out);
+        check(rc == 0 && out.find(cases[i].want) != std::string::npos && out.find("NVIDIA") == std::string::npos,
+              "%s: %s", cases[i].what, first_line_with(out, "-gencode").substr(first_line_with(out, "-gencode").find("-gencode")).substr(0, 140).c_str());
+    }
+}
+
+// The README's "What you see" shows the default run's real output: its first val loss (the model before
+// any step, on the val text) must be what this ./tp prints, so that the README cannot go stale. The
+// README's run is on 2 cores (--tp 2); one step is enough to print it.
+static void test_readme() {
+    printf("README: the first val-loss line of \"What you see\" against the default run\n");
+    FILE* f = fopen("README.md", "r");
+    std::string readme, want;
+    if (f) {
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) readme.append(buf, n);
+        fclose(f);
+    }
+    size_t at = readme.find("## What you see");
+    size_t line = at == std::string::npos ? at : readme.find("\nval loss ", at);
+    if (line != std::string::npos) want = readme.substr(line + 1, readme.find('\n', line + 1) - line - 1);
+    std::string out, err;
+    int rc = run_cmd("-x 1 -g 0 --tp 2", &out, &err);
+    std::string got = first_line_with(out, "val loss ");
+    check(rc == 0 && !want.empty() && got == want, "README's first val loss '%s' is what ./tp prints: '%s' (exit %d)", want.c_str(),
+          got.c_str(), rc);
+}
