@@ -29,6 +29,7 @@ else
 HOSTARCH ?= -march=native
 endif
 HOSTFLAGS = -O3 $(HOSTARCH) -fopenmp-simd -Wall -Wextra -Wno-unused-function
+TP_VERSION := $(shell git describe --always --dirty 2>/dev/null)
 # Kernels for each GPU model of this machine (the compute capabilities nvidia-smi lists; only digits are
 # taken, so an nvidia-smi that prints an error adds nothing), or with none for A100 (sm_80) and H100/H200
 # (sm_90); plus PTX of the highest, which the driver compiles at load time for GPUs newer than these.
@@ -42,6 +43,7 @@ ifeq ($(WERROR),1)
 NVWERROR  = -Werror all-warnings
 endif
 NVFLAGS   = -std=c++17 -O3 $(NVWERROR) $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS)) $(MPI_CFLAGS)
+NVFLAGS  += $(if $(TP_VERSION),-DTP_VERSION='"$(TP_VERSION)"')  # ./tp --version
 LDLIBS    = -lcublas -lcublasLt -lnccl -ldl $(MPI_LIBS)
 # MPI (to run data parallelism across processes with mpirun): compiled in when an MPI compiler wrapper
 # (Debian's OpenMPI: apt-get install openmpi-bin libopenmpi-dev) is found, or never with make MPI=0.

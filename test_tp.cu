@@ -930,6 +930,7 @@ static void test_sampling() {
 #include "dev/test_procs.cuh"
 #include "dev/test_gpu.cuh"
 #include "dev/test_perf.cuh"
+#include "dev/test_files.cuh"
 #include "dev/test_bpe.cuh"
 #include "dev/test_ops.cuh"
 
@@ -1000,6 +1001,9 @@ static const TestGroup g_groups[] = {
     {"memory", test_memory, "a run that cannot fit is refused at once; the estimate against a measured run"},
     {"rundir", test_run_dir, "-y 1 alone continues a run, a used -o is refused, log.csv after kill -9, -o a/b/c"},
     {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
+    {"checksums", test_checksums, "checkpoint checksums: each kind of damage found, the fallback to the newest that verifies, refusal"},
+    {"folders", test_run_folders, "orphan files, -y 1 on a missing folder, one run per folder (lock), stale .tmp files"},
+    {"messages", test_honest_messages, "a failed save, a peer's death under mpirun, --version, -i alone, a default -t that adapts"},
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
     {"buildconfig", test_build_config, "build/config records MPI, WERROR, the GPU models; changing one rebuilds tp and test_tp"},

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <climits>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <string>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <vector>
 
@@ -210,24 +212,105 @@ static void make_dirs(const char* path) {
     }
 }
 
-// The output directory: created, writable, and not holding another run's checkpoints unless this run
-// continues it (-y 1) or was told to start over (--fresh 1). Returns the steps saved there.
+// One run per folder: process 0 holds an exclusive flock on DIR/.lock for the whole run (under mpirun it
+// holds it for every process), with its pid written in the file for the message a second run gets. The
+// descriptor stays open until the process ends, so the lock ends with it, also on kill -9; a .lock file
+// left by a dead process is therefore no obstacle (its old pid is overwritten). The file is never removed:
+// removing it would let two runs lock two different files of the same name.
+static void outdir_lock(const char* dir) {
+    std::string path = std::string(dir) + "/.lock";
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) fatal("cannot create the lock file %s: %s", path.c_str(), strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK) fatal("cannot lock %s: %s", path.c_str(), strerror(errno));
+        char buf[32] = "";
+        ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+        int pid = n > 0 ? atoi(buf) : 0;
+        char who[48] = "a process that has not written its pid yet";
+        if (pid > 0) snprintf(who, sizeof(who), "pid %d", pid);
+        fatal("-o %s is in use by another run (%s holds %s): wait for it to end or stop it, or choose another -o", dir, who, path.c_str());
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, n, 0) != n) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
+}
+
+// The output directory: created, writable, one run at a time (its lock), cleared of the temporary files of
+// a save that was cut short, and not holding another run's files unless this run continues it (-y 1) or was
+// told to start over (--fresh 1). A folder holds a run when it has any model_*.bin, state_*.bin or log.csv,
+// even with no checkpoint a resume could continue: those files are somebody's work. Returns the steps
+// saved there.
 static std::vector<int> outdir_setup(const Args* a) {
-    make_dirs(a->outdir);
-    std::string probe = std::string(a->outdir) + "/.tp_write_test";
+    const char* dir = a->outdir;
+    struct stat st;
+    if (a->resume && stat(dir, &st) != 0)
+        fatal("-y 1 -o %s: there is no such folder, so no run to continue: give the -o the run was started with, or drop -y 1 "
+              "to start a new run there", dir);
+    make_dirs(dir);
+    std::string probe = std::string(dir) + "/.tp_write_test";
     FILE* f = fopen(probe.c_str(), "wb");
-    if (!f || fclose(f) != 0) fatal("cannot write to the output directory -o %s: %s", a->outdir, strerror(errno));
+    if (!f || fclose(f) != 0) fatal("cannot write to the output directory -o %s: %s", dir, strerror(errno));
     remove(probe.c_str());
-    std::vector<int> saved = ckpt_steps(a->outdir);
     bool trains = !a->sweep && a->max_steps > 0;
-    if (saved.empty() || a->resume || !trains) return saved;
-    if (!a->fresh)
+    if (trains || a->sweep) {
+        outdir_lock(dir);
+        std::vector<std::string> gone = remove_stale_tmp(dir);
+        if (!gone.empty())
+            printf("tp: removed %zu temporary file%s left in %s by a save that was cut short: %s\n", gone.size(), gone.size() > 1 ? "s" : "",
+                   dir, name_list(gone).c_str());
+    }
+    std::vector<int> saved = ckpt_steps(dir);
+    std::vector<std::string> files = run_files(dir);
+    std::vector<std::string> models;
+    for (const std::string& name : files)
+        if (name.rfind("model_", 0) == 0) models.push_back(name);
+    if (a->resume) {
+        if (saved.empty() && !models.empty())
+            fatal("-y 1: %s holds %s but no state file to continue from: start a new run from those weights with -e %s/%s "
+                  "(and another -o), or start over in %s with --fresh 1 instead of -y 1", dir, name_list(models).c_str(), dir,
+                  models.back().c_str(), dir);
+        if (saved.empty() && !files.empty())
+            fatal("-y 1: %s holds %s but no checkpoint to continue from: start over there with --fresh 1 instead of -y 1, or choose "
+                  "another -o", dir, name_list(files).c_str());
+        return saved;
+    }
+    if (files.empty() || !trains) return saved;
+    if (!a->fresh && !saved.empty())
         fatal("-o %s holds the checkpoints of another run (steps %d to %d): continue it with -y 1, choose another -o, "
-              "or add --fresh 1 to delete them and start over", a->outdir, saved.front(), saved.back());
-    int n = ckpt_remove_all(a->outdir);
-    remove((std::string(a->outdir) + "/log.csv").c_str());
-    printf("tp: --fresh 1: deleted the %d checkpoint%s and log.csv of the earlier run in %s\n", n, n > 1 ? "s" : "", a->outdir);
+              "or add --fresh 1 to delete them and start over", dir, saved.front(), saved.back());
+    if (!a->fresh)
+        fatal("-o %s holds the files of another run (%s) but no checkpoint to continue: choose another -o, or add --fresh 1 to "
+              "delete them and start over%s", dir, name_list(files).c_str(),
+              models.empty() ? "" : (" (-e " + std::string(dir) + "/" + models.back() + " starts a new run from its weights)").c_str());
+    int n = ckpt_remove_all(dir);
+    std::string what = n ? std::to_string(n) + (n == 1 ? " checkpoint: " : " checkpoints: ") : "";
+    printf("tp: --fresh 1: deleted the earlier run's files in %s (%s%s)\n", dir, what.c_str(), name_list(files).c_str());
     return {};
+}
+
+// -e DIR/model_N.bin of a tp checkpoint with its state file beside it (the same folder and step): the model
+// file must match the checksum there. Process 0, before the weights are read.
+static void model_verify_beside(const char* model) {
+    std::string path = model;
+    size_t slash = path.rfind('/');
+    std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+    const char* base = model + (slash == std::string::npos ? 0 : slash + 1);
+    int step, len = 0;
+    if (sscanf(base, "model_%d.bin%n", &step, &len) != 1 || base[len] != '\0') return;
+    std::string state = ckpt_path(dir.c_str(), "state", step);
+    FILE* sf = fopen(state.c_str(), "rb");
+    if (!sf) return;  // a model file alone: llm.c's format has no checksum of its own
+    StateHeader h;
+    bool ok = state_header_read(sf, &h);
+    fclose(sf);
+    if (!ok || h.version < 4) return;
+    FILE* mf = fopen(model, "rb");
+    if (!mf) return;  // setup_model_shape reports it
+    std::string why = model_check(mf, path, &h);
+    fclose(mf);
+    if (!why.empty())
+        fatal("-e %s: %s, against the checksum in %s beside it: give an earlier checkpoint of that run, or restore the file from a copy",
+              model, why.c_str(), state.c_str());
 }
 
 // -e against the run's checkpoint on a resume: a model given must have its shape
@@ -248,7 +331,7 @@ static void data_setup(Run* run, bool descriptor) {
     const Args* a = &run->args;
     long replica_tokens = (long)a->B * a->T * run->Dg;  // a val batch of every replica; a train step is accum of them
     run->train_shards = token_files(a->train, "train", replica_tokens * run->accum + 1);
-    run->val_shards = token_files(a->val, "val", replica_tokens + 1);
+    if (a->val) run->val_shards = token_files(a->val, "val", replica_tokens + 1);  // -i alone: -v 0, no val data
     int max_id = -1;
     long val_samples = 0;
     for (auto* shards : {&run->train_shards, &run->val_shards})
