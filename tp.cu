@@ -596,6 +596,11 @@ static void rank_main(Run* run, int d, int r) {
 static int tp_main(int argc, char** argv) {
     Run* run = new Run();
     parse_args(argc, argv, &run->args);
+    if (run->args.plan && strcmp(run->args.plan, "0")) {  // --plan: predict, train nothing (train/plan.h)
+        int rc = plan_run(run);
+        delete run;
+        return rc;
+    }
     run_setup(run);
     if (!run->args.sweep) signal_setup(run);  // before the setup is printed: from then on Ctrl-C is handled
     print_setup(run);
