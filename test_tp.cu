@@ -882,6 +882,7 @@ static void test_sampling() {
 #include "dev/test_runs.cuh"
 #include "dev/test_procs.cuh"
 #include "dev/test_gpu.cuh"
+#include "dev/test_plan.cuh"
 
 // ----------------------------------------------------------------------------
 
@@ -949,6 +950,8 @@ static const TestGroup g_groups[] = {
     {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
+    {"plan", test_plan_all, "--plan's cost model: FLOPs and collectives against the recipe's, memory against the allocation, the boxes"},
+    {"plan_sweep", test_plan_sweep, "--plan's prediction against the measured --sweep 1 on this machine, every grid"},
     {"readme", test_readme, "the README's first val loss of the default run is what ./tp prints"},
 };
 
