@@ -9,7 +9,7 @@
 //   plan_memory         what a rank holds, fp32 (exactly rank_memory) or bf16 (a prediction)
 //   g_boxes             the named boxes and where every number comes from (the README lists them too)
 //   plan_measure        this machine: compute at each P's local shapes, collectives at each group size
-//   plan_main           --plan: the tables and the recommendation
+//   plan_run            --plan: this machine (plan_here) or a box (plan_box): the tables and the recommendation
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -621,7 +621,10 @@ static void plan_box(Run* run, const PlanBox* b) {
     printf("  per GPU: dense TF32 %.1f / bf16 %.1f TFLOP/s x %.2f achieved, %.0f GB, %.0f GB/s memory; all-reduce busbw %.0f GB/s, %.0f us",
            b->tf32, b->bf16, b->achieved, b->mem_gb, b->hbm_gbs, b->busbw, b->lat_us);
     if (b->nodes > 1) printf("; between nodes %.0f GB/s, %.0f us", b->net_busbw, b->net_lat_us);
-    printf("\n  (the box's figures are datasheet peaks and commonly reported nccl-tests results, not measured here: README \"When does TP pay?\")\n");
+    if (strcmp(b->name, "custom"))
+        printf("\n  (the box's figures are datasheet peaks and commonly reported nccl-tests results, not measured here: README \"When does TP pay?\")\n");
+    else
+        printf("\n  (the figures given; a custom box has no memory bandwidth, so its replicated work is left out)\n");
     if (tp_valid_list(c) == "1" || (!tp_valid(c, 2) && !tp_valid(c, 3) && !tp_valid(c, 4)))
         printf("  note: --tp must divide the %d heads and the padded vocab %d: valid --tp values are %s, so TP barely splits this model\n",
                c->NH, c->Vp, tp_valid_list(c).c_str());
@@ -655,29 +658,22 @@ static void plan_box(Run* run, const PlanBox* b) {
     }
 }
 
-// --plan: 1 this machine, NAME a box of g_boxes, custom the box of the --plan-* flags
-static void plan_main(Run* run) {
-    const char* p = run->args.plan;
-    if (!strcmp(p, "1")) {
-        plan_here(run);
-        return;
-    }
-    PlanBox custom;
-    const PlanBox* b = plan_box_find(p);
-    if (!strcmp(p, "custom")) {
-        const Args* a = &run->args;
+// the box --plan names: one of g_boxes, or custom (the --plan-* flags, into *custom); a bad name stops
+static const PlanBox* plan_box_of(const Args* a, PlanBox* custom) {
+    const PlanBox* b = plan_box_find(a->plan);
+    if (!strcmp(a->plan, "custom")) {
         if (a->plan_flops <= 0 || a->plan_busbw <= 0 || a->plan_mem <= 0 || a->plan_gpus < 1)
             fatal("--plan custom needs --plan-flops (TFLOP/s achieved per GPU), --plan-busbw (GB/s), --plan-mem (GB) and --plan-gpus (and --plan-lat in us)");
-        custom = plan_box_custom(a);
-        b = &custom;
+        *custom = plan_box_custom(a);
+        b = custom;
     }
     if (!b) {
         std::string names;
         for (const PlanBox& x : g_boxes) names += std::string(names.empty() ? "" : ", ") + x.name;
         fatal("--plan %s: not a box tp knows; give 1 (this machine), one of %s, or custom with --plan-flops, --plan-busbw, "
-              "--plan-lat, --plan-mem and --plan-gpus", p, names.c_str());
+              "--plan-lat, --plan-mem and --plan-gpus", a->plan, names.c_str());
     }
-    plan_box(run, b);
+    return b;
 }
 
 // --plan instead of training (tp_main). 1: the run's setup as for training (the model, the data, the
@@ -693,6 +689,8 @@ static int plan_run(Run* run) {
         plan_here(run);
         return 0;
     }
+    PlanBox custom;
+    const PlanBox* b = plan_box_of(a, &custom);
     GPTConfig* c = &run->cfg;
     const char* model = a->model ? a->model : "d12";
     std::string why;
@@ -706,6 +704,6 @@ static int plan_run(Run* run) {
     grid_setup(run);
     printf("plan: GPT-2 with %d layers, %d heads, %d channels, vocab %d (padded %d), %.2fM parameters (-e %s%s)\n", c->L, c->NH,
            c->C, c->V, c->Vp, gpt_num_params(c) / 1e6, model, a->model ? "" : ", the default for a box");
-    plan_main(run);
+    plan_box(run, b);
     return 0;
 }
