@@ -233,23 +233,33 @@ static PlanCosts plan_box_costs(const PlanBox* b, const GPTConfig* c, const Plan
 struct PlanCompute {
     int P, threads;
     double split_s, rest_s, update_s;
+    double cpu_s;  // the CPU time of the rank's thread for forward + backward (1 thread: the work itself)
     double flops;  // plan_rank_flops at this P: split_s's FLOPs
 };
 struct PlanComm {
     int n;               // ranks in the group
     double lat, busbw;   // seconds per call (1 float), bytes/s (fitted: time = lat + ring bytes / busbw)
+    double lat_step;     // seconds per call between pieces of a step's work (CPU; see plan_measure_comm)
     double nccl_busbw;   // as nccl-tests prints it at the measured size: algbw 2(n-1)/n
     long floats;         // the measured size
 };
 struct PlanMeasured {
     std::vector<PlanCompute> compute;
     std::vector<PlanComm> comm;
+    double units;    // the cores this process's threads actually get together (CPU; plan_parallel_units)
     double seconds;  // the measurement's own wall time
 };
 
 // waits for the rank's queued work (a GPU's stream), so that a host timer brackets it
 static void plan_sync(Rank* rk) {
     if (rk->device == DEV_CUDA) CUDA_CHECK(rk->rank, cudaStreamSynchronize(rk->cuda.stream));
+}
+
+// the CPU time this thread has used, seconds
+static double plan_cpu_now() {
+    timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
 // the median of a few timings
@@ -263,11 +273,40 @@ static int plan_threads(const Run* run, int P, int D) {
     return run->args.threads ? run->args.threads : std::max(1, cpu_cores() / (P * D));
 }
 
-// ranks per compute unit of grid (P, D): on the CPU P x D ranks of `threads` threads over the cores
-// (above 1 they are time-sliced), on CUDA ranks per GPU
-static double plan_slowdown(const Run* run, int P, int D) {
+// The cores the threads of this process get together, in units of what one thread alone gets: `cores`
+// threads spin for 0.2 s and their CPU time is summed, against one thread's. On a quiet machine about the
+// cores; on a shared one it can be 1 whatever the threads (a container's CPU share is the process's, not
+// each thread's: this project's 2-core machine under other jobs measured 1.0).
+static double plan_parallel_units(int cores) {
+    double rate[2];
+    for (int pass = 0; pass < 2; pass++) {
+        int n = pass ? cores : 1;
+        std::vector<double> c(n);
+        std::vector<std::thread> th;
+        double w0 = comm_now();
+        for (int i = 0; i < n; i++)
+            th.emplace_back([&, i]() {
+                double c0 = plan_cpu_now(), t0 = comm_now();
+                volatile double sink = 0;
+                while (comm_now() - t0 < 0.2) sink = sink + 1;
+                c[i] = plan_cpu_now() - c0;
+            });
+        for (auto& t : th) t.join();
+        double total = 0;
+        for (double x : c) total += x;
+        rate[pass] = total / (comm_now() - w0);
+    }
+    return std::min((double)cores, std::max(1.0, rate[1] / rate[0]));
+}
+
+// ranks per compute unit of grid (P, D): on the CPU P x D ranks, each measured alone with `threads`
+// threads (min(threads, units) of the process's units), share the process's units: slowed by
+// P x D x min(threads, units) / units when that is above 1 (a quiet machine: P x D x threads / cores).
+// On CUDA ranks per GPU.
+static double plan_slowdown(const Run* run, const PlanMeasured* pm, int P, int D) {
     if (run->device == DEV_CUDA) return std::max(1.0, (double)P * D / run->ngpu);
-    return std::max(1.0, (double)P * D * plan_threads(run, P, D) / cpu_cores());
+    double u = pm->units > 0 ? pm->units : cpu_cores();
+    return std::max(1.0, (double)P * D * std::min((double)plan_threads(run, P, D), u) / u);
 }
 
 // The compute of rank 0 of P at the run's shapes, alone, with `threads` threads: the whole forward +
@@ -292,14 +331,14 @@ static void plan_measure_compute(const Run* run, int P, int threads, double budg
     for (long i = 0; i < (long)B * T; i++) { tok[i] = (int)((i * 7919) % c->V); tgt[i] = (int)((i * 104729 + 1) % c->V); }
     m.dloss = 1.0f / (B * T);
     AdamW opt = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f};
-    std::vector<double> fb, up, mm;
+    std::vector<double> fb, up, mm, cpu;
     double t_start = comm_now();
     for (int rep = 0; rep < 12; rep++) {
-        double t0 = comm_now();
+        double t0 = comm_now(), c0 = plan_cpu_now();
         gpt_forward(&m, &rk, tok.data(), tgt.data(), B, T, true);
         gpt_backward(&m, &rk);
         plan_sync(&rk);
-        double t1 = comm_now();
+        double t1 = comm_now(), c1 = plan_cpu_now();
         gpt_update(&m, &rk, &rk.tp, &opt);
         plan_sync(&rk);
         double t2 = comm_now();
@@ -331,6 +370,7 @@ static void plan_measure_compute(const Run* run, int P, int threads, double budg
         double t5 = comm_now();
         if (rep == 0) continue;  // the first warms caches and allocations
         fb.push_back(t1 - t0);
+        cpu.push_back(c1 - c0);
         up.push_back(t2 - t1);
         mm.push_back((t4 - t3) * c->L + (t5 - t4));
         if (rep >= 1 && comm_now() - t_start > budget) break;
@@ -340,6 +380,7 @@ static void plan_measure_compute(const Run* run, int P, int threads, double budg
     out->split_s = plan_median(mm);
     out->rest_s = std::max(0.0, plan_median(fb) - out->split_s);
     out->update_s = plan_median(up);
+    out->cpu_s = plan_median(cpu);
     out->flops = plan_rank_flops(c, B, T, P);
     gpt_free(&m, &rk);
     rank_free(&rk);
@@ -348,14 +389,20 @@ static void plan_measure_compute(const Run* run, int P, int threads, double budg
 
 // The collectives of a group of n ranks on this machine's backend (threads, as a run makes them): the
 // median time of an all-reduce of 1 float (the latency a) and of `floats` floats, fitted as
-// a + ring bytes / busbw.
-static void plan_measure_comm(const Run* run, int n, long floats, double budget, PlanComm* out) {
+// a + ring bytes / busbw. On the CPU also the latency inside a step (lat_step): in a step every rank
+// computes `work_cpu` seconds of CPU time between two collectives and then waits for the last to arrive,
+// and on a shared (loaded or oversubscribed) machine a partner the OS has descheduled arrives late. So
+// every rank burns work_cpu of its own CPU time before each small all-reduce, rank 0 times the whole
+// interval, and lat_step = interval - `work_wall` x the group's time-slicing (what the compute term
+// already counts), at least a. On a quiet machine with a core per rank it is about a.
+static void plan_measure_comm(const Run* run, int n, long floats, double budget, double work_cpu, double work_wall, double units,
+                              PlanComm* out) {
     CommGroup* g = new CommGroup();
     comm_group_init(g, n, run->args.timeout);
     std::vector<int> gpus(n);
     for (int r = 0; r < n; r++) gpus[r] = run->ngpu ? r % run->ngpu : 0;
     if (run->device == DEV_CUDA && n > 1 && gpus_distinct(gpus.data(), n)) comm_nccl_init_all(g, gpus.data());
-    std::vector<double> small, big;
+    std::vector<double> small, big, step;
     std::vector<std::thread> th;
     std::atomic<bool> stop{false};  // rank 0 decides, before a barrier, when every rank stops
     for (int r = 0; r < n; r++)
@@ -373,6 +420,14 @@ static void plan_measure_comm(const Run* run, int n, long floats, double budget,
                 comm_sync(&rk.tp);
                 double dt = comm_now() - t0;
                 if (r == 0 && rep >= 8) (large ? big : small).push_back(dt);
+                if (rep % 4 == 1 && work_cpu > 0 && run->device == DEV_CPU) {  // a step's interval: work, then a call
+                    comm_barrier(&rk.tp, "plan");
+                    double w0 = comm_now(), c0 = plan_cpu_now();
+                    volatile double sink = 0;
+                    while (plan_cpu_now() - c0 < work_cpu) sink = sink + 1;
+                    comm_allreduce(&rk.tp, buf, 1, COMM_SUM, "plan", -1);
+                    if (r == 0 && rep >= 8) step.push_back(comm_now() - w0);
+                }
                 if (r == 0 && rep >= 40 && comm_now() - t_start > budget) stop.store(true);
             }
             dev_free(&rk, buf);
@@ -385,6 +440,8 @@ static void plan_measure_comm(const Run* run, int n, long floats, double budget,
     out->n = n;
     out->floats = floats;
     out->lat = a;
+    double sliced = std::max(1.0, (double)n / units);  // n one-thread ranks on the process's units
+    out->lat_step = step.empty() ? a : std::max(a, plan_median(step) - sliced * work_wall);
     out->busbw = ring / std::max(t - a, 1e-9);
     out->nccl_busbw = ring / std::max(t, 1e-9);
 }
@@ -404,6 +461,11 @@ static std::vector<std::pair<int, int>> plan_grids(const Run* run) {
     return grids;
 }
 
+static const PlanCompute* plan_compute_of(const PlanMeasured* pm, int P, int threads) {
+    for (const PlanCompute& c : pm->compute)
+        if (c.P == P && c.threads == threads) return &c;
+    return nullptr;
+}
 // --plan 1 and the sweep: measures what every grid of plan_grids needs, with a progress line. About
 // 20 s at most: the compute of each distinct (P, threads) gets its share of 14 s, each group size 1 s.
 static void plan_measure(const Run* run, PlanMeasured* pm, bool quiet = false) {
@@ -421,6 +483,7 @@ static void plan_measure(const Run* run, PlanMeasured* pm, bool quiet = false) {
     int total = (int)(configs.size() + sizes.size()), done = 0;
     pm->compute.clear();
     pm->comm.clear();
+    pm->units = run->device == DEV_CPU ? plan_parallel_units(cpu_cores()) : run->ngpu;
     for (auto& k : configs) {
         if (!quiet) {
             printf("\rplan: measuring compute at P=%d, %d thread%s per rank (%d of %d) ...", k.first, k.second, k.second > 1 ? "s" : "",
@@ -438,19 +501,23 @@ static void plan_measure(const Run* run, PlanMeasured* pm, bool quiet = false) {
             printf("\rplan: measuring all-reduce over %d ranks (%d of %d) ...               ", n, ++done, total);
             fflush(stdout);
         }
+        // the work between two TP collectives of grid (n, 1): a micro-batch's forward + backward over its calls
+        double calls[COMM_KINDS], ncalls = 0, work_cpu = 0, work_wall = 0;
+        step_comm_calls(&run->cfg, sp_splits(run->args.sp, n, run->args.B, run->args.T), 1, calls);
+        for (double x : calls) ncalls += x;
+        const PlanCompute* pc = plan_compute_of(pm, n, plan_threads(run, n, 1));
+        if (pc) {
+            work_cpu = pc->cpu_s / ncalls;
+            work_wall = (pc->split_s + pc->rest_s) / ncalls;
+        }
         PlanComm cm;
-        plan_measure_comm(run, n, floats, 1.0, &cm);
+        plan_measure_comm(run, n, floats, 1.0, work_cpu, work_wall, pm->units, &cm);
         pm->comm.push_back(cm);
     }
     pm->seconds = comm_now() - t0;
     if (!quiet) printf("\rplan: measured in %.1f s%40s\n", pm->seconds, "");
 }
 
-static const PlanCompute* plan_compute_of(const PlanMeasured* pm, int P, int threads) {
-    for (const PlanCompute& c : pm->compute)
-        if (c.P == P && c.threads == threads) return &c;
-    return nullptr;
-}
 static const PlanComm* plan_comm_of(const PlanMeasured* pm, int n) {
     for (const PlanComm& c : pm->comm)
         if (c.n == n) return &c;
@@ -474,12 +541,12 @@ static PlanCosts plan_costs_here(const Run* run, const PlanMeasured* pm, int P, 
     k.rest_s = pc->rest_s;
     // ZeRO-1: each replica updates 1/D of the shard
     k.update_s = pc->update_s / (run->args.zero ? D : 1);
-    k.slow = plan_slowdown(run, P, D);
+    k.slow = plan_slowdown(run, pm, P, D);
     const PlanComm* tp = plan_comm_of(pm, P);
     const PlanComm* dp = plan_comm_of(pm, D);
-    k.tp_lat = tp ? tp->lat : 0;
+    k.tp_lat = tp ? tp->lat_step : 0;
     k.tp_busbw = tp ? tp->busbw : 1e30;
-    k.dp_lat = dp ? dp->lat : 0;
+    k.dp_lat = dp ? dp->lat_step : 0;
     k.dp_busbw = dp ? dp->busbw : 1e30;
     return k;
 }
@@ -549,6 +616,9 @@ static void plan_here(Run* run) {
                "  P x D x threads > cores the ranks are time-sliced, so their compute is multiplied by P x D x threads / cores\n", cores);
     PlanMeasured pm;
     plan_measure(run, &pm);
+    if (cpu)
+        printf("  measured: the threads of this process get %.2f cores' worth together (%d threads against 1), so the ranks'\n"
+               "  compute is multiplied by P x D x min(threads, %.2f) / %.2f where that is above 1\n", pm.units, cores, pm.units, pm.units);
     printf("compute of one rank per micro-batch, measured at each P's local shapes:\n");
     printf("%4s %8s %12s %12s %12s %12s\n", "P", "threads", "matmuls ms", "GFLOP/s", "rest ms", "update ms");
     for (const PlanCompute& k : pm.compute)
@@ -556,9 +626,10 @@ static void plan_here(Run* run) {
                1e3 * k.rest_s, 1e3 * k.update_s);
     if (!pm.comm.empty()) {
         printf("all-reduce over n ranks (%s), as nccl-tests reports it:\n", cpu ? "shared memory" : run->ngpu > 1 ? "NCCL" : "shared GPU memory");
-        printf("%4s %12s %12s %14s %16s\n", "n", "latency us", "size MB", "busbw GB/s", "fitted GB/s");
+        printf("%4s %12s %14s %12s %14s %16s\n", "n", "latency us", "in a step us", "size MB", "busbw GB/s", "fitted GB/s");
         for (const PlanComm& m : pm.comm)
-            printf("%4d %12.1f %12.2f %14.2f %16.2f\n", m.n, 1e6 * m.lat, 4.0 * m.floats / 1e6, m.nccl_busbw / 1e9, m.busbw / 1e9);
+            printf("%4d %12.1f %14.1f %12.2f %14.2f %16.2f\n", m.n, 1e6 * m.lat, 1e6 * m.lat_step, 4.0 * m.floats / 1e6,
+                   m.nccl_busbw / 1e9, m.busbw / 1e9);
     }
     std::vector<PlanRow> rows;
     double base = 0;
