@@ -613,7 +613,7 @@ static void plan_here(Run* run) {
            cpu ? "CPU" : "GPU", a->B, a->T, run->accum > 1 ? ", with micro-steps" : "");
     if (cpu)
         printf("  on the CPU the P x D ranks share the %d cores: a rank gets cores/(P x D) threads (at least 1), and when\n"
-               "  P x D x threads > cores the ranks are time-sliced, so their compute is multiplied by P x D x threads / cores\n", cores);
+               "  P x D x threads exceeds the cores the process gets, the ranks are time-sliced\n", cores);
     PlanMeasured pm;
     plan_measure(run, &pm);
     if (cpu)
