@@ -658,11 +658,10 @@ static void plan_here(Run* run) {
 // P GPUs of one node per replica and D = 1 or as many replicas as the box holds; returns the rows
 static std::vector<PlanRow> plan_box_rows(const PlanBox* b, const GPTConfig* c, const PlanShape* sh, int recompute) {
     std::vector<PlanRow> rows;
-    int G = b->gpus * b->nodes;
-    double base = 0;
+    double base = 0;  // (a TP group stays in one node: each node holds gpus / P whole replicas)
     for (int P = 1; P <= b->gpus; P++) {
         if (!tp_valid(c, P)) continue;
-        for (int D : {1, G / P}) {
+        for (int D : {1, b->nodes * (b->gpus / P)}) {
             bool dup = false;
             for (const PlanRow& r : rows) dup |= r.P == P && r.D == D;
             if (dup) continue;
@@ -697,8 +696,8 @@ static void plan_box(Run* run, const PlanBox* b) {
     else
         printf("\n  (the figures given; a custom box has no memory bandwidth, so its replicated work is left out)\n");
     if (tp_valid_list(c) == "1" || (!tp_valid(c, 2) && !tp_valid(c, 3) && !tp_valid(c, 4)))
-        printf("  note: --tp must divide the %d heads and the padded vocab %d: valid --tp values are %s, so TP barely splits this model\n",
-               c->NH, c->Vp, tp_valid_list(c).c_str());
+        printf("  note: --tp must divide the %d heads and the padded vocab %d: valid --tp values are %s, so TP %s this model\n",
+               c->NH, c->Vp, tp_valid_list(c).c_str(), tp_valid_list(c) == "1" ? "cannot split" : "barely splits");
     for (int e : {4, 2}) {
         PlanShape sh = plan_shape(run, e);
         printf("%s, batch %d x %d per replica%s:\n", e == 4 ? "fp32 (TF32 matmuls), as tp trains" : "bf16 (a prediction: tp does not train in bf16 yet)",
