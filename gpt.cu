@@ -164,7 +164,7 @@ struct Rank {
     CudaCtx cuda;  // DEV_CUDA: the rank's stream, cuBLAS handles and scratch
 };
 
-// Starts rank r of a tensor-parallel group in the calling thread: its OpenMP threads (CPU), its CUDA
+// Starts rank r of a tensor-parallel group in the calling thread: its worker threads (CPU), its CUDA
 // context (GPU), and its handle on the group. Ranks on distinct GPUs talk through NCCL when the group
 // has NCCL communicators (comm_nccl_init_all), ranks sharing a GPU through shared device memory.
 static void rank_init(Rank* rk, CommGroup* tp_group, int r, int device, int gpu, int threads) {
@@ -174,7 +174,7 @@ static void rank_init(Rank* rk, CommGroup* tp_group, int r, int device, int gpu,
     rk->P = tp_group->P;
     rk->device = device;
     rk->gpu = device == DEV_CUDA ? gpu : -1;
-    omp_set_num_threads(threads);
+    cpu_pool_start(threads);  // its worker threads (CPU), and flush-to-zero in this thread
     if (device == DEV_CUDA) cuda_ctx_init(&rk->cuda, r, gpu);
     comm_init(&rk->tp, tp_group, r);
     if (device == DEV_CUDA) comm_bind_cuda(&rk->tp, gpu, rk->cuda.stream);
@@ -215,11 +215,14 @@ static void dev_upload(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) cuda_upload(&rk->cuda, dst, src, bytes);
     else memcpy(dst, src, bytes);
 }
-// waits for the rank's queued work first; comm_sync does that with the collective timeout (NCCL)
+// waits for the rank's queued work first; comm_sync does that with the collective timeout (NCCL). The
+// DP group first: its collectives share the stream with the TP group's, and a TP group on shared GPU
+// memory (or of one rank) synchronises the stream outright, which would wait for ever on a DP
+// collective whose peer process died instead of reporting it through NCCL within --timeout.
 static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) {
-        comm_sync(&rk->tp);
         if (rk->dp.g) comm_sync(&rk->dp);
+        comm_sync(&rk->tp);
         cuda_download(&rk->cuda, dst, src, bytes);
     } else {
         memcpy(dst, src, bytes);

@@ -1,10 +1,11 @@
 // kernels_cpu.h: the CPU backend. Every op the TP recipe in gpt.cu uses, as plain C++ loops.
 //
 // These are the reference the CUDA kernels are tested against, the backend CI runs, and what ./tp
-// uses on a machine without a GPU. Each op is parallelised with OpenMP inside one rank (a rank is a
-// std::thread; it sets its own OpenMP thread count), and every output element is computed by exactly
-// one thread in a fixed order, so results are bit-identical for any number of threads per rank.
-// (`omp simd reduction` lets the compiler vectorise a sum; its order is fixed at compile time.)
+// uses on a machine without a GPU. Each op is parallelised over the threads of one rank (a rank is a
+// std::thread with its own workers, common/cpu_pool.h: cpu_for), and every output element is computed
+// by exactly one thread in a fixed order, so results are bit-identical for any number of threads per
+// rank. (`omp simd reduction` lets the compiler vectorise a sum; its order is fixed at compile time;
+// the build uses OpenMP's simd pragmas only, -fopenmp-simd, not its threads.)
 //
 // Every op here has a CUDA twin in kernels.cuh, foo_cuda(CudaCtx*, ...), with literally the same argument
 // list after the context (README: "Adding an op").
@@ -17,8 +18,8 @@
 #include <cstring>
 #include <cfloat>
 #include <vector>
-#include <omp.h>
 #include <thread>
+#include "common/cpu_pool.h"
 
 // the cores this process may use: the threads of the ranks on the CPU split them
 static int cpu_cores() { return (int)std::max(1u, std::thread::hardware_concurrency()); }
@@ -53,13 +54,22 @@ static inline float exp_fast(float x_in) {
 // A, NR columns of B, zero-padded at the edges) so the register-tiled micro-kernel streams memory
 // and every C element is owned by one tile: deterministic and thread-count independent.
 
-#ifdef __AVX512F__
+// The tile is MR rows by NR = 2 vectors of the widest registers the build targets: 8 x 32 with AVX-512
+// (16 accumulators + 2 B vectors of its 32 registers), 6 x 16 with AVX2 (12 + 2 + a broadcast of 16), 4 x 8
+// otherwise. A vector wider than the registers makes GCC keep the accumulators on the stack (a 10x loss).
+// The tile shape changes no result: each C element is one fma chain over k in order, whatever the tile.
+#if defined(__AVX512F__)
 #define GEMM_MR 8
+#define GEMM_VL 16
+#elif defined(__AVX__)
+#define GEMM_MR 6
+#define GEMM_VL 8
 #else
 #define GEMM_MR 4
+#define GEMM_VL 4
 #endif
-#define GEMM_NR 32
-typedef float vec16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX ones
+#define GEMM_NR (2 * GEMM_VL)
+typedef float vecf __attribute__((vector_size(GEMM_VL * sizeof(float))));  // one register of floats
 
 static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
                      long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
@@ -70,77 +80,74 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
     if (packB.size() < (size_t)NB * GEMM_NR * K) packB.resize((size_t)NB * GEMM_NR * K);
     float* Ap = packA.data();
     float* Bp = packB.data();
-    #pragma omp parallel
-    {
-        // Ap[mb][k][r] = a(mb*MR + r, k)
-        #pragma omp for schedule(static)
-        for (int mb = 0; mb < MB; mb++) {
+    // the panels of A, then those of B, as one parallel loop: Ap[mb][k][r] = a(mb*MR + r, k),
+    // Bp[nb][k][c] = b(k, nb*NR + c)
+    cpu_for(MB + NB, [&](long i) {
+        if (i < MB) {
+            int mb = (int)i;
             float* dst = Ap + (size_t)mb * GEMM_MR * K;
             for (int k = 0; k < K; k++)
                 for (int r = 0; r < GEMM_MR; r++) {
                     int m = mb * GEMM_MR + r;
                     dst[(size_t)k * GEMM_MR + r] = m < M ? A[m * a_rs + k * a_cs] : 0.0f;
                 }
+            return;
         }
-        // Bp[nb][k][c] = B(k, nb*NR + c)
-        #pragma omp for schedule(static)
-        for (int nb = 0; nb < NB; nb++) {
-            float* dst = Bp + (size_t)nb * GEMM_NR * K;
-            int n0 = nb * GEMM_NR, nc = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
-            for (int k = 0; k < K; k++) {
-                float* d = dst + (size_t)k * GEMM_NR;
-                for (int c = 0; c < nc; c++) d[c] = B[k * b_rs + (n0 + c) * b_cs];
-                for (int c = nc; c < GEMM_NR; c++) d[c] = 0.0f;
-            }
+        int nb = (int)(i - MB);
+        float* dst = Bp + (size_t)nb * GEMM_NR * K;
+        int n0 = nb * GEMM_NR, nc = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
+        for (int k = 0; k < K; k++) {
+            float* d = dst + (size_t)k * GEMM_NR;
+            for (int c = 0; c < nc; c++) d[c] = B[k * b_rs + (n0 + c) * b_cs];
+            for (int c = nc; c < GEMM_NR; c++) d[c] = 0.0f;
         }
-        // one MR x NR tile per iteration; nb outer so a B panel stays in cache while A panels stream
-        #pragma omp for schedule(static)
-        for (long tile = 0; tile < (long)MB * NB; tile++) {
-            int nb = (int)(tile / MB), mb = (int)(tile % MB);
-            const float* a = Ap + (size_t)mb * GEMM_MR * K;
-            const float* b = Bp + (size_t)nb * GEMM_NR * K;
-            vec16 acc[GEMM_MR][2];
-            for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vec16{}; acc[r][1] = vec16{}; }
-            for (int k = 0; k < K; k++) {
-                vec16 b0, b1;
-                memcpy(&b0, b + (size_t)k * GEMM_NR, sizeof(vec16));
-                memcpy(&b1, b + (size_t)k * GEMM_NR + 16, sizeof(vec16));
-                const float* ak = a + (size_t)k * GEMM_MR;
-                for (int r = 0; r < GEMM_MR; r++) { acc[r][0] += ak[r] * b0; acc[r][1] += ak[r] * b1; }
-            }
-            int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
-            if (n0 + GEMM_NR <= N) {
-                // a full-width tile: whole vectors (this path matters when K is small, e.g. attention's hs)
-                vec16 b0 = {}, b1 = {};
-                if (bias) { memcpy(&b0, bias + n0, sizeof(vec16)); memcpy(&b1, bias + n0 + 16, sizeof(vec16)); }
-                for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
-                    float* c = Cm + (size_t)(m0 + r) * ldc + n0;
-                    vec16 v0 = acc[r][0] + b0, v1 = acc[r][1] + b1;
-                    if (accumulate) {
-                        vec16 c0, c1;
-                        memcpy(&c0, c, sizeof(vec16));
-                        memcpy(&c1, c + 16, sizeof(vec16));
-                        v0 = c0 + v0;
-                        v1 = c1 + v1;
-                    }
-                    memcpy(c, &v0, sizeof(vec16));
-                    memcpy(c + 16, &v1, sizeof(vec16));
-                }
-                continue;
-            }
+    });
+    // one MR x NR tile per iteration; nb outer so a B panel stays in cache while A panels stream
+    cpu_for((long)MB * NB, [&](long tile) {
+        int nb = (int)(tile / MB), mb = (int)(tile % MB);
+        const float* a = Ap + (size_t)mb * GEMM_MR * K;
+        const float* b = Bp + (size_t)nb * GEMM_NR * K;
+        vecf acc[GEMM_MR][2];
+        for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vecf{}; acc[r][1] = vecf{}; }
+        for (int k = 0; k < K; k++) {
+            vecf b0, b1;
+            memcpy(&b0, b + (size_t)k * GEMM_NR, sizeof(vecf));
+            memcpy(&b1, b + (size_t)k * GEMM_NR + GEMM_VL, sizeof(vecf));
+            const float* ak = a + (size_t)k * GEMM_MR;
+            for (int r = 0; r < GEMM_MR; r++) { acc[r][0] += ak[r] * b0; acc[r][1] += ak[r] * b1; }
+        }
+        int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
+        if (n0 + GEMM_NR <= N) {
+            // a full-width tile: whole vectors (this path matters when K is small, e.g. attention's hs)
+            vecf b0 = {}, b1 = {};
+            if (bias) { memcpy(&b0, bias + n0, sizeof(vecf)); memcpy(&b1, bias + n0 + GEMM_VL, sizeof(vecf)); }
             for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
-                float row[GEMM_NR];
-                memcpy(row, &acc[r][0], sizeof(vec16));
-                memcpy(row + 16, &acc[r][1], sizeof(vec16));
                 float* c = Cm + (size_t)(m0 + r) * ldc + n0;
-                for (int j = 0; j < GEMM_NR && n0 + j < N; j++) {
-                    float v = row[j];
-                    if (bias) v += bias[n0 + j];
-                    c[j] = accumulate ? c[j] + v : v;
+                vecf v0 = acc[r][0] + b0, v1 = acc[r][1] + b1;
+                if (accumulate) {
+                    vecf c0, c1;
+                    memcpy(&c0, c, sizeof(vecf));
+                    memcpy(&c1, c + GEMM_VL, sizeof(vecf));
+                    v0 = c0 + v0;
+                    v1 = c1 + v1;
                 }
+                memcpy(c, &v0, sizeof(vecf));
+                memcpy(c + GEMM_VL, &v1, sizeof(vecf));
+            }
+            return;
+        }
+        for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
+            float row[GEMM_NR];
+            memcpy(row, &acc[r][0], sizeof(vecf));
+            memcpy(row + GEMM_VL, &acc[r][1], sizeof(vecf));
+            float* c = Cm + (size_t)(m0 + r) * ldc + n0;
+            for (int j = 0; j < GEMM_NR && n0 + j < N; j++) {
+                float v = row[j];
+                if (bias) v += bias[n0 + j];
+                c[j] = accumulate ? c[j] + v : v;
             }
         }
-    }
+    });
 }
 
 // ----------------------------------------------------------------------------
@@ -161,9 +168,8 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
     gemm_cpu(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
     if (dbias) {
         // column sums in blocks of 64 columns: rows are read contiguously, each sum runs over n in order
-        #pragma omp parallel for schedule(static)
-        for (int o0 = 0; o0 < OC; o0 += 64) {
-            int w = OC - o0 < 64 ? OC - o0 : 64;
+        cpu_for((OC + 63) / 64, [&](long blk) {
+            int o0 = (int)blk * 64, w = OC - o0 < 64 ? OC - o0 : 64;
             float s[64] = {0};
             for (int n = 0; n < N; n++) {
                 const float* d = dout + (size_t)n * OC + o0;
@@ -171,7 +177,7 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
                 for (int j = 0; j < w; j++) s[j] += d[j];
             }
             for (int j = 0; j < w; j++) dbias[o0 + j] += s[j];
-        }
+        });
     }
 }
 
@@ -181,44 +187,44 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
 // out (N, C) = wte[tok - v0] for tokens this rank owns, zeros for the others. The all-reduce that
 // follows in the recipe fills in every row from the rank that owns it.
 static void encoder_forward_cpu(float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    cpu_for(N, [&](long n_) {
+        int n = (int)n_;
         int row = tokens[n] - v0;
         float* o = out + (size_t)n * C;
         if (row >= 0 && row < Vl) memcpy(o, wte + (size_t)row * C, C * sizeof(float));
         else memset(o, 0, C * sizeof(float));
-    }
+    });
 }
 
 // x (N, C) += the position embedding of each row: row n is token t0 + n of the flattened (B, T) batch,
 // at position (t0 + n) % T. Without sequence parallelism t0 = 0 and N = B*T; with it a rank holds the
 // N = B*T/P tokens starting at t0.
 static void position_forward_cpu(float* x, const float* wpe, int N, int t0, int T, int C) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    cpu_for(N, [&](long n_) {
+        int n = (int)n_;
         const float* p = wpe + (size_t)((t0 + n) % T) * C;
         float* o = x + (size_t)n * C;
         for (int c = 0; c < C; c++) o[c] += p[c];
-    }
+    });
 }
 
 // dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns.
 // Parallel over channels: repeated tokens then never race, and each sum keeps the n order.
 static void encoder_backward_cpu(float* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
-    #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++)
+    cpu_for(C, [&](long c) {
         for (int n = 0; n < N; n++) {
             int row = tokens[n] - v0;
             if (row >= 0 && row < Vl) dwte[(size_t)row * C + c] += dout[(size_t)n * C + c];
         }
+    });
 }
 
 // dwpe (T, C) += dout (N, C), row n at position (t0 + n) % T as in position_forward. Each (t, c) sum
 // runs over n in increasing order.
 static void position_backward_cpu(float* dwpe, const float* dout, int N, int t0, int T, int C) {
-    #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++)
+    cpu_for(C, [&](long c) {
         for (int n = 0; n < N; n++) dwpe[(size_t)((t0 + n) % T) * C + c] += dout[(size_t)n * C + c];
+    });
 }
 
 // ----------------------------------------------------------------------------
@@ -227,8 +233,8 @@ static void position_backward_cpu(float* dwpe, const float* dout, int N, int t0,
 // out (N, C) = (inp - mean) * rstd * w + b; saves mean (N) and rstd (N) for the backward
 static void layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp,
                                   const float* w, const float* b, int N, int C) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    cpu_for(N, [&](long n_) {
+        int n = (int)n_;
         const float* x = inp + (size_t)n * C;
         float m = 0.0f;
         #pragma omp simd reduction(+ : m)
@@ -243,14 +249,14 @@ static void layernorm_forward_cpu(float* out, float* mean, float* rstd, const fl
         for (int c = 0; c < C; c++) o[c] = (s * (x[c] - m)) * w[c] + b[c];
         mean[n] = m;
         rstd[n] = s;
-    }
+    });
 }
 
 // dinp (N, C) += d(layernorm)/d(inp) . dout;  dw (C) += sum_n dout * xhat;  db (C) += sum_n dout
 static void layernorm_backward_cpu(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                                    const float* w, const float* mean, const float* rstd, int N, int C) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    cpu_for(N, [&](long n_) {
+        int n = (int)n_;
         const float* x = inp + (size_t)n * C;
         const float* d = dout + (size_t)n * C;
         float m = mean[n], s = rstd[n];
@@ -270,10 +276,10 @@ static void layernorm_backward_cpu(float* dinp, float* dw, float* db, const floa
             float dnorm = w[c] * d[c];
             di[c] += ((dnorm - dnorm_mean) - xhat * dnorm_norm_mean) * s;
         }
-    }
+    });
     // parameter gradients: parallel over channels so each sum runs over n in order
-    #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
+    cpu_for(C, [&](long c_) {
+        int c = (int)c_;
         float sw = 0.0f, sb = 0.0f;
         for (int n = 0; n < N; n++) {
             float d = dout[(size_t)n * C + c];
@@ -282,7 +288,7 @@ static void layernorm_backward_cpu(float* dinp, float* dw, float* db, const floa
         }
         dw[c] += sw;
         db[c] += sb;
-    }
+    });
 }
 
 // ----------------------------------------------------------------------------
@@ -290,12 +296,12 @@ static void layernorm_backward_cpu(float* dinp, float* dw, float* db, const floa
 
 // out (N, C) = res + (x + bias): the row-parallel layer's bias, added once after its all-reduce
 static void residual_forward_cpu(float* out, const float* res, const float* x, const float* bias, int N, int C) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
+    cpu_for(N, [&](long n) {
         for (int c = 0; c < C; c++) {
             size_t i = (size_t)n * C + c;
             out[i] = res[i] + (x[i] + bias[c]);
         }
+    });
 }
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
@@ -303,26 +309,30 @@ static void residual_forward_cpu(float* out, const float* res, const float* x, c
 // out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the tanh approximation GPT-2 uses.
 // With e = e^2u (the vectorisable exp), 1 + tanh(u) = 2e / (e + 1): no cancellation for x << 0.
 static void gelu_forward_cpu(float* out, const float* inp, long N) {
-    #pragma omp parallel for simd schedule(static)
-    for (long i = 0; i < N; i++) {
-        float x = inp[i];
-        float e = exp_fast(2.0f * GELU_SCALE * (x + 0.044715f * x * x * x));
-        out[i] = x * (e / (e + 1.0f));
-    }
+    cpu_for_range(N, [&](long lo, long hi) {
+        #pragma omp simd
+        for (long i = lo; i < hi; i++) {
+            float x = inp[i];
+            float e = exp_fast(2.0f * GELU_SCALE * (x + 0.044715f * x * x * x));
+            out[i] = x * (e / (e + 1.0f));
+        }
+    });
 }
 
 // dinp (N) = gelu'(inp) * dout   (written, not accumulated; dinp may be dout).
 // With e = e^2u: 0.5 (1 + tanh(u)) = e / (e+1) and sech^2(u) = 4e / (e+1)^2.
 static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, long N) {
-    #pragma omp parallel for simd schedule(static)
-    for (long i = 0; i < N; i++) {
-        float x = inp[i];
-        float e = exp_fast(2.0f * GELU_SCALE * (x + 0.044715f * x * x * x));
-        float half_1p_tanh = e / (e + 1.0f);
-        float sech2 = 4.0f * half_1p_tanh / (e + 1.0f);
-        float grad = half_1p_tanh + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = grad * dout[i];
-    }
+    cpu_for_range(N, [&](long lo, long hi) {
+        #pragma omp simd
+        for (long i = lo; i < hi; i++) {
+            float x = inp[i];
+            float e = exp_fast(2.0f * GELU_SCALE * (x + 0.044715f * x * x * x));
+            float half_1p_tanh = e / (e + 1.0f);
+            float sech2 = 4.0f * half_1p_tanh / (e + 1.0f);
+            float grad = half_1p_tanh + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+            dinp[i] = grad * dout[i];
+        }
+    });
 }
 
 // ----------------------------------------------------------------------------
@@ -355,26 +365,24 @@ static void attention_probs_head(float* a, const float* q, const float* k, int T
 // backward needs when -r 3 recomputes them from q and k instead of keeping them
 static void attention_probs_cpu(float* att, const float* qkv, int B, int T, int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C;
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const float* q = qkv + (size_t)b * T * C3 + h * hs;
-            attention_probs_head(att + ((size_t)b * NH + h) * T * T, q, q + C, T, hs, C3);
-        }
+    cpu_for((long)B * NH, [&](long bh) {
+        int b = (int)(bh / NH), h = (int)(bh % NH);
+        const float* q = qkv + (size_t)b * T * C3 + h * hs;
+        attention_probs_head(att + ((size_t)b * NH + h) * T * T, q, q + C, T, hs, C3);
+    });
 }
 
 // qkv (B, T, 3*NH*hs): q, k, v blocks of NH*hs channels each, head h at [h*hs, (h+1)*hs) in each.
 // out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  att (B, NH, T, T) saves the probabilities.
 static void attention_forward_cpu(float* out, float* att, const float* qkv, int B, int T, int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C;
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const float* q = qkv + (size_t)b * T * C3 + h * hs;
-            float* a = att + ((size_t)b * NH + h) * T * T;
-            attention_probs_head(a, q, q + C, T, hs, C3);
-            gemm_cpu(T, hs, T, a, T, 1, q + 2 * C, C3, 1, out + (size_t)b * T * C + h * hs, C, false, nullptr);  // a v
-        }
+    cpu_for((long)B * NH, [&](long bh) {
+        int b = (int)(bh / NH), h = (int)(bh % NH);
+        const float* q = qkv + (size_t)b * T * C3 + h * hs;
+        float* a = att + ((size_t)b * NH + h) * T * T;
+        attention_probs_head(a, q, q + C, T, hs, C3);
+        gemm_cpu(T, hs, T, a, T, 1, q + 2 * C, C3, 1, out + (size_t)b * T * C + h * hs, C, false, nullptr);  // a v
+    });
 }
 
 // dqkv (B, T, 3*NH*hs) = gradient of attention_forward given dout (B, T, NH*hs)   (written)
@@ -383,30 +391,29 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
                                    int B, int T, int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const float* q = qkv + (size_t)b * T * C3 + h * hs;
-            const float* k = q + C;
-            const float* v = q + 2 * C;
-            const float* a = att + ((size_t)b * NH + h) * T * T;
-            const float* d = dout + (size_t)b * T * C + h * hs;
-            float* dq = dqkv + (size_t)b * T * C3 + h * hs;
-            std::vector<float> datt((size_t)T * T);
-            gemm_cpu(T, T, hs, d, C, 1, v, 1, C3, datt.data(), T, false, nullptr);  // datt = dout v^T
-            gemm_cpu(T, hs, T, a, 1, T, d, C, 1, dq + 2 * C, C3, false, nullptr);   // dv = att^T dout
-            // through the softmax: dpre = att * (datt - sum_t2 att datt) * scale, in place over datt
-            for (int t = 0; t < T; t++) {
-                const float* ar = a + (size_t)t * T;
-                float* dr = datt.data() + (size_t)t * T;
-                float dot = 0.0f;
-                #pragma omp simd reduction(+ : dot)
-                for (int t2 = 0; t2 <= t; t2++) dot += ar[t2] * dr[t2];
-                for (int t2 = 0; t2 < T; t2++) dr[t2] = t2 <= t ? ar[t2] * (dr[t2] - dot) * scale : 0.0f;
-            }
-            gemm_cpu(T, hs, T, datt.data(), T, 1, k, C3, 1, dq, C3, false, nullptr);      // dq = dpre k
-            gemm_cpu(T, hs, T, datt.data(), 1, T, q, C3, 1, dq + C, C3, false, nullptr);   // dk = dpre^T q
+    cpu_for((long)B * NH, [&](long bh) {
+        int b = (int)(bh / NH), h = (int)(bh % NH);
+        const float* q = qkv + (size_t)b * T * C3 + h * hs;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        const float* a = att + ((size_t)b * NH + h) * T * T;
+        const float* d = dout + (size_t)b * T * C + h * hs;
+        float* dq = dqkv + (size_t)b * T * C3 + h * hs;
+        std::vector<float> datt((size_t)T * T);
+        gemm_cpu(T, T, hs, d, C, 1, v, 1, C3, datt.data(), T, false, nullptr);  // datt = dout v^T
+        gemm_cpu(T, hs, T, a, 1, T, d, C, 1, dq + 2 * C, C3, false, nullptr);   // dv = att^T dout
+        // through the softmax: dpre = att * (datt - sum_t2 att datt) * scale, in place over datt
+        for (int t = 0; t < T; t++) {
+            const float* ar = a + (size_t)t * T;
+            float* dr = datt.data() + (size_t)t * T;
+            float dot = 0.0f;
+            #pragma omp simd reduction(+ : dot)
+            for (int t2 = 0; t2 <= t; t2++) dot += ar[t2] * dr[t2];
+            for (int t2 = 0; t2 < T; t2++) dr[t2] = t2 <= t ? ar[t2] * (dr[t2] - dot) * scale : 0.0f;
         }
+        gemm_cpu(T, hs, T, datt.data(), T, 1, k, C3, 1, dq, C3, false, nullptr);      // dq = dpre k
+        gemm_cpu(T, hs, T, datt.data(), 1, T, q, C3, 1, dq + C, C3, false, nullptr);   // dk = dpre^T q
+    });
 }
 
 // ----------------------------------------------------------------------------
@@ -420,13 +427,13 @@ static inline int real_columns(int Vl, int v0, int V) { return V - v0 < Vl ? (V 
 // maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none)
 static void crossentropy_max_cpu(float* maxes, const float* logits, int N, int Vl, int v0, int V) {
     int nv = real_columns(Vl, v0, V);
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    cpu_for(N, [&](long n_) {
+        int n = (int)n_;
         const float* l = logits + (size_t)n * Vl;
         float m = -FLT_MAX;
         for (int i = 0; i < nv; i++) m = l[i] > m ? l[i] : m;
         maxes[n] = m;
-    }
+    });
 }
 
 // sums (N, 2): [0] = sum of exp(logit - max) over this rank's real columns,
@@ -434,8 +441,8 @@ static void crossentropy_max_cpu(float* maxes, const float* logits, int N, int V
 static void crossentropy_sums_cpu(float* sums, const float* logits, const float* maxes, const int* targets,
                                   int N, int Vl, int v0, int V) {
     int nv = real_columns(Vl, v0, V);
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    cpu_for(N, [&](long n_) {
+        int n = (int)n_;
         const float* l = logits + (size_t)n * Vl;
         float m = maxes[n], s = 0.0f;
         #pragma omp simd reduction(+ : s)
@@ -443,7 +450,7 @@ static void crossentropy_sums_cpu(float* sums, const float* logits, const float*
         int col = targets[n] - v0;
         sums[2 * n] = s;
         sums[2 * n + 1] = (col >= 0 && col < Vl) ? l[col] : 0.0f;
-    }
+    });
 }
 
 // losses (N) = log(sum) - (target logit - max), the same on every rank once maxes and sums are global.
@@ -452,11 +459,11 @@ static void crossentropy_sums_cpu(float* sums, const float* logits, const float*
 static void crossentropy_finish_cpu(float* losses, float* logits, const float* maxes, const float* sums,
                                     const int* targets, int N, int Vl, int v0, int V, float dscale) {
     int nv = real_columns(Vl, v0, V);
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    cpu_for(N, [&](long n_) {
+        int n = (int)n_;
         float m = maxes[n], s = sums[2 * n];
         losses[n] = logf(s) - (sums[2 * n + 1] - m);
-        if (dscale == 0.0f) continue;
+        if (dscale == 0.0f) return;
         float* l = logits + (size_t)n * Vl;
         float inv = 1.0f / s;
         int col = targets[n] - v0;
@@ -464,7 +471,7 @@ static void crossentropy_finish_cpu(float* losses, float* logits, const float* m
             float p = i < nv ? exp_fast(l[i] - m) * inv : 0.0f;
             l[i] = (p - (i == col ? 1.0f : 0.0f)) * dscale;
         }
-    }
+    });
 }
 
 // ----------------------------------------------------------------------------
@@ -478,8 +485,8 @@ static void adamw_cpu(float* params, const float* grads, float* m, float* v, lon
     float norm = sqrtf(norm2[0] + norm2[1]);
     float grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
-    #pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++) {
+    cpu_for(n, [&](long i_) {
+        long i = (long)i_;
         float g = grads[i] * grad_scale;
         float mi = beta1 * m[i] + (1.0f - beta1) * g;
         float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -487,7 +494,7 @@ static void adamw_cpu(float* params, const float* grads, float* m, float* v, lon
         v[i] = vi;
         float mhat = mi / bc1, vhat = vi / bc2;
         params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
-    }
+    });
 }
 
 // norm2 (1) += the sum of squares of x (n), summed in double over fixed 4096-element blocks added in
@@ -496,12 +503,12 @@ static void sumsq_cpu(float* norm2, const float* x, long n) {
     const long BS = 4096;
     long nb = (n + BS - 1) / BS;
     std::vector<double> part(nb);
-    #pragma omp parallel for schedule(static)
-    for (long b = 0; b < nb; b++) {
+    cpu_for(nb, [&](long b_) {
+        long b = (long)b_;
         double s = 0.0;
         for (long i = b * BS; i < n && i < (b + 1) * BS; i++) s += (double)x[i] * x[i];
         part[b] = s;
-    }
+    });
     double s = 0.0;
     for (long b = 0; b < nb; b++) s += part[b];
     norm2[0] += (float)s;

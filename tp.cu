@@ -101,15 +101,44 @@ struct StepStats {
 // Process 0 alone reads the output directory and the model file (under mpirun they may be on its machine
 // only); each phase that reads ends with procs_share, which hands every process what process 0 read.
 
+// -y 1: the newest checkpoint in dir whose files verify (whole, and matching the checksums in the state
+// file). A damaged one is named in a warning and the one before it is taken; with none left the run is
+// refused, saying what is damaged and what to do. Process 0; says how long verifying took.
+static int resume_pick(const char* dir, const std::vector<int>& saved) {
+    double t0 = comm_now();
+    std::string damaged;      // "step 6: model_00000006.bin does not match its checksum; step 4: ..."
+    int ndamaged = 0;
+    int verified_model = -1;  // the newest step whose model file verified, though its state file did not
+    for (int i = (int)saved.size() - 1; i >= 0; i--) {
+        CkptCheck ck = ckpt_verify(dir, saved[i]);
+        if (ck.model_ok && ck.state_ok) {
+            if (ndamaged)
+                fprintf(stderr, "warning: damaged checkpoint%s in %s not used (%s): resuming from step %d, the newest checkpoint that verifies\n",
+                        ndamaged > 1 ? "s" : "", dir, damaged.c_str(), saved[i]);
+            printf("tp: checkpoint of step %d %s in %.2f s\n", saved[i],
+                   ck.summed ? "verified against its checksums" : "has no checksums (an older tp wrote it): sizes checked", comm_now() - t0);
+            return saved[i];
+        }
+        if (ck.model_ok && ck.summed && verified_model < 0) verified_model = saved[i];
+        damaged += (damaged.empty() ? "step " : "; step ") + std::to_string(saved[i]) + ": " + ck.why;
+        ndamaged++;
+    }
+    std::string hint = "restore the files from a copy, or start over in " + std::string(dir) + " with --fresh 1 instead of -y 1";
+    if (verified_model >= 0)
+        hint = "start a new run from the weights of step " + std::to_string(verified_model) + " (they verify) with -e " +
+               ckpt_path(dir, "model", verified_model) + " and another -o, or " + hint;
+    fatal("-y 1: no checkpoint in %s verifies, every one is damaged (%s): %s", dir, damaged.c_str(), hint.c_str());
+}
+
 // The output directory, and what a resume finds there: the newest checkpoint's step, the model's shape
 // and the run's saved flags, which fill in every flag the command line did not give.
 static void setup_resume(Run* run) {
     Args* a = &run->args;
     bool first = g_procs.me == 0;
     std::vector<int> saved = a->outdir && first ? outdir_setup(a) : std::vector<int>();
-    run->saved_step = saved.empty() ? -1 : saved.back();
+    run->saved_step = -1;
     if (first && a->resume && saved.empty()) printf("tp: -y 1 but no checkpoint in %s yet: starting a new run there\n", a->outdir);
-    if (!a->resume) run->saved_step = -1;
+    if (first && a->resume && !saved.empty()) run->saved_step = resume_pick(a->outdir, saved);
     if (first && run->saved_step >= 0) {
         run->model_file = ckpt_path(a->outdir, "model", run->saved_step);
         model_read(run->model_file.c_str(), &run->cfg, nullptr);
@@ -170,13 +199,22 @@ static bool setup_model_shape(Run* run) {
                 fatal("-e %s is neither a readable checkpoint file nor a descriptor (d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", model);
             if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", model);
             model_read(model, c, nullptr);
+            model_verify_beside(model);
             run->model_file = model;
             run->vocab_from = "the checkpoint's";
             if (a->vocab && a->vocab != c->V)
                 fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, model, c->V);
         }
     }
+    tokenizer_setup(run, g_procs.me == 0);
     procs_share(c, a->timeout);
+    // a default -t longer than the model allows adapts to it (said); a -t the user gave is refused in setup_data
+    Args* args = &run->args;
+    if (args->T > c->maxT && !args->given[flag_find("-t") - g_flags]) {
+        if (g_procs.me == 0) printf("tp: the model's maximum sequence length is %d: using -t %d instead of the default %d\n", c->maxT, c->maxT, args->T);
+        args->T = c->maxT;
+        grid_setup(run);  // -d's micro-steps follow the tokens of a micro-batch
+    }
     return descriptor;
 }
 
@@ -271,7 +309,7 @@ static void setup_outputs(Run* run) {
         run->floor_nats = grammar_entropy_per_byte();
     }
     // sampling: replica 0 samples, and it runs in process 0
-    if (first && a->tokenizer) tokenizer_load(&run->tokenizer, a->tokenizer, run->cfg.V);
+    if (first && !run->tokenizer.path.empty()) tokenizer_check(&run->tokenizer, run->cfg.V);
     if (first) prompt_setup(run);
 }
 
@@ -321,7 +359,8 @@ static void rank_run_start(RankRun* rr, Run* run, int d, int r) {
     int g = rr->rk.dp.rank;  // the replica, counted over all processes
     loader_init(&rr->train, "train", a->train, files ? nullptr : &run->corpus_train, a->B, a->T, run->cfg.V, a->shuffle,
                 run->Dg, g, run->accum);
-    loader_init(&rr->val, "val", a->val, files ? nullptr : &run->corpus_val, a->B, a->T, run->cfg.V, false, run->Dg, g, 1);
+    if (!files || a->val)  // -i alone (with -v 0) has no val data
+        loader_init(&rr->val, "val", a->val, files ? nullptr : &run->corpus_val, a->B, a->T, run->cfg.V, false, run->Dg, g, 1);
 }
 
 static void rank_run_end(RankRun* rr) {
@@ -395,10 +434,28 @@ enum Phase { PHASE_STEP, PHASE_EVAL, PHASE_SAMPLE };
 static std::atomic<int> g_phase{PHASE_STEP};
 static char g_signal_msg[3][160];  // what the handler prints in each phase, written before it is installed
 
-static void on_signal(int sig) {
+// Under mpirun a SIGTERM from the parent (mpirun, or its daemon on another machine) means the job is being
+// ended: a process of it died or failed (mpirun then ends the others, and kills them a second later), or
+// mpirun itself was stopped. This process cannot finish a step with a peer gone, let alone save: it says so,
+// with the last good checkpoint, and exits at once instead of promising a save.
+static char g_mpi_end_msg[160];
+
+static void write_str(const char* s) {
+    ssize_t ignored = write(STDERR_FILENO, s, strlen(s));  // write and strlen are async-signal-safe
+    (void)ignored;
+}
+
+static void on_signal(int sig, siginfo_t* info, void*) {
+    if (g_procs.n > 1 && sig == SIGTERM && info && info->si_pid == getppid()) {
+        write_str(g_mpi_end_msg);
+        const char* note = fatal_note();
+        write_str(note ? note : "nothing was saved (no -o)");
+        write_str("\n");
+        _exit(1);
+    }
     g_signal.store(sig);
     const char* msg = g_signal_msg[g_phase.load()];
-    ssize_t ignored = write(STDOUT_FILENO, msg, strlen(msg));  // write and strlen are async-signal-safe
+    ssize_t ignored = write(STDOUT_FILENO, msg, strlen(msg));
     (void)ignored;
 }
 
@@ -409,9 +466,11 @@ static void signal_setup(const Run* run) {
         const char* what[3] = {"after this step", "after this evaluation batch", "this sample"};
         snprintf(g_signal_msg[p], sizeof(g_signal_msg[0]), "\ntp: stopping %s%s (Ctrl-C again quits at once)\n", what[p], then);
     }
+    snprintf(g_mpi_end_msg, sizeof(g_mpi_end_msg), "tp: process %d of %d: mpirun is ending the job (a process of it died or failed, or "
+             "mpirun was stopped): stopping without saving; ", g_procs.me, g_procs.n);
     struct sigaction sa = {};
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C stops at once
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_RESETHAND | SA_SIGINFO;  // a second Ctrl-C stops at once
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
 }
@@ -571,6 +630,7 @@ static void rank_main(Run* run, int d, int r) {
         if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
             checkpoint_save(&run->ckpt, run->init.data(), &rr.m, &rr.rk, &rr.world, &rr.train, step + 1);
             last_saved = step + 1;
+            if (d == 0 && r == 0) ckpt_note(a->outdir, last_saved);  // each process's first thread
         }
         // a signal: every rank stops after the same step (the step's world all-reduce carried every rank's flag)
         if (st.stop) {
@@ -579,8 +639,10 @@ static void rank_main(Run* run, int d, int r) {
             return;
         }
     }
-    if (a->outdir && last_saved != a->max_steps)
+    if (a->outdir && last_saved != a->max_steps) {
         checkpoint_save(&run->ckpt, run->init.data(), &rr.m, &rr.rk, &rr.world, &rr.train, a->max_steps);
+        if (d == 0 && r == 0) ckpt_note(a->outdir, a->max_steps);
+    }
     char note[96];
     check_replicas(run, &rr, a->max_steps, note, sizeof(note));
     if (lead && a->max_steps > run->start_step + 1) print_average_line(run, &total, a->max_steps - run->start_step - 1, note);
@@ -602,6 +664,8 @@ static int tp_main(int argc, char** argv) {
         return rc;
     }
     run_setup(run);
+    // from here on every error line (and mpirun's ending of the job) names the last good checkpoint
+    if (run->args.outdir && !run->sample_only && !run->args.sweep) ckpt_note(run->args.outdir, run->resuming ? run->start_step : 0);
     if (!run->args.sweep) signal_setup(run);  // before the setup is printed: from then on Ctrl-C is handled
     print_setup(run);
     if (run->args.sweep) {

@@ -29,6 +29,29 @@ static int g_fatal_proc = 0, g_fatal_nproc = 1;
 // is being stopped by mpirun because another process failed first and said why
 static std::atomic<int> g_signal{0};
 
+// What every error line of a run ends with once it trains into -o: which checkpoint is the last good one,
+// so that an error (a non-finite loss, a process that died, a collective that timed out) never leaves the
+// user guessing what survived. Two buffers and an atomic index: a signal handler may read it (fatal_note)
+// while a rank thread writes the other buffer.
+static char g_fatal_notes[2][640];
+static std::atomic<int> g_fatal_note_at{-1};  // -1: none
+static bool g_fatal_note_printed = false;
+
+static void fatal_note_set(const char* text) {
+    if (!text) {
+        g_fatal_note_at.store(-1);
+        return;
+    }
+    int next = g_fatal_note_at.load() == 0 ? 1 : 0;
+    snprintf(g_fatal_notes[next], sizeof(g_fatal_notes[0]), "%s", text);
+    g_fatal_note_at.store(next);
+}
+
+static const char* fatal_note() {
+    int at = g_fatal_note_at.load();
+    return at < 0 ? nullptr : g_fatal_notes[at];
+}
+
 // The first caller returns (with stdout flushed, so the error follows what was already printed);
 // every later caller waits here until the first one ends the process.
 static void fatal_begin() {
@@ -53,6 +76,7 @@ static void fatal_prefix() {
 }
 
 [[noreturn]] static void fatal_end() {
+    if (fatal_note() && !g_fatal_note_printed) fprintf(stderr, "%s\n", fatal_note());  // after a report of several lines
     fflush(stderr);
     _Exit(1);  // ranks are threads that may be blocked in a collective: there is nothing to unwind to
 }
@@ -65,6 +89,8 @@ static void fatal(const char* fmt, ...) {
     va_start(ap, fmt);
     fatal_prefix();
     vfprintf(stderr, fmt, ap);
+    if (fatal_note()) fprintf(stderr, "; %s", fatal_note());
+    g_fatal_note_printed = true;
     fprintf(stderr, "\n");
     va_end(ap);
     fatal_end();

@@ -23,12 +23,108 @@
 #include <glob.h>
 #include <sstream>
 #include <string>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 #include "../common/error.h"
 #include "../gpt.cu"
 #include "../data/loader.h"
+
+// ----------------------------------------------------------------------------
+// checksums: a 64-bit hash of every byte of a checkpoint, so that a damaged file (a zeroed page, flipped
+// bytes, a short file) is found before training starts from it, instead of showing up steps later as a
+// non-finite loss, or never. FNV-1a over 8-byte words in 4 independent lanes (word i goes to lane i % 4:
+// the lanes' multiplies overlap, so hashing runs at memory speed, about 10 GB/s, and verifying GPT-2 124M's
+// 1.5 GB costs a fraction of the time it takes to read it); each step also folds the high bits down
+// (h ^= h >> 29), without which a change in a word's top bit reaches only the top bit of the hash and two
+// such changes (two flipped float signs) would cancel. Every step is a bijection of the lane, so a change
+// in one word always changes the hash; the byte count is hashed last, so a file cut short never matches.
+
+#define HASH_PRIME 0x100000001b3ULL
+struct Hasher {
+    uint64_t lane[4];
+    uint64_t bytes;       // hashed so far
+    unsigned char tail[32];  // bytes waiting for a whole block of 4 words
+    int ntail;
+};
+
+static void hash_init(Hasher* h) {
+    for (int i = 0; i < 4; i++) h->lane[i] = 0xcbf29ce484222325ULL + i;  // FNV's offset basis, one per lane
+    h->bytes = 0;
+    h->ntail = 0;
+}
+
+static inline uint64_t hash_step(uint64_t x, uint64_t w) {
+    x = (x ^ w) * HASH_PRIME;
+    return x ^ (x >> 29);
+}
+
+static inline void hash_block(Hasher* h, const unsigned char* p) {
+    uint64_t w[4];
+    memcpy(w, p, 32);
+    h->lane[0] = hash_step(h->lane[0], w[0]);
+    h->lane[1] = hash_step(h->lane[1], w[1]);
+    h->lane[2] = hash_step(h->lane[2], w[2]);
+    h->lane[3] = hash_step(h->lane[3], w[3]);
+}
+
+static void hash_update(Hasher* h, const void* data, size_t n) {
+    const unsigned char* p = (const unsigned char*)data;
+    h->bytes += n;
+    if (h->ntail) {
+        size_t k = std::min(n, (size_t)(32 - h->ntail));
+        memcpy(h->tail + h->ntail, p, k);
+        h->ntail += (int)k;
+        p += k;
+        n -= k;
+        if (h->ntail < 32) return;
+        hash_block(h, h->tail);
+        h->ntail = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) hash_block(h, p);
+    memcpy(h->tail, p, n);
+    h->ntail = (int)n;
+}
+
+static uint64_t hash_final(Hasher* h) {
+    if (h->ntail) {  // the last partial block, zero-padded (the byte count tells it from real zeros)
+        memset(h->tail + h->ntail, 0, 32 - h->ntail);
+        hash_block(h, h->tail);
+    }
+    uint64_t x = 0xcbf29ce484222325ULL;
+    for (int i = 0; i < 4; i++) x = hash_step(x, h->lane[i]);
+    x = hash_step(x, h->bytes);
+    x ^= x >> 33;  // murmur3's finalizer: every bit of the state reaches every bit of the sum
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+// Hashes bytes [from, to) of an open file, in one pass. Mapped (the pages are hashed where the page cache
+// holds them: half the CPU time of read(), which copies every byte first), else read in large blocks.
+// Returns false on a read error or a file that ends before `to`.
+static bool hash_file(FILE* f, long from, long to, Hasher* h) {
+    if (to <= from) return to == from;
+    void* map = mmap(nullptr, to, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fileno(f), 0);
+    if (map != MAP_FAILED) {
+        hash_update(h, (const char*)map + from, to - from);
+        munmap(map, to);
+        return true;
+    }
+    static thread_local std::vector<unsigned char> buf(8 << 20);
+    if (fseek(f, from, SEEK_SET) != 0) return false;
+    for (long done = from; done < to;) {
+        size_t want = (size_t)std::min((long)buf.size(), to - done);
+        size_t got = fread(buf.data(), 1, want, f);
+        hash_update(h, buf.data(), got);
+        done += (long)got;
+        if (got != want) return false;
+    }
+    return true;
+}
 
 // ----------------------------------------------------------------------------
 // files that are never left half-written: the bytes go to PATH.tmp, which is fsynced and renamed over
@@ -37,7 +133,8 @@
 struct AtomicFile {
     FILE* f;
     std::string path, tmp;
-    int err;  // the first failure's errno; 0 while all is well
+    int err;       // the first failure's errno; 0 while all is well
+    Hasher* hash;  // if set, every byte written is hashed too
 };
 
 static bool atomic_open(AtomicFile* a, const char* path) {
@@ -45,17 +142,20 @@ static bool atomic_open(AtomicFile* a, const char* path) {
     a->tmp = a->path + ".tmp";
     a->f = fopen(a->tmp.c_str(), "wb");
     a->err = a->f ? 0 : errno;
+    a->hash = nullptr;
     return a->f != nullptr;
 }
 
 static void atomic_write(AtomicFile* a, const void* p, size_t bytes) {
+    if (a->hash) hash_update(a->hash, p, bytes);
     if (a->err == 0 && fwrite(p, 1, bytes, a->f) != bytes) a->err = errno ? errno : EIO;
 }
 
 // Flushes, syncs, closes and renames. On any failure removes the temporary file and returns false
 // with a->err set; the caller reports it (once).
 static bool atomic_close(AtomicFile* a) {
-    if (a->err == 0 && fflush(a->f) != 0) a->err = errno;
+    errno = 0;
+    if (a->err == 0 && fflush(a->f) != 0) a->err = errno ? errno : EIO;
     if (a->err == 0 && fsync(fileno(a->f)) != 0) a->err = errno;
     if (fclose(a->f) != 0 && a->err == 0) a->err = errno;
     if (a->err == 0 && rename(a->tmp.c_str(), a->path.c_str()) != 0) a->err = errno;
@@ -92,15 +192,19 @@ static void model_read(const char* path, GPTConfig* c, std::vector<float>* full)
 }
 
 // Writes full parameters as an llm.c version-3 checkpoint, atomically. Returns 0, or the errno of the
-// failure (the file at path is then untouched).
-static int model_write(const char* path, const GPTConfig* c, const float* full) {
+// failure (the file at path is then untouched). sum (if set): the hash of every byte of the file.
+static int model_write(const char* path, const GPTConfig* c, const float* full, uint64_t* sum = nullptr) {
     AtomicFile a;
     if (!atomic_open(&a, path)) return a.err;
+    Hasher hs;
+    hash_init(&hs);
+    a.hash = &hs;
     int h[256] = {0};
     h[0] = 20240326; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
     atomic_write(&a, h, sizeof(h));
     atomic_write(&a, full, gpt_num_params(c) * sizeof(float));
     atomic_close(&a);
+    if (sum) *sum = hash_final(&hs);
     return a.err;
 }
 
@@ -111,18 +215,22 @@ static int model_write(const char* path, const GPTConfig* c, const float* full) 
 // pairs), then AdamW's m and v (nparams floats each), the loader's shard order (nshards int32) and
 // sample permutation (nsamples int64), and its MT19937 as text (rng_bytes). Version 1 had no flags
 // (its header ends before flags_bytes), version 2 no grid (its header ends before replicas: one replica,
-// no accumulation); tp still reads both.
+// no accumulation), version 3 no checksums (its header ends before model_sum); tp still reads them all.
+// The checksums live here rather than in the model file, whose layout is llm.c's: model_sum is the hash of
+// every byte of model_N.bin, state_sum of every byte of this file with state_sum itself read as 0.
 #define STATE_MAGIC 20261130
-#define STATE_VERSION 3
+#define STATE_VERSION 4
 struct StateHeader {
     int64_t magic, version, step, adam_t, nparams, P;
     int64_t maxT, V, Vp, L, NH, C, B, T;
     int64_t shard_pos, sample_pos, nshards, nsamples, rng_bytes;
     int64_t flags_bytes;
     int64_t replicas, procs, micro_steps, zero;  // the grid: replicas (all processes), processes, -d's micro-steps, -z
+    uint64_t model_sum, state_sum;               // checksums (hash_final) of the model file and of this file
 };
 #define STATE_V1_HEADER_BYTES (19 * sizeof(int64_t))
 #define STATE_V2_HEADER_BYTES (20 * sizeof(int64_t))
+#define STATE_V3_HEADER_BYTES (24 * sizeof(int64_t))
 
 // what a resume restores besides the weights
 struct TrainState {
@@ -160,19 +268,132 @@ static std::vector<int> ckpt_steps(const char* dir) {
     return steps;
 }
 
-static int state_write(const char* path, const StateHeader* h, const std::string& flags, const float* m, const float* v,
+// Writes a state file atomically; sets h->state_sum (hashed in memory first: the sum goes in the header,
+// which is written first). Returns 0 or the errno of the failure.
+static int state_write(const char* path, StateHeader* h, const std::string& flags, const float* m, const float* v,
                        const DataLoader* d, const std::string& rng) {
+    struct Part { const void* p; size_t n; } parts[] = {
+        {h, sizeof(*h)}, {flags.data(), flags.size()}, {m, h->nparams * sizeof(float)}, {v, h->nparams * sizeof(float)},
+        {d->shard_order.data(), h->nshards * sizeof(int)}, {d->sample_order.data(), h->nsamples * sizeof(long)},
+        {rng.data(), rng.size()}};
+    h->state_sum = 0;
+    Hasher hs;
+    hash_init(&hs);
+    for (const Part& part : parts) hash_update(&hs, part.p, part.n);
+    h->state_sum = hash_final(&hs);
     AtomicFile a;
     if (!atomic_open(&a, path)) return a.err;
-    atomic_write(&a, h, sizeof(*h));
-    atomic_write(&a, flags.data(), flags.size());
-    atomic_write(&a, m, h->nparams * sizeof(float));
-    atomic_write(&a, v, h->nparams * sizeof(float));
-    atomic_write(&a, d->shard_order.data(), h->nshards * sizeof(int));
-    atomic_write(&a, d->sample_order.data(), h->nsamples * sizeof(long));
-    atomic_write(&a, rng.data(), rng.size());
+    for (const Part& part : parts) atomic_write(&a, part.p, part.n);
     atomic_close(&a);
     return a.err;
+}
+
+// the size a state file with header h has, whole
+static long state_file_bytes(const StateHeader* h) {
+    long head = h->version == 1 ? STATE_V1_HEADER_BYTES : h->version == 2 ? STATE_V2_HEADER_BYTES
+              : h->version == 3 ? STATE_V3_HEADER_BYTES : sizeof(StateHeader);
+    return head + h->flags_bytes + 2 * h->nparams * (long)sizeof(float) + h->nshards * (long)sizeof(int) +
+           h->nsamples * (long)sizeof(long) + h->rng_bytes;
+}
+
+// Reads a state file's header, of any version, into h (the fields a version lacks filled in). Returns false
+// when the file is too short or not a state file of a version this tp reads.
+static bool state_header_read(FILE* f, StateHeader* h) {
+    *h = StateHeader{};
+    if (fread(h, 1, STATE_V1_HEADER_BYTES, f) != STATE_V1_HEADER_BYTES) return false;
+    if (h->magic != STATE_MAGIC || h->version < 1 || h->version > STATE_VERSION) return false;
+    if (h->version >= 2 && fread(&h->flags_bytes, sizeof(h->flags_bytes), 1, f) != 1) return false;
+    size_t more = h->version == 3 ? STATE_V3_HEADER_BYTES - STATE_V2_HEADER_BYTES : h->version >= 4 ? sizeof(*h) - STATE_V2_HEADER_BYTES : 0;
+    if (more && fread((char*)h + STATE_V2_HEADER_BYTES, 1, more, f) != more) return false;
+    if (h->version < 3) h->replicas = h->procs = h->micro_steps = 1;
+    return h->nparams > 0 && h->nshards >= 0 && h->nsamples >= 0 && h->rng_bytes >= 0 && h->rng_bytes <= 1 << 20 &&
+           h->flags_bytes >= 0 && h->flags_bytes <= 1 << 20;
+}
+
+static std::string file_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+static long file_bytes(FILE* f) {
+    struct stat st;
+    return fstat(fileno(f), &st) == 0 ? (long)st.st_size : -1;
+}
+
+// Whether a model file is what the checksum in its state file's header says: "" if so, else what is wrong
+// with it (truncated, longer, not an llm.c file, damaged). f: the open model file.
+static std::string model_check(FILE* f, const std::string& path, const StateHeader* h) {
+    std::string name = file_name(path);
+    int mh[256];
+    long size = file_bytes(f);
+    if (fread(mh, sizeof(int), 256, f) != 256 || mh[0] != 20240326 || mh[1] != 3) return name + " has no llm.c model header";
+    GPTConfig c = {};
+    c.maxT = mh[2]; c.V = mh[3]; c.L = mh[4]; c.NH = mh[5]; c.C = mh[6]; c.Vp = mh[7];
+    if (c.maxT <= 0 || c.V <= 0 || c.L <= 0 || c.NH <= 0 || c.C <= 0 || c.Vp < c.V) return name + " has an invalid header";
+    long want = 1024 + 4 * gpt_num_params(&c);
+    char buf[160];
+    if (size < want) snprintf(buf, sizeof(buf), " is truncated (%ld of %ld bytes)", size, want);
+    else if (size > want) snprintf(buf, sizeof(buf), " is longer than its header says (%ld bytes, not %ld)", size, want);
+    if (size != want) return name + buf;
+    if (gpt_num_params(&c) != h->nparams) return name + " has another shape than its state file";
+    if (h->version < 4) return "";  // an older tp wrote no checksums
+    Hasher hm;
+    hash_init(&hm);
+    if (!hash_file(f, 0, size, &hm)) return name + " cannot be read";
+    if (hash_final(&hm) != h->model_sum) return name + " does not match its checksum";
+    return "";
+}
+
+// What verifying a checkpoint found: whether each file is whole and matches its checksum (a state file of
+// tp before version 4 has none: its files are checked for their sizes only), and if not, what is wrong.
+struct CkptCheck {
+    bool model_ok, state_ok;
+    bool summed;      // the state file has checksums
+    std::string why;  // empty when both are fine
+};
+
+// Verifies the checkpoint of `step` in dir, reading each of its two files once from start to end.
+// (No tp run writes into dir meanwhile: the caller holds its lock, or only reads.)
+static CkptCheck ckpt_verify(const char* dir, int step) {
+    CkptCheck r = {false, false, false, ""};
+    std::string mp = ckpt_path(dir, "model", step), sp = ckpt_path(dir, "state", step);
+    FILE* sf = fopen(sp.c_str(), "rb");
+    StateHeader h;
+    if (!sf) {
+        r.why = file_name(sp) + ": " + strerror(errno);
+        return r;
+    }
+    if (!state_header_read(sf, &h)) {
+        fclose(sf);
+        r.why = file_name(sp) + " has no valid tp state header";
+        return r;
+    }
+    r.summed = h.version >= 4;
+    // the model file is hashed on a second thread while this one hashes the state file: on a machine
+    // with cores to spare that halves the wait
+    std::string model_why;
+    std::thread model_thread([&]() {
+        FILE* mf = fopen(mp.c_str(), "rb");
+        model_why = mf ? model_check(mf, mp, &h) : file_name(mp) + ": " + strerror(errno);
+        if (mf) fclose(mf);
+    });
+    long size = file_bytes(sf), want = state_file_bytes(&h);
+    char buf[160] = "";
+    if (size < want) snprintf(buf, sizeof(buf), " is truncated (%ld of %ld bytes)", size, want);
+    else if (size > want) snprintf(buf, sizeof(buf), " is longer than its header says (%ld bytes, not %ld)", size, want);
+    if (size == want && r.summed) {
+        StateHeader z = h;
+        z.state_sum = 0;
+        Hasher hs;
+        hash_init(&hs);
+        hash_update(&hs, &z, sizeof(z));
+        if (!hash_file(sf, sizeof(z), size, &hs)) snprintf(buf, sizeof(buf), " cannot be read");
+        else if (hash_final(&hs) != h.state_sum) snprintf(buf, sizeof(buf), " does not match its checksum");
+    }
+    fclose(sf);
+    r.state_ok = buf[0] == '\0';
+    std::string state_why = r.state_ok ? "" : file_name(sp) + buf;
+    model_thread.join();
+    r.model_ok = model_why.empty();
+    r.why = model_why + (!model_why.empty() && !state_why.empty() ? ", " : "") + state_why;
+    return r;
 }
 
 static void read_all(FILE* f, void* p, size_t bytes, const char* path) {
@@ -186,16 +407,10 @@ static void state_read(const char* dir, int step, long nparams, bool body, Train
     FILE* f = fopen(path.c_str(), "rb");
     if (!f) fatal("cannot open %s: %s", path.c_str(), strerror(errno));
     StateHeader* h = &s->h;
-    *h = StateHeader{};
-    read_all(f, h, STATE_V1_HEADER_BYTES, path.c_str());
-    if (h->magic != STATE_MAGIC || h->version < 1 || h->version > STATE_VERSION)
-        fatal("%s is not a tp state file this tp reads (magic %lld, version %lld)", path.c_str(), (long long)h->magic, (long long)h->version);
-    if (h->version >= 2) read_all(f, &h->flags_bytes, sizeof(h->flags_bytes), path.c_str());
-    if (h->version >= 3) read_all(f, (char*)h + STATE_V2_HEADER_BYTES, sizeof(*h) - STATE_V2_HEADER_BYTES, path.c_str());
-    else h->replicas = h->procs = h->micro_steps = 1;
+    if (!state_header_read(f, h))
+        fatal("%s is not a tp state file this tp reads (magic %lld, version %lld), or is corrupt", path.c_str(), (long long)h->magic,
+              (long long)h->version);
     if (h->nparams != nparams) fatal("state file %s does not match its model file", path.c_str());
-    if (h->nshards < 0 || h->nsamples < 0 || h->rng_bytes < 0 || h->rng_bytes > 1 << 20 || h->flags_bytes < 0 || h->flags_bytes > 1 << 20)
-        fatal("state file %s is corrupt", path.c_str());
     s->flags.resize(h->flags_bytes);
     read_all(f, &s->flags[0], h->flags_bytes, path.c_str());
     if (!body) {
@@ -245,15 +460,69 @@ static void loader_restore(DataLoader* d, const TrainState* s) {
     rng >> d->rng;
 }
 
-// Deletes every checkpoint in dir (the state file first, so a half-deleted pair never looks saved);
-// returns how many there were.
+// The files in dir that belong to a run: every model_*.bin and state_*.bin (paired or not) and log.csv.
+// A folder holding any of them holds a run, whether or not a resume could continue it.
+static std::vector<std::string> run_files(const char* dir) {
+    std::vector<std::string> names;
+    for (const char* pat : {"/model_*.bin", "/state_*.bin", "/log.csv"}) {
+        glob_t g;
+        if (glob((std::string(dir) + pat).c_str(), 0, nullptr, &g) != 0) continue;
+        for (size_t i = 0; i < g.gl_pathc; i++) names.push_back(file_name(g.gl_pathv[i]));
+        globfree(&g);
+    }
+    return names;
+}
+
+// "a, b, c and 4 more": names for a message line
+static std::string name_list(const std::vector<std::string>& names, size_t show = 3) {
+    std::string s;
+    for (size_t i = 0; i < names.size() && i < show; i++) s += (i ? ", " : "") + names[i];
+    if (names.size() > show) s += " and " + std::to_string(names.size() - show) + " more";
+    return s;
+}
+
+// Removes what an interrupted save left in dir: its temporary files (AtomicFile's PATH.tmp), never a
+// finished file. Only while this run holds the folder's lock, so no live run's save is touched. Returns
+// the names removed.
+static std::vector<std::string> remove_stale_tmp(const char* dir) {
+    std::vector<std::string> gone;
+    for (const char* pat : {"/model_*.bin.tmp", "/state_*.bin.tmp", "/log.csv.tmp", "/sweep.csv.tmp"}) {
+        glob_t g;
+        if (glob((std::string(dir) + pat).c_str(), 0, nullptr, &g) != 0) continue;
+        for (size_t i = 0; i < g.gl_pathc; i++)
+            if (remove(g.gl_pathv[i]) == 0) gone.push_back(file_name(g.gl_pathv[i]));
+        globfree(&g);
+    }
+    return gone;
+}
+
+// Deletes every file of the run in dir (state files first, so a half-deleted pair never looks saved);
+// returns how many checkpoints there were.
 static int ckpt_remove_all(const char* dir) {
     std::vector<int> steps = ckpt_steps(dir);
-    for (int step : steps) {
-        remove(ckpt_path(dir, "state", step).c_str());
-        remove(ckpt_path(dir, "model", step).c_str());
-    }
+    for (int step : steps) remove(ckpt_path(dir, "state", step).c_str());
+    for (const std::string& name : run_files(dir)) remove((std::string(dir) + "/" + name).c_str());
     return (int)steps.size();
+}
+
+// What a message says about the checkpoints in dir: "the checkpoints in DIR are steps 5 and 10 (continue
+// with -y 1 -o DIR)", or that there are none.
+static std::string ckpt_remaining(const char* dir) {
+    std::vector<int> steps = ckpt_steps(dir);
+    if (steps.empty()) return std::string("no checkpoint of this run is saved in ") + dir;
+    std::string list;
+    for (size_t i = 0; i < steps.size(); i++)
+        list += (i == 0 ? "" : i + 1 == steps.size() ? " and " : ", ") + std::to_string(steps[i]);
+    return std::string("the checkpoint") + (steps.size() > 1 ? "s" : "") + " in " + dir + (steps.size() > 1 ? " are steps " : " is step ") +
+           list + " (continue with -y 1 -o " + dir + ")";
+}
+
+// The note every later error line ends with (common/error.h): the last good checkpoint of the run in dir.
+static void ckpt_note(const char* dir, int step) {
+    char note[600];
+    if (step > 0) snprintf(note, sizeof(note), "the last good checkpoint is step %d in %s: continue with -y 1 -o %s", step, dir, dir);
+    else snprintf(note, sizeof(note), "no checkpoint of this run is saved in %s yet", dir);
+    fatal_note_set(note);
 }
 
 // ----------------------------------------------------------------------------
@@ -286,16 +555,21 @@ static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* r
         StateHeader h = {STATE_MAGIC, STATE_VERSION, step, m->t, n, rk->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
                          train->B, train->T, train->shard_pos, train->sample_pos, (int64_t)train->shard_order.size(),
                          (int64_t)train->sample_order.size(), (int64_t)rng.str().size(), (int64_t)ck->flags.size(),
-                         train->replicas, g_procs.n, train->micro_steps, m->zero};
-        int err = model_write(model.c_str(), c, full_params);
+                         train->replicas, g_procs.n, train->micro_steps, m->zero, 0, 0};  // the sums: model_write, state_write
+        int err = model_write(model.c_str(), c, full_params, &h.model_sum);
         const std::string* failed = &model;
         if (err == 0) {
             err = state_write(state.c_str(), &h, ck->flags, ck->m.data(), ck->v.data(), train, rng.str());
             failed = &state;
         }
-        if (err != 0)
-            fatal("saving the checkpoint of step %d failed: cannot write %s: %s; the earlier checkpoints are intact", step,
-                  failed->c_str(), strerror(err));
+        if (err != 0) {
+            // the failed file's temporary is gone already (atomic_close); a model file without its state file
+            // is no checkpoint: it goes too, and the line says exactly what is left
+            if (failed == &state) remove(model.c_str());
+            fatal_note_set(nullptr);
+            fatal("saving the checkpoint of step %d failed: cannot write %s: %s; removed this save's partial files; %s", step,
+                  failed->c_str(), strerror(err), ckpt_remaining(ck->dir).c_str());
+        }
         // keep the newest ck->keep steps; the state file goes first, so a half-removed pair never looks saved
         std::vector<int> steps = ckpt_steps(ck->dir);
         for (int i = 0; i + ck->keep < (int)steps.size(); i++) {

@@ -22,6 +22,37 @@
 
 #define MAX_FLAGS 64
 
+// tp's version: `git describe` of the tree it was built from (the Makefile passes it), else this release
+#ifndef TP_VERSION
+#define TP_VERSION "0.9"
+#endif
+#define TP_STR2(...) #__VA_ARGS__
+#define TP_STR(...) TP_STR2(__VA_ARGS__)
+
+// --version: tp's version and what it was built with, the lines a bug report needs
+static void print_version() {
+    printf("tp %s\n", TP_VERSION);
+    printf("built with CUDA %d.%d, NCCL %d.%d.%d", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+#if defined(TP_MPI) && defined(OMPI_MAJOR_VERSION)
+    printf(", MPI (Open MPI %d.%d.%d)", OMPI_MAJOR_VERSION, OMPI_MINOR_VERSION, OMPI_RELEASE_VERSION);
+#elif defined(TP_MPI)
+    printf(", MPI %d.%d", MPI_VERSION, MPI_SUBVERSION);
+#else
+    printf(", no MPI (one process; mpirun needs a build with mpicxx)");
+#endif
+#ifdef __CUDA_ARCH_LIST__
+    // nvcc's list of the architectures compiled for, as "800,900": printed as sm_80 sm_90
+    printf(", GPU code for");
+    for (const char* p = TP_STR(__CUDA_ARCH_LIST__); *p;) {
+        int cc = atoi(p);
+        printf(" sm_%d", cc / 10);
+        while (*p && *p != ',') p++;
+        if (*p) p++;
+    }
+#endif
+    printf(", host compiler %s\n", __VERSION__);
+}
+
 struct Args {
     const char* train;   // -i
     const char* val;     // -j
@@ -73,7 +104,7 @@ static void usage(FILE* out) {
         "                           data parallelism over --dp replicas in each process (mpirun: several)\n"
         "  every flag takes a value: -b 16, --tp 2 or --tp=2\n"
         "  -i PATTERN  train tokens: an llm.c token file or a glob of shards   (default: the embedded corpus)\n"
-        "  -j PATTERN  val tokens                                               (default: the embedded corpus)\n"
+        "  -j PATTERN  val tokens (none needed with -i and -v 0)                (default: the embedded corpus)\n"
         "  -e MODEL    llm.c fp32 checkpoint file, or a descriptor: d1..d12, d24, d36, d48, or\n"
         "              L<layers>C<channels>H<heads> such as L3C128H4             (default L3C128H4)\n"
         "  -o DIR      output directory for checkpoints and log.csv (created)   (default: none)\n"
@@ -120,8 +151,11 @@ static void usage(FILE* out) {
         "  --temperature X  sampling temperature (0: greedy)                   (default 0.8)\n"
         "  --topk K    sample from the K most likely tokens (0: all)            (default 0)\n"
         "  --sample-seed N  seed of the sampler                                 (default 42)\n"
-        "  --prompt S  text to continue (byte-level models)                     (default: a newline)\n"
-        "  --tokenizer F  llm.c gpt2_tokenizer.bin to print GPT-2 tokens as text (default: token ids)\n"
+        "  --prompt S  text to continue (byte-level or BPE tokenizer.json models) (default: a newline or EOT)\n"
+        "  --tokenizer F  a BPE tokenizer.json (decodes samples, encodes --prompt, sets a new model's vocab)\n"
+        "              or llm.c's gpt2_tokenizer.bin (decodes)   (default: a tokenizer.json next to -i,\n"
+        "              next to -e, or in -o; else bytes or token ids)\n"
+        "  --version   tp's version and what it was built with (CUDA, NCCL, MPI, GPU code)\n"
         "  --help      this text\n");
 }
 
@@ -371,6 +405,11 @@ static void parse_args(int argc, char** argv, Args* a) {
     a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8;
     for (int i = 1; i < argc; i++) {
         std::string name = argv[i];
+        if (name == "--version") {
+            if (g_procs.me == 0) print_version();
+            comm_procs_finish();
+            exit(0);
+        }
         if (name == "--help" || name == "-h") {
             if (g_procs.me == 0) usage(stdout);
             comm_procs_finish();
@@ -397,8 +436,10 @@ static void parse_args(int argc, char** argv, Args* a) {
     if (a->resume && a->fresh) bad_flag("-y 1 continues the run in -o, --fresh 1 deletes it: give one of them");
 }
 
-// -i and -j go together (checked after a resume has filled in the run's own)
+// -i and -j go together, except that -i alone trains without val losses when -v 0 asks for none (checked
+// after a resume has filled in the run's own)
 static void check_data_flags(const Args* a) {
+    if (a->train && !a->val && a->val_every == 0) return;
     if ((a->train == nullptr) != (a->val == nullptr))
-        bad_flag("give both -i and -j (train and val data), or neither for the embedded corpus");
+        bad_flag("give both -i and -j (train and val data), or -i alone with -v 0 (no val losses), or neither for the embedded corpus");
 }

@@ -263,7 +263,8 @@ static void print_setup(const Run* run) {
                run->corpus_train.size(), run->corpus_val.size(), run->floor_nats);
     if (!run->train_shards.empty()) {
         print_split(run, "train", a->train, run->train_shards);
-        print_split(run, "val", a->val, run->val_shards);
+        if (a->val) print_split(run, "val", a->val, run->val_shards);
+        else printf("data: val   none (-i alone with -v 0: no val losses)\n");
         // the same file in both splits: the val loss would measure text the model trains on
         for (const TokenShard& t : run->train_shards)
             for (const TokenShard& v : run->val_shards) {

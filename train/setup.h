@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <climits>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <string>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <vector>
 
@@ -210,24 +212,105 @@ static void make_dirs(const char* path) {
     }
 }
 
-// The output directory: created, writable, and not holding another run's checkpoints unless this run
-// continues it (-y 1) or was told to start over (--fresh 1). Returns the steps saved there.
+// One run per folder: process 0 holds an exclusive flock on DIR/.lock for the whole run (under mpirun it
+// holds it for every process), with its pid written in the file for the message a second run gets. The
+// descriptor stays open until the process ends, so the lock ends with it, also on kill -9; a .lock file
+// left by a dead process is therefore no obstacle (its old pid is overwritten). The file is never removed:
+// removing it would let two runs lock two different files of the same name.
+static void outdir_lock(const char* dir) {
+    std::string path = std::string(dir) + "/.lock";
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) fatal("cannot create the lock file %s: %s", path.c_str(), strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK) fatal("cannot lock %s: %s", path.c_str(), strerror(errno));
+        char buf[32] = "";
+        ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+        int pid = n > 0 ? atoi(buf) : 0;
+        char who[48] = "a process that has not written its pid yet";
+        if (pid > 0) snprintf(who, sizeof(who), "pid %d", pid);
+        fatal("-o %s is in use by another run (%s holds %s): wait for it to end or stop it, or choose another -o", dir, who, path.c_str());
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, n, 0) != n) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
+}
+
+// The output directory: created, writable, one run at a time (its lock), cleared of the temporary files of
+// a save that was cut short, and not holding another run's files unless this run continues it (-y 1) or was
+// told to start over (--fresh 1). A folder holds a run when it has any model_*.bin, state_*.bin or log.csv,
+// even with no checkpoint a resume could continue: those files are somebody's work. Returns the steps
+// saved there.
 static std::vector<int> outdir_setup(const Args* a) {
-    make_dirs(a->outdir);
-    std::string probe = std::string(a->outdir) + "/.tp_write_test";
+    const char* dir = a->outdir;
+    struct stat st;
+    if (a->resume && stat(dir, &st) != 0)
+        fatal("-y 1 -o %s: there is no such folder, so no run to continue: give the -o the run was started with, or drop -y 1 "
+              "to start a new run there", dir);
+    make_dirs(dir);
+    std::string probe = std::string(dir) + "/.tp_write_test";
     FILE* f = fopen(probe.c_str(), "wb");
-    if (!f || fclose(f) != 0) fatal("cannot write to the output directory -o %s: %s", a->outdir, strerror(errno));
+    if (!f || fclose(f) != 0) fatal("cannot write to the output directory -o %s: %s", dir, strerror(errno));
     remove(probe.c_str());
-    std::vector<int> saved = ckpt_steps(a->outdir);
     bool trains = !a->sweep && a->max_steps > 0;
-    if (saved.empty() || a->resume || !trains) return saved;
-    if (!a->fresh)
+    if (trains || a->sweep) {
+        outdir_lock(dir);
+        std::vector<std::string> gone = remove_stale_tmp(dir);
+        if (!gone.empty())
+            printf("tp: removed %zu temporary file%s left in %s by a save that was cut short: %s\n", gone.size(), gone.size() > 1 ? "s" : "",
+                   dir, name_list(gone).c_str());
+    }
+    std::vector<int> saved = ckpt_steps(dir);
+    std::vector<std::string> files = run_files(dir);
+    std::vector<std::string> models;
+    for (const std::string& name : files)
+        if (name.rfind("model_", 0) == 0) models.push_back(name);
+    if (a->resume) {
+        if (saved.empty() && !models.empty())
+            fatal("-y 1: %s holds %s but no state file to continue from: start a new run from those weights with -e %s/%s "
+                  "(and another -o), or start over in %s with --fresh 1 instead of -y 1", dir, name_list(models).c_str(), dir,
+                  models.back().c_str(), dir);
+        if (saved.empty() && !files.empty())
+            fatal("-y 1: %s holds %s but no checkpoint to continue from: start over there with --fresh 1 instead of -y 1, or choose "
+                  "another -o", dir, name_list(files).c_str());
+        return saved;
+    }
+    if (files.empty() || !trains) return saved;
+    if (!a->fresh && !saved.empty())
         fatal("-o %s holds the checkpoints of another run (steps %d to %d): continue it with -y 1, choose another -o, "
-              "or add --fresh 1 to delete them and start over", a->outdir, saved.front(), saved.back());
-    int n = ckpt_remove_all(a->outdir);
-    remove((std::string(a->outdir) + "/log.csv").c_str());
-    printf("tp: --fresh 1: deleted the %d checkpoint%s and log.csv of the earlier run in %s\n", n, n > 1 ? "s" : "", a->outdir);
+              "or add --fresh 1 to delete them and start over", dir, saved.front(), saved.back());
+    if (!a->fresh)
+        fatal("-o %s holds the files of another run (%s) but no checkpoint to continue: choose another -o, or add --fresh 1 to "
+              "delete them and start over%s", dir, name_list(files).c_str(),
+              models.empty() ? "" : (" (-e " + std::string(dir) + "/" + models.back() + " starts a new run from its weights)").c_str());
+    int n = ckpt_remove_all(dir);
+    std::string what = n ? std::to_string(n) + (n == 1 ? " checkpoint: " : " checkpoints: ") : "";
+    printf("tp: --fresh 1: deleted the earlier run's files in %s (%s%s)\n", dir, what.c_str(), name_list(files).c_str());
     return {};
+}
+
+// -e DIR/model_N.bin of a tp checkpoint with its state file beside it (the same folder and step): the model
+// file must match the checksum there. Process 0, before the weights are read.
+static void model_verify_beside(const char* model) {
+    std::string path = model;
+    size_t slash = path.rfind('/');
+    std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+    const char* base = model + (slash == std::string::npos ? 0 : slash + 1);
+    int step, len = 0;
+    if (sscanf(base, "model_%d.bin%n", &step, &len) != 1 || base[len] != '\0') return;
+    std::string state = ckpt_path(dir.c_str(), "state", step);
+    FILE* sf = fopen(state.c_str(), "rb");
+    if (!sf) return;  // a model file alone: llm.c's format has no checksum of its own
+    StateHeader h;
+    bool ok = state_header_read(sf, &h);
+    fclose(sf);
+    if (!ok || h.version < 4) return;
+    FILE* mf = fopen(model, "rb");
+    if (!mf) return;  // setup_model_shape reports it
+    std::string why = model_check(mf, path, &h);
+    fclose(mf);
+    if (!why.empty())
+        fatal("-e %s: %s, against the checksum in %s beside it: give an earlier checkpoint of that run, or restore the file from a copy",
+              model, why.c_str(), state.c_str());
 }
 
 // -e against the run's checkpoint on a resume: a model given must have its shape
@@ -248,7 +331,7 @@ static void data_setup(Run* run, bool descriptor) {
     const Args* a = &run->args;
     long replica_tokens = (long)a->B * a->T * run->Dg;  // a val batch of every replica; a train step is accum of them
     run->train_shards = token_files(a->train, "train", replica_tokens * run->accum + 1);
-    run->val_shards = token_files(a->val, "val", replica_tokens + 1);
+    if (a->val) run->val_shards = token_files(a->val, "val", replica_tokens + 1);  // -i alone: -v 0, no val data
     int max_id = -1;
     long val_samples = 0;
     for (auto* shards : {&run->train_shards, &run->val_shards})
@@ -260,40 +343,67 @@ static void data_setup(Run* run, bool descriptor) {
     run->data_bytes = max_id < 256;
     run->val_batches = (int)std::min((long)a->val_batches, val_samples);
     GPTConfig* c = &run->cfg;
+    Tokenizer* tk = &run->tokenizer;
+    if (tk->bpe && run->data_bytes && tk->from != "--tokenizer") *tk = Tokenizer();  // found next to byte-level data: not its tokenizer
     if (descriptor && !a->vocab) {
-        c->V = run->data_bytes ? 256 : 50257;
+        bool from_tk = tk->bpe || (!tk->pieces.empty() && !run->data_bytes);  // a tokenizer file's vocab, unless bytes
+        c->V = from_tk ? (int)tk->pieces.size() : run->data_bytes ? 256 : 50257;
         c->Vp = round_up(c->V, 128);
-        char from[96];
-        if (run->data_bytes) snprintf(from, sizeof(from), "byte-level data: every token id is below 256");
+        char from[512];
+        if (from_tk) snprintf(from, sizeof(from), "from tokenizer %s, %s", tk->path.c_str(), tk->from.c_str());
+        else if (run->data_bytes) snprintf(from, sizeof(from), "byte-level data: every token id is below 256");
         else snprintf(from, sizeof(from), "GPT-2's: the data's largest token id is %d", max_id);
         run->vocab_from = from;
     }
     for (auto* shards : {&run->train_shards, &run->val_shards})
         for (const TokenShard& s : *shards) {
             if (s.max_id < c->V) continue;
-            char fix[160];
-            if (!descriptor) snprintf(fix, sizeof(fix), "this model cannot read it; train a new one on this data (-e with a descriptor such as L3C128H4)");
+            char fix[600];
+            if (!tk->pieces.empty() && (int)tk->pieces.size() == c->V)
+                snprintf(fix, sizeof(fix), "the data was not made with tokenizer %s (%s, vocab %d): give the tokenizer "
+                         "prepare.py wrote with it (--tokenizer FILE)", tk->path.c_str(), tk->from.c_str(), c->V);
+            else if (!descriptor) snprintf(fix, sizeof(fix), "this model cannot read it; train a new one on this data (-e with a descriptor such as L3C128H4)");
             else snprintf(fix, sizeof(fix), "give --vocab %d or more%s", s.max_id + 1, a->vocab ? " (or drop --vocab: tp then sizes it from the data)" : "");
             fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: %s",
                   shards == &run->train_shards ? "train" : "val", s.path.c_str(), s.max_id, s.max_pos, c->V, fix);
         }
 }
 
-// The prompt of the samples: --prompt as bytes, which a byte-level model reads; else a newline for a
-// byte-level model, or the end-of-text token.
+// The tokenizer: --tokenizer FILE, else a tokenizer.json found next to -i, next to -e or in -o
+// (tokenizer_find). Every process reads it, as a BPE tokenizer sets a new model's vocab; process 0 keeps
+// a copy in -o as tokenizer.json, so the run folder samples and exports on its own.
+static void tokenizer_setup(Run* run, bool first) {
+    const Args* a = &run->args;
+    Tokenizer* tk = &run->tokenizer;
+    std::string where = "--tokenizer";
+    std::string path = a->tokenizer ? a->tokenizer : tokenizer_find(a->train, run->model_file.empty() ? a->model : run->model_file.c_str(), a->outdir, &where);
+    if (path.empty()) return;
+    tokenizer_read(tk, path.c_str());
+    tk->from = where;
+    if (first && a->outdir && tk->bpe && !run->sample_only) tokenizer_copy(path, a->outdir);
+}
+
+// The prompt of the samples: --prompt encoded by a BPE tokenizer.json, or as bytes, which a byte-level
+// model reads; else the tokenizer's end-of-text token, a newline for a byte-level model.
 static void prompt_setup(Run* run) {
     const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
     const Tokenizer* tk = &run->tokenizer;
     bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
     bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
+    if (tk->bpe) {  // a tokenizer.json: the prompt in its BPE tokens, by default its end-of-text token
+        if (!a->prompt) run->prompt = tk->eot >= 0 ? std::vector<int>{tk->eot} : bpe_encode(&tk->merges, "\n");
+        else run->prompt = bpe_encode(&tk->merges, a->prompt);
+        if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
+        return;
+    }
     if (!a->prompt) {
         run->prompt.push_back(bytes ? '\n' : tk->pieces.empty() ? c->V - 1 : tk->eot);
         return;
     }
     if (gpt2_tokens)
-        fatal("--prompt is text that tp encodes as bytes, but this model reads GPT-2 tokens (tokenizer %s), which tp cannot "
-              "encode: drop --prompt, and samples start from the end-of-text token", a->tokenizer);
+        fatal("--prompt is text, and tokenizer %s (llm.c's format) only decodes: give the model's BPE tokenizer.json with "
+              "--tokenizer (Hugging Face's GPT-2 has one; prepare.py --vocab N writes one), or drop --prompt", tk->path.c_str());
     if (!bytes)
         fatal("--prompt is text that tp encodes as bytes, which needs a byte-level model (vocab 256); this model has vocab %d: "
               "drop --prompt, or train on byte-level data (tp then picks vocab 256)", c->V);
