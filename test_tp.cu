@@ -933,6 +933,7 @@ static void test_sampling() {
 #include "dev/test_files.cuh"
 #include "dev/test_bpe.cuh"
 #include "dev/test_ops.cuh"
+#include "dev/test_plan.cuh"
 
 // ----------------------------------------------------------------------------
 
@@ -1012,6 +1013,8 @@ static const TestGroup g_groups[] = {
     {"export", test_export, "export.py at TP 1 and 2 identical, numpy logits = tp's, import then export bit for bit, bf16, non-GPT-2"},
     {"pool", test_pool, "the CPU ranks' worker threads: FTZ|DAZ in each, asleep when idle, bit-identical at any count"},
     {"cpuarch", test_cpu_arch, "the host code's -march: x86-64-v4 on AVX-512, v3 on AVX2, else native"},
+    {"plan", test_plan_all, "--plan's cost model: FLOPs and collectives against the recipe's, memory against the allocation, the boxes"},
+    {"plan_sweep", test_plan_sweep, "--plan's prediction against the measured --sweep 1 on this machine, every grid"},
     {"readme", test_readme, "the README's first val loss of the default run is what ./tp prints"},
 };
 

@@ -658,6 +658,11 @@ static void rank_main(Run* run, int d, int r) {
 static int tp_main(int argc, char** argv) {
     Run* run = new Run();
     parse_args(argc, argv, &run->args);
+    if (run->args.plan && strcmp(run->args.plan, "0")) {  // --plan: predict, train nothing (train/plan.h)
+        int rc = plan_run(run);
+        delete run;
+        return rc;
+    }
     run_setup(run);
     // from here on every error line (and mpirun's ending of the job) names the last good checkpoint
     if (run->args.outdir && !run->sample_only && !run->args.sweep) ckpt_note(run->args.outdir, run->resuming ? run->start_step : 0);

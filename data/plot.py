@@ -57,13 +57,25 @@ def plot_sweep(plt, path, out):
     tps = [float(r["tok_per_s"]) for r in rows]
     comm = [100 * (float(r["comm_share"]) + float(r.get("dp_share") or 0)) for r in rows]
     mb = [float(r["mb_per_rank"]) for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    # sweeps since --plan also hold the model's prediction of every row: drawn against the measurement
+    predicted = "predicted_ms_per_step" in rows[0] and all(r.get("predicted_ms_per_step") for r in rows)
+    fig, axes = plt.subplots(1, 4 if predicted else 3, figsize=(14.5 if predicted else 11, 3.4))
     axes[0].bar(labels, tps, color="tab:blue")
     axes[0].set_title("tokens / s")
     axes[1].bar(labels, comm, color="tab:orange")
     axes[1].set_title("time in collectives, TP + DP (%)")
     axes[2].bar(labels, mb, color="tab:green")
     axes[2].set_title("memory per rank (MB)")
+    if predicted:
+        x = range(len(rows))
+        meas = [float(r["ms_per_step"]) for r in rows]
+        pred = [float(r["predicted_ms_per_step"]) for r in rows]
+        axes[3].bar([i - 0.2 for i in x], meas, width=0.4, color="tab:blue", label="measured")
+        axes[3].bar([i + 0.2 for i in x], pred, width=0.4, color="tab:gray", label="predicted (--plan)")
+        axes[3].set_xticks(list(x))
+        axes[3].set_xticklabels(labels)
+        axes[3].set_title("ms per step: measured and predicted")
+        axes[3].legend(fontsize=8)
     for ax in axes:
         ax.set_xlabel("TP ranks P x replicas D" if "D" in rows[0] else "tensor-parallel ranks P")
         ax.grid(axis="y", alpha=0.3)

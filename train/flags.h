@@ -20,7 +20,7 @@
 #include "../comm.cuh"
 
 
-#define MAX_FLAGS 48
+#define MAX_FLAGS 64
 
 // tp's version: `git describe` of the tree it was built from (the Makefile passes it), else this release
 #ifndef TP_VERSION
@@ -92,6 +92,9 @@ struct Args {
     int sweep;           // --sweep: time every valid (P, D) instead of training
     int sweep_steps;
     int fresh;           // --fresh 1: start over in an -o that holds another run's checkpoints
+    const char* plan;    // --plan: 1 this machine, a box name, or custom (train/plan.h); nothing is trained
+    double plan_flops, plan_busbw, plan_lat, plan_mem;  // --plan custom: TFLOP/s, GB/s, us, GB per GPU
+    int plan_gpus;
     bool given[MAX_FLAGS];  // which flags the command line gave, by index in g_flags
 };
 
@@ -142,6 +145,9 @@ static void usage(FILE* out) {
         "  --sweep 1   time every valid P, and every (P, D) with P x D up to the cores or GPUs, and print a\n"
         "              scaling table (-o: sweep.csv)\n"
         "  --sweep-steps N  steps per P in the sweep, the first 2 not timed     (default 8)\n"
+        "  --plan WHAT 1: measure this machine (~20 s) and predict every grid; h100, h200, a100, a100pcie,\n"
+        "              4090x4, 4090x2, h100x2: predict for that GPU box; custom: for --plan-flops TFLOP/s,\n"
+        "              --plan-busbw GB/s, --plan-lat us, --plan-mem GB, --plan-gpus N. Trains nothing\n"
         "  --temperature X  sampling temperature (0: greedy)                   (default 0.8)\n"
         "  --topk K    sample from the K most likely tokens (0: all)            (default 0)\n"
         "  --sample-seed N  seed of the sampler                                 (default 42)\n"
@@ -218,6 +224,12 @@ static const FlagSpec g_flags[] = {
     {"--sweep", FLAG_INT, ARG(sweep), 0, 1, NOT_SAVED, nullptr},
     {"--sweep-steps", FLAG_INT, ARG(sweep_steps), 3, 1 << 20, NOT_SAVED, nullptr},
     {"--fresh", FLAG_INT, ARG(fresh), 0, 1, NOT_SAVED, nullptr},
+    {"--plan", FLAG_STR, ARG(plan), 0, 0, NOT_SAVED, nullptr},
+    {"--plan-flops", FLAG_DOUBLE, ARG(plan_flops), 0, 1e6, NOT_SAVED, nullptr},
+    {"--plan-busbw", FLAG_DOUBLE, ARG(plan_busbw), 0, 1e6, NOT_SAVED, nullptr},
+    {"--plan-lat", FLAG_DOUBLE, ARG(plan_lat), 0, 1e6, NOT_SAVED, nullptr},
+    {"--plan-mem", FLAG_DOUBLE, ARG(plan_mem), 0, 1e6, NOT_SAVED, nullptr},
+    {"--plan-gpus", FLAG_INT, ARG(plan_gpus), 1, 4096, NOT_SAVED, nullptr},
 };
 #define NUM_FLAGS ((int)(sizeof(g_flags) / sizeof(g_flags[0])))
 static_assert(NUM_FLAGS <= MAX_FLAGS, "Args::given is too small");

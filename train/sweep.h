@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "plan.h"
 
 // world rank 0's time and bytes sent (as a ring sends them) over the timed steps of one grid
 struct SweepTime {
@@ -42,15 +43,19 @@ static void sweep(Run* run) {
     int units = run->device == DEV_CUDA ? run->ngpu : cores;
     printf("\nsweep: %d steps per grid (the first 2 not timed), batch %d x %d per replica, on the %s; every valid P, and "
            "every (P, D) with P x D <= %d\n", a->sweep_steps, a->B, a->T, run->device == DEV_CUDA ? "GPU" : "CPU", units);
-    printf("%4s %4s %8s %10s %10s %8s %10s %8s %8s %9s %9s %12s\n", "P", "D", "threads", "ms/step", "tok/s", "speedup",
-           "efficiency", "comm %", "dp %", "comm MB", "dp MB", "MB per rank");
+    // the prediction of every grid (train/plan.h), measured first
+    PlanMeasured pm;
+    plan_measure(run, &pm);
+    printf("%4s %4s %8s %10s %10s %8s %10s %8s %8s %9s %9s %12s %10s\n", "P", "D", "threads", "ms/step", "tok/s", "speedup",
+           "efficiency", "comm %", "dp %", "comm MB", "dp MB", "MB per rank", "predicted");
     FILE* csv = nullptr;
     if (a->outdir) {
         std::string path = std::string(a->outdir) + "/sweep.csv";
         csv = fopen(path.c_str(), "w");
         if (!csv) fatal("cannot write %s: %s", path.c_str(), strerror(errno));
         fprintf(csv, "P,D,threads_per_rank,ms_per_step,tok_per_s,speedup,efficiency,comm_share,dp_share,comm_mb_per_step,"
-                     "dp_mb_per_step,mb_per_rank,allreduce_mb_per_step,reducescatter_mb_per_step,allgather_mb_per_step\n");
+                     "dp_mb_per_step,mb_per_rank,allreduce_mb_per_step,reducescatter_mb_per_step,allgather_mb_per_step,"
+                     "predicted_ms_per_step\n");
     }
     ranks_teardown(run);  // run_setup made the groups of the run's own grid
     double base = 0;
@@ -85,14 +90,15 @@ static void sweep(Run* run) {
             double share = time.comm_seconds / time.seconds, dp_share = time.dp_seconds / time.seconds;
             RankMemory m = rank_memory(c, P, D, a->zero, a->B, a->T, a->sp, a->recompute);
             double mb = memory_total(&m) / 1e6, comm_mb = time.sent / time.steps / 1e6, dp_mb = time.dp_sent / time.steps / 1e6;
-            printf("%4d %4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %8.1f %9.2f %9.2f %12.1f\n", P, D, run->threads, ms, tps, speedup,
-                   eff, 100 * share, 100 * dp_share, comm_mb, dp_mb, mb);
+            double pred = plan_predict_ms(run, &pm, P, D);
+            printf("%4d %4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %8.1f %9.2f %9.2f %12.1f %10.1f\n", P, D, run->threads, ms, tps, speedup,
+                   eff, 100 * share, 100 * dp_share, comm_mb, dp_mb, mb, pred);
             fflush(stdout);
             double per_step = 1e6 * time.steps;
             if (csv)
-                fprintf(csv, "%d,%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.4f,%.4f,%.4f\n", P, D, run->threads, ms, tps,
+                fprintf(csv, "%d,%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.4f,%.4f,%.4f,%.3f\n", P, D, run->threads, ms, tps,
                         speedup, eff, share, dp_share, comm_mb, dp_mb, mb, time.sent_kind[KIND_ALLREDUCE] / per_step,
-                        time.sent_kind[KIND_REDUCESCATTER] / per_step, time.sent_kind[KIND_ALLGATHER] / per_step);
+                        time.sent_kind[KIND_REDUCESCATTER] / per_step, time.sent_kind[KIND_ALLGATHER] / per_step, pred);
         }
     if (csv) fclose(csv);
 }
