@@ -516,3 +516,32 @@ static void ranks_teardown(Run* run) {
     delete run->world;
     run->tp_groups = run->dp_groups = run->world = nullptr;
 }
+
+// -y 1: the newest checkpoint in dir whose files verify (whole, and matching the checksums in the state
+// file). A damaged one is named in a warning and the one before it is taken; with none left the run is
+// refused, saying what is damaged and what to do. Process 0; says how long verifying took.
+static int resume_pick(const char* dir, const std::vector<int>& saved) {
+    double t0 = comm_now();
+    std::string damaged;      // "step 6: model_00000006.bin does not match its checksum; step 4: ..."
+    int ndamaged = 0;
+    int verified_model = -1;  // the newest step whose model file verified, though its state file did not
+    for (int i = (int)saved.size() - 1; i >= 0; i--) {
+        CkptCheck ck = ckpt_verify(dir, saved[i]);
+        if (ck.model_ok && ck.state_ok) {
+            if (ndamaged)
+                fprintf(stderr, "warning: damaged checkpoint%s in %s not used (%s): resuming from step %d, the newest checkpoint that verifies\n",
+                        ndamaged > 1 ? "s" : "", dir, damaged.c_str(), saved[i]);
+            printf("tp: checkpoint of step %d %s in %.2f s\n", saved[i],
+                   ck.summed ? "verified against its checksums" : "has no checksums (an older tp wrote it): sizes checked", comm_now() - t0);
+            return saved[i];
+        }
+        if (ck.model_ok && ck.summed && verified_model < 0) verified_model = saved[i];
+        damaged += (damaged.empty() ? "step " : "; step ") + std::to_string(saved[i]) + ": " + ck.why;
+        ndamaged++;
+    }
+    std::string hint = "restore the files from a copy, or start over in " + std::string(dir) + " with --fresh 1 instead of -y 1";
+    if (verified_model >= 0)
+        hint = "start a new run from the weights of step " + std::to_string(verified_model) + " (they verify) with -e " +
+               ckpt_path(dir, "model", verified_model) + " and another -o, or " + hint;
+    fatal("-y 1: no checkpoint in %s verifies, every one is damaged (%s): %s", dir, damaged.c_str(), hint.c_str());
+}
