@@ -61,6 +61,9 @@ struct Args {
     int sweep;           // --sweep: time every valid (P, D) instead of training
     int sweep_steps;
     int fresh;           // --fresh 1: start over in an -o that holds another run's checkpoints
+    const char* prompts; // --prompts FILE: one prompt per line, generated together
+    int chat;            // --chat 1: the interactive mode
+    int kv;              // --kv: 1 generation from the KV cache, 0 the whole forward per token
     bool given[MAX_FLAGS];  // which flags the command line gave, by index in g_flags
 };
 
@@ -116,6 +119,11 @@ static void usage(FILE* out) {
         "  --sample-seed N  seed of the sampler                                 (default 42)\n"
         "  --prompt S  text to continue (byte-level models)                     (default: a newline)\n"
         "  --tokenizer F  llm.c gpt2_tokenizer.bin to print GPT-2 tokens as text (default: token ids)\n"
+        "  --prompts F one prompt per line (byte-level models), generated together in one batch\n"
+        "  --chat 1    interactive: read a prompt from stdin, stream the answer, repeat until end of input\n"
+        "              (no training; Ctrl-C stops an answer)\n"
+        "  --kv K      1: generate from a KV cache of each rank's heads; 0: the whole forward per token (default 1)\n"
+        "              (--sweep 1 with -x 0: the decode sweep, tokens/s and ms per token for every P and batch)\n"
         "  --help      this text\n");
 }
 
@@ -184,6 +192,9 @@ static const FlagSpec g_flags[] = {
     {"--sweep", FLAG_INT, ARG(sweep), 0, 1, NOT_SAVED, nullptr},
     {"--sweep-steps", FLAG_INT, ARG(sweep_steps), 3, 1 << 20, NOT_SAVED, nullptr},
     {"--fresh", FLAG_INT, ARG(fresh), 0, 1, NOT_SAVED, nullptr},
+    {"--prompts", FLAG_PATH, ARG(prompts), 0, 0, NOT_SAVED, nullptr},
+    {"--chat", FLAG_INT, ARG(chat), 0, 1, NOT_SAVED, nullptr},
+    {"--kv", FLAG_INT, ARG(kv), 0, 1, NOT_SAVED, nullptr},
 };
 #define NUM_FLAGS ((int)(sizeof(g_flags) / sizeof(g_flags[0])))
 static_assert(NUM_FLAGS <= MAX_FLAGS, "Args::given is too small");
@@ -356,7 +367,7 @@ static void parse_args(int argc, char** argv, Args* a) {
     a->max_steps = 3500; a->val_every = 875; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
     a->device = -1; a->timeout = 600; a->dp = 1;
-    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8;
+    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8; a->kv = 1;
     for (int i = 1; i < argc; i++) {
         std::string name = argv[i];
         if (name == "--help" || name == "-h") {
