@@ -507,17 +507,18 @@ static void print_sample(Run* run, RankRun* rr, int step) {
     char from[600];
     if (step > 0 || run->model_file.empty()) snprintf(from, sizeof(from), "after %d steps", step);
     else snprintf(from, sizeof(from), "of %s", run->model_file.c_str());
-    printf("sample %s (temperature %g%s):\n---\n", from, a->temperature, a->topk ? ", top-k" : "");
+    printf("sample %s (temperature %g%s):\n", from, a->temperature, a->topk ? ", top-k" : "");
     long tokens = 0;
+    for (const auto& o : out) tokens += (long)o.size();
+    if (a->kv) print_gen_stats(run, &st);  // the timings first: what follows the first --- is the text alone
+    else printf("the whole forward per token (--kv 0): %ld tokens in %.2f s: %.1f tokens/s, %.2f ms per token\n", tokens, seconds,
+                tokens / seconds, seconds / std::max(1L, tokens) * 1e3);
+    printf("---\n");
     for (size_t b = 0; b < out.size(); b++) {
         print_tokens(out[b], &run->tokenizer, run->cfg.V, batch ? run->prompt_texts[b].c_str() : a->prompt);
         bool cut = a->kv ? st.interrupted : (int)out[b].size() < a->gen_tokens;
         printf("\n---%s\n", cut ? " (interrupted)" : "");
-        tokens += (long)out[b].size();
     }
-    if (a->kv) print_gen_stats(run, &st);
-    else printf("the whole forward per token (--kv 0): %ld tokens in %.2f s: %.1f tokens/s, %.2f ms per token\n", tokens, seconds,
-                tokens / seconds, seconds / std::max(1L, tokens) * 1e3);
     fflush(stdout);
 }
 
