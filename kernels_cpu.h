@@ -543,9 +543,9 @@ static void kv_write_cpu(float* kc, float* vc, const float* qkv, const int* pos,
 
 // out (B, NH*hs): the attention of one query per row against its cache. q of row b is qkv (B, 1, 3*NH*hs)
 // at b; it attends to cache positions 0..pos[b] (its own k and v already written there by kv_write):
-// out = softmax(q k^T / sqrt(hs)) v, the last row of attention_forward's causal square, by the same steps
-// in the same order: the dot products summed in order as gemm_cpu sums them, scale, max, the vectorised
-// sum of exp_fast as attention_probs_head, normalise, then the weighted sum of v in position order.
+// out = softmax(q k^T / sqrt(hs)) v, the last row of attention_forward's causal square, computed as that
+// row is: the scores and the product with v through gemm_cpu (the same sums in the same order), and the
+// softmax steps of attention_probs_head. On the CPU the cached logits are then the full forward's.
 static void attention_decode_cpu(float* out, const float* qkv, const float* kc, const float* vc, const int* pos,
                                  int B, int NH, int Tmax, int hs) {
     const int C = NH * hs;
@@ -558,24 +558,14 @@ static void attention_decode_cpu(float* out, const float* qkv, const float* kc, 
             const float* k = kc + ((size_t)b * NH + h) * Tmax * hs;
             const float* v = vc + ((size_t)b * NH + h) * Tmax * hs;
             std::vector<float> a(n);
+            gemm_cpu(1, n, hs, q, hs, 1, k, 1, hs, a.data(), n, false, nullptr);  // a (1, n) = q k^T
             float maxv = -FLT_MAX;
-            for (int t = 0; t < n; t++) {
-                float s = 0.0f;
-                for (int i = 0; i < hs; i++) s += q[i] * k[(size_t)t * hs + i];  // in order, as gemm_cpu sums
-                a[t] = s * scale;
-                maxv = a[t] > maxv ? a[t] : maxv;
-            }
+            for (int t = 0; t < n; t++) { a[t] *= scale; maxv = a[t] > maxv ? a[t] : maxv; }
             float sum = 0.0f;
             #pragma omp simd reduction(+ : sum)
             for (int t = 0; t < n; t++) { float e = exp_fast(a[t] - maxv); a[t] = e; sum += e; }
             float inv = 1.0f / sum;
-            float* o = out + (size_t)b * C + h * hs;
-            for (int i = 0; i < hs; i++) o[i] = 0.0f;
-            for (int t = 0; t < n; t++) {
-                float p = a[t] * inv;
-                const float* vt = v + (size_t)t * hs;
-                #pragma omp simd
-                for (int i = 0; i < hs; i++) o[i] += p * vt[i];
-            }
+            for (int t = 0; t < n; t++) a[t] *= inv;
+            gemm_cpu(1, hs, n, a.data(), n, 1, v, hs, 1, out + (size_t)b * C + h * hs, C, false, nullptr);  // a v
         }
 }
