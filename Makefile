@@ -42,10 +42,21 @@ TESTS     = test_tp.cu tp.cu $(wildcard dev/test_*.cuh)
 
 all: tp
 
-tp: tp.cu $(SOURCES) | nvcc
+# The build switches, recorded in build/config, which every binary depends on: the file is rewritten only
+# when the switches differ from the ones it holds, so `make MPI=0`, WERROR=1, another GPU model, or
+# installing OpenMPI after a build rebuilds ./tp and ./test_tp alike (never one with MPI, one without).
+BUILD_CONFIG := MPI=$(MPI) WERROR=$(WERROR) GPU_CCS=$(strip $(GPU_CCS))
+ifneq ($(BUILD_CONFIG),$(shell cat build/config 2>/dev/null))
+build/config: FORCE
+endif
+build/config:
+	@mkdir -p build && echo '$(BUILD_CONFIG)' > $@
+FORCE:
+
+tp: tp.cu $(SOURCES) build/config | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ tp.cu $(LDLIBS)
 
-test_tp: $(TESTS) $(SOURCES) | nvcc
+test_tp: $(TESTS) $(SOURCES) build/config | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ test_tp.cu $(LDLIBS)
 
 test: test_tp tp
@@ -76,16 +87,16 @@ SANFLAGS = -std=c++17 -O1 -g -Xcompiler -march=native,-fopenmp,-fno-omit-frame-p
 ASAN = -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-sanitize-recover=all -Xlinker -lasan,-lubsan
 TSAN = -Xcompiler -fsanitize=thread -Xlinker -ltsan
 
-tp_asan: tp.cu $(SOURCES)
+tp_asan: tp.cu $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ tp.cu $(LDLIBS)
-test_tp_asan: $(TESTS) $(SOURCES)
+test_tp_asan: $(TESTS) $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ test_tp.cu $(LDLIBS)
 asan: tp_asan test_tp_asan
 	ASAN_OPTIONS=detect_leaks=0 TP_BIN=./tp_asan ./test_tp_asan
 
-tp_tsan: tp.cu $(SOURCES)
+tp_tsan: tp.cu $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ tp.cu $(LDLIBS)
-test_tp_tsan: $(TESTS) $(SOURCES)
+test_tp_tsan: $(TESTS) $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ test_tp.cu $(LDLIBS)
 tsan: tp_tsan test_tp_tsan
 	TSAN_OPTIONS=halt_on_error=1 TP_BIN=./tp_tsan ./test_tp_tsan
@@ -93,9 +104,9 @@ tsan: tp_tsan test_tp_tsan
 # for people working on kernels: no optimisation, host and device debug info (-G implies line info), and
 # TP_CUDA_DEBUG, which makes every CUDA_LAUNCH_CHECK wait for its kernel so a fault names the kernel
 DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function $(MPI_CFLAGS)
-tp_debug: tp.cu $(SOURCES)
+tp_debug: tp.cu $(SOURCES) build/config
 	$(NVCC) $(DEBUGFLAGS) -o $@ tp.cu $(LDLIBS)
-test_tp_debug: $(TESTS) $(SOURCES)
+test_tp_debug: $(TESTS) $(SOURCES) build/config
 	$(NVCC) $(DEBUGFLAGS) -o $@ test_tp.cu $(LDLIBS)
 debug: tp_debug test_tp_debug
 
@@ -120,40 +131,10 @@ gpucheck: tp test_tp
 	-timeout 90 $(BENCH) -b 16 --tp 2 > $(GPUOUT)/bench_tp2_b16.txt 2>&1; echo "d12 T=1024 B=16 TP=2 (shared GPU memory): $$(grep -E '^average|error' $(GPUOUT)/bench_tp2_b16.txt | tail -n 1)" >> $(GPUOUT)/summary.txt
 	@cat $(GPUOUT)/summary.txt
 
-# The emulated GPU (dev/emu, README "The emulated GPU"). dev/emu/rewrite.py copies the sources to
-# build/emu/src with the launch syntax and __shared__ rewritten; g++ compiles them against the fake CUDA,
-# cuBLAS and NCCL headers of dev/emu/include with -fsanitize=thread code generation but without libtsan:
-# every load and store calls the emulator's memcheck/racecheck hook instead. -O1 without scalar replacement
-# of aggregates keeps a float4 one 16-byte access (alignment-checked). The emulator itself is plain C++.
-EMU       = build/emu
-EMU_CXX  ?= g++
-EMU_FLAGS = -std=c++17 -O1 -g -fdebug-prefix-map=$(CURDIR)=. -fno-tree-sra -fno-pie -fopenmp -pthread -fsanitize=thread \
-            --param=tsan-instrument-func-entry-exit=0 -Wall -Wno-unknown-pragmas -Wno-unused-function -DTP_EMU -Idev/emu/include
-EMU_RTFLAGS = -std=c++17 -O2 -g -fno-pie -pthread -Wall -Wextra
-EMU_LDFLAGS = -no-pie -pthread -fopenmp -Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset
-EMU_RT    = $(EMU)/runtime.o $(EMU)/exec.o $(EMU)/blas.o $(EMU)/nccl.o
-EMU_SRCS := $(shell find . \( -path ./build -o -path ./.git -o -path ./dev/emu/include \) -prune -o \
-              \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.hpp' -o -name '*.inl' -o -name '*.inc' \) -print)
-
-$(EMU)/%.o: dev/emu/%.cpp dev/emu/emu.h $(wildcard dev/emu/include/*.h)
-	@mkdir -p $(EMU)
-	$(EMU_CXX) $(EMU_RTFLAGS) -c -o $@ $<
-$(EMU)/src/.stamp: $(EMU_SRCS) dev/emu/rewrite.py
-	python3 dev/emu/rewrite.py . $(EMU)/src
-	@touch $@
-$(EMU)/%.emu.o: $(EMU)/src/.stamp $(wildcard dev/emu/include/*.h)
-	$(EMU_CXX) $(EMU_FLAGS) -x c++ -c -o $@ $(EMU)/src/$(subst -,/,$*).cu
-$(EMU)/test_tp_emu: $(EMU)/test_tp.emu.o $(EMU_RT)
-	$(EMU_CXX) $(EMU_LDFLAGS) -o $@ $^
-$(EMU)/tp_emu: $(EMU)/tp.emu.o $(EMU_RT)
-	$(EMU_CXX) $(EMU_LDFLAGS) -o $@ $^
-$(EMU)/test_emu: $(EMU)/dev-emu-test_emu.emu.o $(EMU_RT)
-	$(EMU_CXX) $(EMU_LDFLAGS) -o $@ $^
-emu: $(EMU)/test_tp_emu $(EMU)/tp_emu $(EMU)/test_emu
-	@bash dev/emu/run_tests.sh $(EMU)
+# the emulated GPU of `make emu` (dev/emu/README.md): its rules live with it
+include dev/emu/emu.mk
 
 clean:
 	rm -f tp test_tp tp_asan test_tp_asan tp_tsan test_tp_tsan tp_debug test_tp_debug
-	rm -rf $(EMU)
 
-.PHONY: all test asan tsan debug gpucheck emu clean nvcc toolkit
+.PHONY: all test asan tsan debug gpucheck clean nvcc toolkit FORCE

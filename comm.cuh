@@ -207,8 +207,10 @@ static void comm_describe(const CommCall* k, char* buf, size_t n) {
 }
 
 // Prints where every rank of the group in this process is and ends the process: the other ranks may be
-// blocked for good, so there is nothing to unwind to.
-[[noreturn]] static void comm_abort(CommGroup* g, int rank, const char* why) {
+// blocked for good, so there is nothing to unwind to. A mismatch or a rank that never arrives is a bug in
+// the recipe, and the message says so; an error NCCL reports (a peer process that died) is not (recipe_bug
+// false).
+[[noreturn]] static void comm_abort(CommGroup* g, int rank, const char* why, bool recipe_bug = true) {
     fatal_begin();
     fatal_prefix();
     fprintf(stderr, "rank %d: %s; the ranks' collectives:\n", rank, why);
@@ -217,8 +219,10 @@ static void comm_describe(const CommCall* k, char* buf, size_t n) {
         comm_describe(&g->call[r], d, sizeof(d));
         fprintf(stderr, "  rank %d %s %s\n", g->proc * g->P + r, g->waiting[r] ? "waits in" : "last issued", d);
     }
-    fatal_prefix();
-    fprintf(stderr, "every rank must issue the same collectives in the same order; this is a bug in the recipe\n");
+    if (recipe_bug) {
+        fatal_prefix();
+        fprintf(stderr, "every rank must issue the same collectives in the same order; this is a bug in the recipe\n");
+    }
     fatal_end();
 }
 
@@ -555,7 +559,7 @@ static void comm_nccl_stalled(Comm* c, double deadline, int* spins, const CommCa
     if (ar != ncclSuccess) {
         snprintf(why, sizeof(why), "NCCL failed in %s: %s (%s)", d, ncclGetErrorString(ar), ncclGetLastError(c->nccl));
         std::lock_guard<std::mutex> lock(c->g->mu);
-        comm_abort(c->g, c->rank, why);
+        comm_abort(c->g, c->rank, why, false);
     }
     if (comm_now() > deadline) {
         snprintf(why, sizeof(why), "%s has not completed after %.0f s (--timeout)", d, c->g->timeout_s);

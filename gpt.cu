@@ -220,11 +220,14 @@ static void dev_upload(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) cuda_upload(&rk->cuda, dst, src, bytes);
     else memcpy(dst, src, bytes);
 }
-// waits for the rank's queued work first; comm_sync does that with the collective timeout (NCCL)
+// waits for the rank's queued work first; comm_sync does that with the collective timeout (NCCL). The
+// DP group first: its collectives share the stream with the TP group's, and a TP group on shared GPU
+// memory (or of one rank) synchronises the stream outright, which would wait for ever on a DP
+// collective whose peer process died instead of reporting it through NCCL within --timeout.
 static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) {
-        comm_sync(&rk->tp);
         if (rk->dp.g) comm_sync(&rk->dp);
+        comm_sync(&rk->tp);
         cuda_download(&rk->cuda, dst, src, bytes);
     } else {
         memcpy(dst, src, bytes);

@@ -43,6 +43,15 @@ static void check(bool ok, const char* fmt, ...) {
     report(ok, line);
 }
 
+// the predicate of every bounded check: value <= bound, false when either is NaN
+static bool within(double value, double bound) { return value <= bound; }
+
+// the worse of two errors, for worst-of loops (std::max(w, NaN) is w; here a NaN sticks)
+static double worse(double w, double e) {
+    if (w != w) return w;
+    return e > w || e != e ? e : w;
+}
+
 // a measured value against its bound: passes when value <= bound (a NaN fails); the line ends with
 // ": value 3.1e-06 (bound 1e-05)"
 static void check_le(double value, double bound, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -53,10 +62,10 @@ static void check_le(double value, double bound, const char* fmt, ...) {
     va_end(ap);
     char tail[96];
     snprintf(tail, sizeof(tail), ": value %.3g (bound %.3g)", value, bound);
-    report(value <= bound, line + tail);
+    report(within(value, bound), line + tail);
 }
 
-// ||a - b|| / ||b||, the norm-wise relative error
+// ||a - b|| / ||b||, the norm-wise relative error (NaN if either holds a NaN)
 static double rel_err(const float* a, const float* b, long n) {
     double num = 0, den = 0;
     for (long i = 0; i < n; i++) {
@@ -64,17 +73,55 @@ static double rel_err(const float* a, const float* b, long n) {
         num += d * d;
         den += (double)b[i] * b[i];
     }
+    if (num != num || den != den) return NAN;
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static std::string tmpdir() {
-    static std::string dir;
-    if (dir.empty()) {
-        char t[] = "/tmp/tp_test_XXXXXX";
-        if (!mkdtemp(t)) { perror("mkdtemp"); exit(1); }
-        dir = t;
+// The run's scratch folder, /tmp/tp_test_PID_XXXXXX, made on first use and removed when the process that
+// made it exits, whether the tests passed or failed. TP_KEEP_TEST_DIRS=1 keeps it for debugging. A run
+// that cannot clean up (fatal()'s _Exit, a crash, kill -9) leaves its folder, and the next run removes it:
+// the folders of this user's processes that are gone, untouched for 2 minutes, are swept before a new one.
+static std::string g_tmpdir;
+static pid_t g_tmpdir_owner = 0;
+static bool keep_test_dirs() {
+    const char* keep = getenv("TP_KEEP_TEST_DIRS");
+    return keep && *keep && strcmp(keep, "0") != 0;
+}
+static void tmpdir_remove() {
+    if (g_tmpdir.empty() || getpid() != g_tmpdir_owner) return;  // a forked child leaves its parent's folder be
+    if (keep_test_dirs()) {
+        fprintf(stderr, "(test files kept in %s)\n", g_tmpdir.c_str());
+        return;
     }
-    return dir;
+    std::string cmd = "rm -rf '" + g_tmpdir + "'";
+    if (system(cmd.c_str()) != 0) fprintf(stderr, "(could not remove %s)\n", g_tmpdir.c_str());
+    g_tmpdir.clear();
+}
+static void tmpdir_sweep() {
+    glob_t g;
+    if (keep_test_dirs() || glob("/tmp/tp_test_*_*", GLOB_ONLYDIR, nullptr, &g) != 0) return;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        int pid = 0;
+        struct stat st;
+        if (sscanf(g.gl_pathv[i], "/tmp/tp_test_%d_", &pid) == 1 && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH &&
+            stat(g.gl_pathv[i], &st) == 0 && st.st_uid == getuid() && time(nullptr) - st.st_mtime > 120) {
+            std::string cmd = std::string("rm -rf '") + g.gl_pathv[i] + "'";
+            if (system(cmd.c_str()) != 0) fprintf(stderr, "(could not remove %s)\n", g.gl_pathv[i]);
+        }
+    }
+    globfree(&g);
+}
+static std::string tmpdir() {
+    if (g_tmpdir.empty()) {
+        tmpdir_sweep();
+        char t[64];
+        snprintf(t, sizeof(t), "/tmp/tp_test_%d_XXXXXX", (int)getpid());
+        if (!mkdtemp(t)) { perror("mkdtemp"); exit(1); }
+        g_tmpdir = t;
+        g_tmpdir_owner = getpid();
+        atexit(tmpdir_remove);
+    }
+    return g_tmpdir;
 }
 
 static void write_tokens(const std::string& path, const std::vector<int>& toks, int magic = 20240520, int version = 1, long claim = -1) {
@@ -276,12 +323,12 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
         for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
             long n = shard_full_size(&s.t[i]);
             double e = rel_err(res.grads_full.data() + off, ref.grads_full.data() + off, n);
-            if (e > worst) { worst = e; worst_name = s.t[i].name; }
+            if (e > worst || e != e) { worst = worse(worst, e); worst_name = s.t[i].name; }
             off += n;
         }
         check_le(worst, 1e-5, "P=%d gathered gradients: worst tensor %s, rel err", P, worst_name);
         double lw = 0;
-        for (int k = 0; k < steps; k++) lw = std::max(lw, (double)fabs(res.losses[k] - ref.losses[k]) / fabs(ref.losses[k]));
+        for (int k = 0; k < steps; k++) lw = worse(lw, (double)fabs(res.losses[k] - ref.losses[k]) / fabs(ref.losses[k]));
         check_le(lw, 1e-5, "P=%d losses over %d steps: worst rel err", P, steps);
         double pw = rel_err(res.params_full.data(), ref.params_full.data(), (long)ref.params_full.size());
         check_le(pw, 1e-5, "P=%d weights after %d steps: rel err", P, steps);
@@ -308,7 +355,7 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
         } else {
             double f[COMM_KINDS], worst = 0;
             step_comm_floats(cfg, B, T, true, 1, f);
-            for (int k = 0; k < COMM_KINDS; k++) worst = std::max(worst, fabs(res.moved[k] - f[k]));
+            for (int k = 0; k < COMM_KINDS; k++) worst = worse(worst, fabs(res.moved[k] - f[k]));
             check_le(worst, 0, "P=%d floats per step: reduce-scatter %.0f, all-gather %.0f, all-reduce %.0f vs (4L+2)BTC, (6L+2)BTC, "
                      "3BT + 1 + TC + 4LC + 2C: largest difference", P, res.moved[KIND_REDUCESCATTER], res.moved[KIND_ALLGATHER],
                      res.moved[KIND_ALLREDUCE]);
@@ -564,7 +611,7 @@ static void test_gradcheck() {
             den += (double)grad[off + idx[k]] * grad[off + idx[k]];
         }
         double e = den > 0 ? sqrt(num / den) : 0;
-        worst = std::max(worst, e);
+        worst = worse(worst, e);
         check_le(den > 0 ? e : INFINITY, 1e-2, "%-9s (|g| %.2e) rel err", m.plan.t[ti].name, sqrt(den));
         off += n;
     }
@@ -765,7 +812,7 @@ static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P
 static double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     if (a.size() != b.size() || a.empty()) return INFINITY;
     double w = 0;
-    for (size_t i = 0; i < a.size(); i++) w = std::max(w, (double)fabs(a[i] - b[i]));
+    for (size_t i = 0; i < a.size(); i++) w = worse(w, (double)fabs(a[i] - b[i]));
     return w;
 }
 
@@ -883,6 +930,8 @@ static void test_sampling() {
 #include "dev/test_procs.cuh"
 #include "dev/test_gpu.cuh"
 #include "dev/test_serve.cuh"
+#include "dev/test_bpe.cuh"
+#include "dev/test_ops.cuh"
 
 // ----------------------------------------------------------------------------
 
@@ -925,16 +974,19 @@ struct TestGroup {
 static const TestGroup g_groups[] = {
     {"gpu", test_gpu, "every CUDA op against its CPU op, the GPU collectives, GPU training (needs a GPU)"},
     {"collectives", test_collectives, "all-reduce, reduce-scatter, all-gather against serial loops"},
+    {"harness", test_harness, "a NaN fails check_le and every worst-of; the scratch folders are removed"},
     {"tp", test_tp_all, "TP = 2, 3, 4, 6 against TP = 1: losses, gradients, weights, replicated tensors, bytes"},
     {"sp", test_sp_all, "--sp 1 at P = 2, 3, 4 against TP = 1; the activation memory table"},
     {"recompute", test_recompute, "-r 1, 2, 3 bit-identical to -r 0, with and without --sp 1"},
     {"reference", test_reference_forward, "the forward against an independent double-precision GPT-2"},
     {"gradcheck", test_gradcheck, "the backward against central finite differences"},
+    {"ops", test_ops, "every CPU op, forward and backward, against a float64 reference, scores and logits past exp's range"},
     {"loader", test_loader, "token files: order, shards, llm.c's shuffle"},
     {"checkpoint", test_checkpoint, "model files: write, load, shard and gather round trip"},
     {"cli", test_cli_parity_run, "the llm.c-parity command line at --tp 1, 2, 4"},
     {"bad_input", test_bad_input, "bad input: one line on stderr, exit status 1"},
     {"resume", test_resume, "resume at the same and another P, --keep, refusals, NaN stop"},
+    {"resume_epoch", test_resume_epoch, "resume, shuffled, across shards and an epoch wrap: bit-identical to one run"},
     {"interrupts", test_interrupts, "Ctrl-C saves and exits 0; kill -9 leaves a checkpoint that resumes"},
     {"hangs", test_hangs, "a mismatched or skipped collective is reported, not hung"},
     {"dp", test_dp, "data parallelism in one process: (P, D), -d, -z 1 against one rank; replicas bit-identical"},
@@ -953,6 +1005,10 @@ static const TestGroup g_groups[] = {
     {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
     {"flags", test_flags_ux, "--flag=value, the wording at --tp 1, the CUDA fallback line"},
     {"build", test_build, "make builds tp alone, WERROR=1, GPU code per model plus PTX"},
+    {"buildconfig", test_build_config, "build/config records MPI, WERROR, the GPU models; changing one rebuilds tp and test_tp"},
+    {"bpe", test_bpe, "prepare.py --vocab N: C++ encoder = Hugging Face ids, decoding, the split, bad inputs, tokenizer mismatches"},
+    {"bperun", test_bpe_run, "a tiny BPE run trains and samples words; the run folder samples on its own"},
+    {"export", test_export, "export.py at TP 1 and 2 identical, numpy logits = tp's, import then export bit for bit, bf16, non-GPT-2"},
     {"readme", test_readme, "the README's first val loss of the default run is what ./tp prints"},
 };
 
@@ -967,6 +1023,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && !strcmp(argv[1], "child-mpi-collectives")) return child_mpi_collectives(argc, argv);
 #endif
     if (argc > 1 && !strcmp(argv[1], "child-skip-nccl")) return child_skip(true);
+    if (argc > 2 && !strcmp(argv[1], "child-tmpdir")) return child_tmpdir(argv[2]);
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         if (g_ndev == 0) { printf("bench: no CUDA GPU\n"); return 1; }
         CudaCtx cx;

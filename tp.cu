@@ -178,6 +178,7 @@ static bool setup_model_shape(Run* run) {
                 fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, model, c->V);
         }
     }
+    tokenizer_setup(run, g_procs.me == 0);
     procs_share(c, a->timeout);
     return descriptor;
 }
@@ -273,7 +274,7 @@ static void setup_outputs(Run* run) {
         run->floor_nats = grammar_entropy_per_byte();
     }
     // sampling: replica 0 samples, and it runs in process 0
-    if (first && a->tokenizer) tokenizer_load(&run->tokenizer, a->tokenizer, run->cfg.V);
+    if (first && !run->tokenizer.path.empty()) tokenizer_check(&run->tokenizer, run->cfg.V);
     if (first) prompt_setup(run);
 }
 

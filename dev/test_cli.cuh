@@ -124,8 +124,8 @@ static void test_cli_parity_run() {
             continue;
         }
         double w = 0;
-        for (size_t k = 0; k < tr.size() && k < ref_train.size(); k++) w = std::max(w, (double)fabs(tr[k] - ref_train[k]));
-        for (size_t k = 0; k < va.size() && k < ref_val.size(); k++) w = std::max(w, (double)fabs(va[k] - ref_val[k]));
+        for (size_t k = 0; k < tr.size() && k < ref_train.size(); k++) w = worse(w, (double)fabs(tr[k] - ref_train[k]));
+        for (size_t k = 0; k < va.size() && k < ref_val.size(); k++) w = worse(w, (double)fabs(va[k] - ref_val[k]));
         check_le(shape ? w : INFINITY, 2e-6, "--tp %d: exit %d, printed losses against --tp 1: largest difference", P, rc);
     }
 }

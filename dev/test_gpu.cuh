@@ -49,13 +49,13 @@ static std::vector<float> dev_down(CudaCtx* cx, const float* d, long n) {
     return h;
 }
 
-// max |g - c| / max |c| (the error against the tensor's scale); infinite if g is not finite where c is
+// max |g - c| / max |c| (the error against the tensor's scale); infinite if g is not finite where c is, NaN if c holds a NaN
 static double gpu_rel_err(const std::vector<float>& g, const std::vector<float>& c) {
     double scale = 0.0, err = 0.0;
-    for (size_t i = 0; i < c.size(); i++) scale = std::max(scale, (double)fabsf(c[i]));
+    for (size_t i = 0; i < c.size(); i++) scale = worse(scale, (double)fabsf(c[i]));
     for (size_t i = 0; i < c.size(); i++) {
         if (std::isfinite(c[i]) && !std::isfinite(g[i])) return INFINITY;
-        err = std::max(err, (double)fabsf(g[i] - c[i]));
+        err = worse(err, (double)fabsf(g[i] - c[i]));
     }
     return scale > 0.0 ? err / scale : err;
 }
@@ -447,14 +447,14 @@ static void test_comm(const std::vector<int>& gpus, bool nccl) {
                 float s = rsin[0][q * n + i];
                 for (int p2 = 1; p2 < P; p2++) s += rsin[p2][q * n + i];
                 bad_sum += rs[q][i] != s;
-                err = std::max(err, (double)fabsf(rs[q][i] - s));
+                err = worse(err, (double)fabsf(rs[q][i] - s));
             }
         for (long i = 0; i < n; i++) {
             float s = in[0][i], m = in[0][i];
             for (int q = 1; q < P; q++) { s += in[q][i]; m = std::max(m, in[q][i]); }
             for (int q = 0; q < P; q++) {
                 bad_sum += sum[q][i] != s;
-                err = std::max(err, (double)fabsf(sum[q][i] - s));
+                err = worse(err, (double)fabsf(sum[q][i] - s));
                 differ += memcmp(&sum[q][i], &sum[0][i], sizeof(float)) != 0;
                 bad_other += mx[q][i] != m;
                 for (int p2 = 0; p2 < P; p2++) bad_other += gat[q][p2 * n + i] != m;
@@ -578,7 +578,7 @@ static void gpu_training_tests(int ndev) {
         g_tf32 = tf32;
         run_tp(&cfg, init, 1, steps, data, B, T, 1e-3f, 1.0f, &gpu1);
         double lw = 0;
-        for (int k = 0; k < steps; k++) lw = std::max(lw, (double)fabs(gpu1.losses[k] - cpu.losses[k]) / cpu.losses[k]);
+        for (int k = 0; k < steps; k++) lw = worse(lw, (double)fabs(gpu1.losses[k] - cpu.losses[k]) / cpu.losses[k]);
         double ge = rel_err(gpu1.grads_full.data(), cpu.grads_full.data(), (long)cpu.grads_full.size());
         check_le(lw, tf32 ? 2e-3 : 1e-5, "GPU TP=1 vs CPU TP=1 (%s): losses over %d steps, worst rel err", tf32 ? "TF32" : "fp32", steps);
         check_le(ge, tf32 ? 1e-2 : 1e-5, "GPU TP=1 vs CPU TP=1 (%s): step-0 gradients rel err", tf32 ? "TF32" : "fp32");
@@ -588,7 +588,7 @@ static void gpu_training_tests(int ndev) {
         TpResult res;
         run_tp(&cfg, init, P, steps, data, B, T, 1e-3f, 1.0f, &res);
         double lw = 0;
-        for (int k = 0; k < steps; k++) lw = std::max(lw, (double)fabs(res.losses[k] - gpu1.losses[k]) / gpu1.losses[k]);
+        for (int k = 0; k < steps; k++) lw = worse(lw, (double)fabs(res.losses[k] - gpu1.losses[k]) / gpu1.losses[k]);
         double ge = rel_err(res.grads_full.data(), gpu1.grads_full.data(), (long)gpu1.grads_full.size());
         double pe = rel_err(res.params_full.data(), gpu1.params_full.data(), (long)gpu1.params_full.size());
         ShardPlan sp;

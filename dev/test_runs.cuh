@@ -231,10 +231,10 @@ static void test_logs() {
             bool has_val = (i - 1) % 3 == 0 || i == 7;  // before steps 0, 3, 6 (0-based) = rows 1, 4, 7
             ok = ok && rows[i][2].empty() != has_val;
             if (!ok) break;
-            worst = std::max(worst, fabs(atof(rows[i][7].c_str()) - total));
-            worst = std::max(worst, fabs(atof(rows[i][8].c_str()) - e[KIND_ALLREDUCE]));
-            worst = std::max(worst, fabs(atof(rows[i][9].c_str()) - e[KIND_REDUCESCATTER]));
-            worst = std::max(worst, fabs(atof(rows[i][10].c_str()) - e[KIND_ALLGATHER]));
+            worst = worse(worst, fabs(atof(rows[i][7].c_str()) - total));
+            worst = worse(worst, fabs(atof(rows[i][8].c_str()) - e[KIND_ALLREDUCE]));
+            worst = worse(worst, fabs(atof(rows[i][9].c_str()) - e[KIND_REDUCESCATTER]));
+            worst = worse(worst, fabs(atof(rows[i][10].c_str()) - e[KIND_ALLGATHER]));
         }
         check_le(ok ? worst : INFINITY, 0.5, "--tp %d --sp %d: log.csv has the 13 documented columns and 7 rows; bytes sent per "
                  "step (%.0f) against the formula, by kind, and 0 over DP: largest difference", k.P, k.sp, total);
@@ -256,11 +256,11 @@ static void test_logs() {
         got.push_back({P, D});
         double f[COMM_KINDS], sent[COMM_KINDS];
         step_comm_floats(&cfg, B, T, false, 1, f);
-        bytes_off = std::max(bytes_off, fabs(atof(rows[i][9].c_str()) - ring_bytes(f, P, sent) / 1e6));
+        bytes_off = worse(bytes_off, fabs(atof(rows[i][9].c_str()) - ring_bytes(f, P, sent) / 1e6));
         int kind_col[3][2] = {{12, KIND_ALLREDUCE}, {13, KIND_REDUCESCATTER}, {14, KIND_ALLGATHER}};  // the TP bytes by kind
-        for (auto& kc : kind_col) bytes_off = std::max(bytes_off, fabs(atof(rows[i][kc[0]].c_str()) - sent[kc[1]] / 1e6));
+        for (auto& kc : kind_col) bytes_off = worse(bytes_off, fabs(atof(rows[i][kc[0]].c_str()) - sent[kc[1]] / 1e6));
         dp_step_floats(&cfg, P, D, 0, f);
-        bytes_off = std::max(bytes_off, fabs(atof(rows[i][10].c_str()) - ring_bytes(f, D, sent) / 1e6));
+        bytes_off = worse(bytes_off, fabs(atof(rows[i][10].c_str()) - ring_bytes(f, D, sent) / 1e6));
     }
     check(rc == 0 && got == want && out.find("speedup") != std::string::npos,
           "--sweep 1: a table and sweep.csv with a row for each valid P and each (P, D) with P x D <= %d cores (%zu rows of %zu)", cores,

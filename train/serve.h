@@ -19,26 +19,34 @@
 // ----------------------------------------------------------------------------
 // prompts: the one place text becomes tokens
 
-// text -> tokens for this model: bytes for a byte-level model (vocab 256, or byte-level data). A model that
-// reads GPT-2 tokens needs an encoder tp does not have yet: false, with why saying so.
+// text -> tokens for this model, by the rules of --prompt (train/setup.h): a BPE tokenizer.json's tokens,
+// or bytes for a byte-level model (vocab 256, or byte-level data). llm.c's tokenizer file only decodes, and
+// other vocabs have no encoder: false, with why saying so.
 static bool encode_prompt(const Run* run, const std::string& text, std::vector<int>* out, std::string* why) {
     const Tokenizer* tk = &run->tokenizer;
     const GPTConfig* c = &run->cfg;
-    bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
-    bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
     out->clear();
-    if (!bytes) {
-        *why = "prompts are encoded as bytes, which needs a byte-level model (vocab 256); this model reads " +
-               std::string(gpt2_tokens ? "GPT-2 tokens, which tp cannot encode yet" : "tokens of vocab " + std::to_string(c->V));
-        return false;
-    }
-    for (unsigned char ch : text) {
-        if (ch >= c->V) {
-            *why = "the prompt holds byte " + std::to_string(ch) + ", beyond this model's vocab of " + std::to_string(c->V);
+    if (tk->bpe) {
+        *out = bpe_encode(&tk->merges, text);
+    } else {
+        bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
+        bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
+        if (gpt2_tokens) {
+            *why = "tokenizer " + tk->path + " (llm.c's format) only decodes: give the model's BPE tokenizer.json with --tokenizer";
             return false;
         }
-        out->push_back(ch);
+        if (!bytes) {
+            *why = "prompts are encoded as bytes, which needs a byte-level model (vocab 256); this model has vocab " + std::to_string(c->V) +
+                   " and no BPE tokenizer.json";
+            return false;
+        }
+        for (unsigned char ch : text) out->push_back(ch);
     }
+    for (int t : *out)
+        if (t < 0 || t >= c->V) {
+            *why = "the prompt holds token " + std::to_string(t) + ", beyond this model's vocab of " + std::to_string(c->V);
+            return false;
+        }
     if (out->empty()) {
         *why = "the prompt is empty";
         return false;
@@ -46,13 +54,13 @@ static bool encode_prompt(const Run* run, const std::string& text, std::vector<i
     return true;
 }
 
-// the end-of-text token generation stops at (-1: none, a byte-level model has none)
+// the end-of-text token generation stops at: the tokenizer's (-1: none; a byte-level model has none)
 static int stop_token(const Run* run) {
-    if (!run->tokenizer.pieces.empty() && !tokenizer_is_bytes(&run->tokenizer)) return run->tokenizer.eot;
-    return run->cfg.V > 50256 ? 50256 : -1;
+    int eot = run->tokenizer.eot;
+    return eot >= 0 && eot < run->cfg.V ? eot : -1;
 }
 
-// --prompts FILE: one prompt per line (empty lines skipped), each encoded as --prompt is
+// --prompts FILE: one prompt per line (empty lines skipped), each encoded as --prompt is (encode_prompt)
 static void prompts_setup(Run* run) {
     const char* path = run->args.prompts;
     FILE* f = fopen(path, "rb");

@@ -260,40 +260,67 @@ static void data_setup(Run* run, bool descriptor) {
     run->data_bytes = max_id < 256;
     run->val_batches = (int)std::min((long)a->val_batches, val_samples);
     GPTConfig* c = &run->cfg;
+    Tokenizer* tk = &run->tokenizer;
+    if (tk->bpe && run->data_bytes && tk->from != "--tokenizer") *tk = Tokenizer();  // found next to byte-level data: not its tokenizer
     if (descriptor && !a->vocab) {
-        c->V = run->data_bytes ? 256 : 50257;
+        bool from_tk = tk->bpe || (!tk->pieces.empty() && !run->data_bytes);  // a tokenizer file's vocab, unless bytes
+        c->V = from_tk ? (int)tk->pieces.size() : run->data_bytes ? 256 : 50257;
         c->Vp = round_up(c->V, 128);
-        char from[96];
-        if (run->data_bytes) snprintf(from, sizeof(from), "byte-level data: every token id is below 256");
+        char from[512];
+        if (from_tk) snprintf(from, sizeof(from), "from tokenizer %s, %s", tk->path.c_str(), tk->from.c_str());
+        else if (run->data_bytes) snprintf(from, sizeof(from), "byte-level data: every token id is below 256");
         else snprintf(from, sizeof(from), "GPT-2's: the data's largest token id is %d", max_id);
         run->vocab_from = from;
     }
     for (auto* shards : {&run->train_shards, &run->val_shards})
         for (const TokenShard& s : *shards) {
             if (s.max_id < c->V) continue;
-            char fix[160];
-            if (!descriptor) snprintf(fix, sizeof(fix), "this model cannot read it; train a new one on this data (-e with a descriptor such as L3C128H4)");
+            char fix[600];
+            if (!tk->pieces.empty() && (int)tk->pieces.size() == c->V)
+                snprintf(fix, sizeof(fix), "the data was not made with tokenizer %s (%s, vocab %d): give the tokenizer "
+                         "prepare.py wrote with it (--tokenizer FILE)", tk->path.c_str(), tk->from.c_str(), c->V);
+            else if (!descriptor) snprintf(fix, sizeof(fix), "this model cannot read it; train a new one on this data (-e with a descriptor such as L3C128H4)");
             else snprintf(fix, sizeof(fix), "give --vocab %d or more%s", s.max_id + 1, a->vocab ? " (or drop --vocab: tp then sizes it from the data)" : "");
             fatal("%s data %s holds token id %d at token %ld, but the model's vocab has %d tokens: %s",
                   shards == &run->train_shards ? "train" : "val", s.path.c_str(), s.max_id, s.max_pos, c->V, fix);
         }
 }
 
-// The prompt of the samples: --prompt as bytes, which a byte-level model reads; else a newline for a
-// byte-level model, or the end-of-text token.
+// The tokenizer: --tokenizer FILE, else a tokenizer.json found next to -i, next to -e or in -o
+// (tokenizer_find). Every process reads it, as a BPE tokenizer sets a new model's vocab; process 0 keeps
+// a copy in -o as tokenizer.json, so the run folder samples and exports on its own.
+static void tokenizer_setup(Run* run, bool first) {
+    const Args* a = &run->args;
+    Tokenizer* tk = &run->tokenizer;
+    std::string where = "--tokenizer";
+    std::string path = a->tokenizer ? a->tokenizer : tokenizer_find(a->train, run->model_file.empty() ? a->model : run->model_file.c_str(), a->outdir, &where);
+    if (path.empty()) return;
+    tokenizer_read(tk, path.c_str());
+    tk->from = where;
+    if (first && a->outdir && tk->bpe && !run->sample_only) tokenizer_copy(path, a->outdir);
+}
+
+// The prompt of the samples: --prompt encoded by a BPE tokenizer.json, or as bytes, which a byte-level
+// model reads; else the tokenizer's end-of-text token, a newline for a byte-level model.
 static void prompt_setup(Run* run) {
     const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
     const Tokenizer* tk = &run->tokenizer;
     bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
     bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
+    if (tk->bpe) {  // a tokenizer.json: the prompt in its BPE tokens, by default its end-of-text token
+        if (!a->prompt) run->prompt = tk->eot >= 0 ? std::vector<int>{tk->eot} : bpe_encode(&tk->merges, "\n");
+        else run->prompt = bpe_encode(&tk->merges, a->prompt);
+        if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
+        return;
+    }
     if (!a->prompt) {
         run->prompt.push_back(bytes ? '\n' : tk->pieces.empty() ? c->V - 1 : tk->eot);
         return;
     }
     if (gpt2_tokens)
-        fatal("--prompt is text that tp encodes as bytes, but this model reads GPT-2 tokens (tokenizer %s), which tp cannot "
-              "encode: drop --prompt, and samples start from the end-of-text token", a->tokenizer);
+        fatal("--prompt is text, and tokenizer %s (llm.c's format) only decodes: give the model's BPE tokenizer.json with "
+              "--tokenizer (Hugging Face's GPT-2 has one; prepare.py --vocab N writes one), or drop --prompt", tk->path.c_str());
     if (!bytes)
         fatal("--prompt is text that tp encodes as bytes, which needs a byte-level model (vocab 256); this model has vocab %d: "
               "drop --prompt, or train on byte-level data (tp then picks vocab 256)", c->V);

@@ -14,7 +14,7 @@
 // live allocation on the stream's device (or one with peer access), inputs must have been written, the
 // output may not overlap an input, and a user workspace must still be allocated when the GEMM runs.
 #include "emu.h"
-#include "include/cublasLt.h"
+#include "fake_cuda/cublasLt.h"
 #include <algorithm>
 #include <cinttypes>
 #include <memory>

@@ -23,7 +23,7 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include "include/cuda_runtime.h"
+#include "fake_cuda/cuda_runtime.h"
 
 namespace emu {
 

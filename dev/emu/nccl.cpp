@@ -1,19 +1,40 @@
-// nccl.cpp: NCCL of the emulated GPU, for ranks that are threads of one process (each with a communicator
-// on its own device), as tp runs them.
+// nccl.cpp: NCCL of the emulated GPU. Two kinds of communicator, as tp makes them:
+//   - ncclCommInitAll: ranks that are threads of one process (each with a communicator on its own device);
+//   - ncclCommInitRank with an id from ncclGetUniqueId: ranks anywhere on this machine, threads of one
+//     process or of several (an mpirun job), meeting in a POSIX shared-memory segment named after the id.
 //
 // A collective is a stream operation on the rank's stream, numbered by its communicator (the n-th call on
 // every rank is the same collective). When a rank's stream reaches it, the rank arrives and its arguments
-// are checked against the ranks already there: a different op, count, type, reduction or root is reported
-// instead of hanging or computing garbage. The last rank to arrive reduces every rank's send buffer in rank
-// order into a temporary (so in-place buffers work and results are identical on all ranks); each rank then
-// copies its part out when its stream runs the operation to the end. A query on a stream whose collective
-// still waits for peers returns cudaErrorNotReady, so tp's polling hang check keeps working; a blocking
-// wait also runs the peers' streams (a single thread may drive several communicators in a group) and
-// reports a hang after TP_EMU_HANG_S seconds.
+// are checked against the other ranks': a different op, count, type, reduction or root is reported
+// instead of hanging or computing garbage. Every rank's send buffer is reduced in rank order (so in-place
+// buffers work and results are identical on all ranks); each rank copies its part out when its stream runs
+// the operation to the end. A query on a stream whose collective still waits for peers returns
+// cudaErrorNotReady, so tp's polling hang check keeps working; a blocking wait also runs the streams of the
+// peers in this process (a single thread may drive several communicators in a group) and reports a hang
+// after TP_EMU_HANG_S seconds.
+//
+// Across processes (the shared-memory communicators) the unique id is the only thing shared out of band,
+// as with NCCL: its 16 random bytes name the segment, so communicators of different jobs never meet. The
+// segment holds, per rank, its pid, its state and a slot of SHM_CHUNK bytes; a collective moves through it
+// in steps of at most SHM_CHUNK bytes per rank. In step t every rank waits until all ranks have finished
+// reading step t-1, copies its part of the send buffer into its slot and publishes t, waits until every
+// rank has published t, checks their arguments against its own, computes its output from all slots in
+// rank order and says it has read step t. A rank whose process is gone (or whose communicator was
+// destroyed or aborted) before the steps this rank waits for turns the communicator's async error into
+// ncclRemoteError, as NCCL's proxy does when a peer's connection closes; the collective then never
+// completes, as on a GPU, and tp's polling wait reports it. The segment's name is unlinked as soon as
+// every rank has joined (the mappings stay), so no segment outlives its job, killed or not.
 #include "emu.h"
-#include "include/nccl.h"
+#include "fake_cuda/nccl.h"
 #include <algorithm>
+#include <cerrno>
+#include <fcntl.h>
 #include <map>
+#include <memory>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace emu;
@@ -53,7 +74,39 @@ struct Coll {  // one collective, as the ranks arrive at it
     bool ready;
 };
 
-struct Clique {  // the communicators created together
+// The shared-memory segment of a communicator made by ncclCommInitRank. Zero bytes are its initial state
+// (a new segment is zero-filled), so whichever rank creates it needs no setup. Atomics of 4 and 8 bytes
+// are lock-free on x86-64 and work between processes that map the same memory.
+constexpr int SHM_MAX_RANKS = 64;
+constexpr size_t SHM_CHUNK = (size_t)1 << 20;  // bytes per rank per step (a multiple of every type's size)
+constexpr const char* ID_PREFIX = "tp-emu-nccl-";
+enum RankState { R_NONE, R_JOINED, R_DESTROYED, R_ABORTED };
+
+struct ShmRank {
+    std::atomic<int> pid;  // 0 until the rank joins
+    std::atomic<int> device;
+    std::atomic<int> state;               // RankState
+    std::atomic<uint64_t> posted;         // the latest step whose data is in the rank's slot
+    std::atomic<uint64_t> consumed;       // the latest step the rank has finished reading
+    int kind, type, op, root;             // the collective of the latest posted step, for the argument check
+    uint64_t count, seq;
+    char pad[16];
+};
+struct ShmHdr {
+    std::atomic<int> nranks;  // set by the first rank to join; the others must say the same
+    std::atomic<int> joined;
+    ShmRank ranks[SHM_MAX_RANKS];
+};
+static size_t shm_bytes(int n) { return sizeof(ShmHdr) + (size_t)n * SHM_CHUNK; }
+
+struct Shm {
+    std::string name;  // "/tp-emu-nccl-<32 hex digits>"
+    ShmHdr* h;
+    size_t bytes;
+    char* slot(int r) { return (char*)h + sizeof(ShmHdr) + (size_t)r * SHM_CHUNK; }
+};
+
+struct Clique {  // the communicators created together (for a shared-memory one: those of this process)
     int n;
     std::mutex mu;
     std::condition_variable cv;
@@ -61,6 +114,7 @@ struct Clique {  // the communicators created together
     int joined;
     bool aborted;
     std::map<uint64_t, Coll*> colls;
+    Shm* shm;  // ncclCommInitRank: the segment, else nullptr
 };
 
 std::mutex g_ids_mu;
@@ -76,8 +130,12 @@ struct ncclComm {
     int rank, n, device;
     uint64_t seq;
     bool destroyed;
-    ncclResult_t async;
-    Stream* stream;  // of its latest collective: peers waiting on this rank may run it
+    std::atomic<int> async;  // ncclResult_t; set by another thread's ncclCommAbort, or a peer's failure
+    Stream* stream;          // of its latest collective: peers waiting on this rank may run it
+    // shared-memory communicators
+    std::atomic<uint64_t> steps;  // steps of the collectives enqueued so far (steps are numbered from 1)
+    std::atomic<double> checked_s;  // when the peers' liveness was last checked
+    char why[256];                // what the async error is about, for ncclGetLastError (set once, before async)
 };
 
 static ncclResult_t err(ncclResult_t r, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -90,6 +148,21 @@ static ncclResult_t err(ncclResult_t r, const char* fmt, ...) {
 }
 
 static ncclComm* comm_of(ncclComm_t c) { return c && c->magic == COMM_MAGIC ? c : nullptr; }
+
+static ncclComm* new_comm(Clique* cl, int rank, int n, int dev) {
+    ncclComm* c = new ncclComm();
+    c->magic = COMM_MAGIC;
+    c->cl = cl;
+    c->rank = rank, c->n = n, c->device = dev;
+    c->seq = 0;
+    c->destroyed = false;
+    c->async = ncclSuccess;
+    c->stream = nullptr;
+    c->steps = 0;
+    c->checked_s = 0;
+    c->why[0] = 0;
+    return c;
+}
 
 const char* ncclGetErrorString(ncclResult_t r) {
     switch (r) {
@@ -105,7 +178,11 @@ const char* ncclGetErrorString(ncclResult_t r) {
     }
 }
 
-const char* ncclGetLastError(ncclComm_t) { return t_last; }
+// the communicator's own error when it has one (a peer that failed), else this thread's last one
+const char* ncclGetLastError(ncclComm_t c) {
+    ncclComm* comm = comm_of(c);
+    return comm && comm->why[0] ? comm->why : t_last;
+}
 
 ncclResult_t ncclGetVersion(int* v) {
     if (!v) return err(ncclInvalidArgument, "ncclGetVersion: version is NULL");
@@ -113,16 +190,35 @@ ncclResult_t ncclGetVersion(int* v) {
     return ncclSuccess;
 }
 
+// 16 random bytes, as text: the name of the communicator's shared-memory segment. Random rather than
+// pid and counter, so that two jobs (or two runs of one test) never meet in one segment.
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
-    static std::atomic<long> counter{0};
     if (!id) return err(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+    unsigned char r[16];
+    for (size_t got = 0; got < sizeof(r);) {
+        ssize_t k = getrandom(r + got, sizeof(r) - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return err(ncclSystemError, "ncclGetUniqueId: getrandom: %s", strerror(errno));
+        got += (size_t)k;
+    }
     memset(id, 0, sizeof(*id));
-    snprintf(id->internal, sizeof(id->internal), "tp-emu-%d-%ld", (int)getpid(), ++counter);
+    int at = snprintf(id->internal, sizeof(id->internal), "%s", ID_PREFIX);
+    for (int i = 0; i < 16; i++) at += snprintf(id->internal + at, sizeof(id->internal) - at, "%02x", r[i]);
     return ncclSuccess;
 }
 
-// after every rank has joined: NCCL refuses two ranks on one device
+// after every rank has joined: NCCL refuses two ranks on one device (the emulated devices of every process
+// are the same machine's GPUs, so ranks of different processes on the same device index collide too)
 static ncclResult_t clique_check(Clique* cl) {
+    if (cl->shm) {
+        ShmHdr* h = cl->shm->h;
+        for (int i = 0; i < cl->n; i++)
+            for (int j = i + 1; j < cl->n; j++)
+                if (h->ranks[i].device.load() == h->ranks[j].device.load())
+                    return err(ncclInvalidUsage, "Duplicate GPU detected : rank %d (pid %d) and rank %d (pid %d) both on CUDA device %d", i,
+                               h->ranks[i].pid.load(), j, h->ranks[j].pid.load(), h->ranks[i].device.load());
+        return ncclSuccess;
+    }
     for (int i = 0; i < cl->n; i++)
         for (int j = i + 1; j < cl->n; j++)
             if (cl->comms[i]->device == cl->comms[j]->device)
@@ -130,9 +226,25 @@ static ncclResult_t clique_check(Clique* cl) {
     return ncclSuccess;
 }
 
+// Waits until all ranks of the communicator have joined. A shared-memory communicator's name is then
+// unlinked: every rank has it mapped, and nothing is left in /dev/shm whatever happens to the job later.
 static ncclResult_t wait_joined(Clique* cl) {
-    std::unique_lock<std::mutex> lock(cl->mu);
     double t0 = now_s();
+    if (cl->shm) {
+        for (int spins = 0; cl->shm->h->joined.load() < cl->n; spins++) {
+            if (now_s() - t0 > g_cfg.hang_s) {
+                shm_unlink(cl->shm->name.c_str());
+                fail("hang", "ncclCommInitRank: only %d of %d ranks joined within TP_EMU_HANG_S (segment %s)", cl->shm->h->joined.load(), cl->n,
+                     cl->shm->name.c_str());
+            }
+            if (spins < 100) std::this_thread::yield();
+            else usleep(1000);
+        }
+        if (shm_unlink(cl->shm->name.c_str()) != 0 && errno != ENOENT)
+            return err(ncclSystemError, "ncclCommInitRank: shm_unlink(%s): %s", cl->shm->name.c_str(), strerror(errno));
+        return clique_check(cl);
+    }
+    std::unique_lock<std::mutex> lock(cl->mu);
     while (cl->joined < cl->n) {
         cl->cv.wait_for(lock, std::chrono::milliseconds(10));
         if (now_s() - t0 > g_cfg.hang_s) fail("hang", "ncclCommInitRank: only %d of %d ranks joined within TP_EMU_HANG_S", cl->joined, cl->n);
@@ -140,35 +252,86 @@ static ncclResult_t wait_joined(Clique* cl) {
     return clique_check(cl);
 }
 
+// maps the segment of `id` for a communicator of n ranks, creating it if this rank is the first
+static ncclResult_t shm_map(const ncclUniqueId& id, int n, Shm** out) {
+    size_t plen = strlen(ID_PREFIX);
+    if (strncmp(id.internal, ID_PREFIX, plen) != 0 || strnlen(id.internal, sizeof(id.internal)) != plen + 32)
+        return err(ncclInvalidArgument, "ncclCommInitRank: the unique id is not one that ncclGetUniqueId made");
+    Shm* s = new Shm();
+    s->name = std::string("/") + id.internal;
+    s->bytes = shm_bytes(n);
+    int fd = shm_open(s->name.c_str(), O_RDWR | O_CREAT, 0600);
+    if (fd < 0) return err(ncclSystemError, "ncclCommInitRank: shm_open(%s): %s", s->name.c_str(), strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return err(ncclSystemError, "ncclCommInitRank: fstat(%s): %s", s->name.c_str(), strerror(errno));
+    }
+    // a segment of another size was made by a rank that said another nranks; extending a new one to its
+    // size by every rank at once is harmless (same size, zero-filled)
+    if (st.st_size != 0 && (size_t)st.st_size != s->bytes) {
+        close(fd);
+        return err(ncclInvalidArgument, "ncclCommInitRank: %d ranks, but another rank of this id said otherwise (segment of %lld bytes)", n,
+                   (long long)st.st_size);
+    }
+    if (st.st_size == 0 && ftruncate(fd, (off_t)s->bytes) != 0) {
+        close(fd);
+        return err(ncclSystemError, "ncclCommInitRank: ftruncate(%s, %zu): %s", s->name.c_str(), s->bytes, strerror(errno));
+    }
+    void* p = mmap(nullptr, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED) return err(ncclSystemError, "ncclCommInitRank: mmap(%s): %s", s->name.c_str(), strerror(e));
+    s->h = (ShmHdr*)p;
+    *out = s;
+    return ncclSuccess;
+}
+
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
     init();
     if (!comm) return err(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
-    if (nranks < 1 || rank < 0 || rank >= nranks) return err(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d is invalid", rank, nranks);
+    if (nranks < 1 || nranks > SHM_MAX_RANKS || rank < 0 || rank >= nranks)
+        return err(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d is invalid (the emulation has up to %d ranks)", rank, nranks, SHM_MAX_RANKS);
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return err(ncclUnhandledCudaError, "ncclCommInitRank: no CUDA device");
     Clique* cl;
     {
+        // the ranks of this process on this id share one mapping and know each other's streams
         std::lock_guard<std::mutex> lock(g_ids_mu);
         std::string key(id.internal, sizeof(id.internal));
         Clique*& slot = g_ids[key];
         if (!slot) {
+            Shm* shm = nullptr;
+            ncclResult_t r = shm_map(id, nranks, &shm);
+            if (r != ncclSuccess) {
+                g_ids.erase(key);
+                return r;
+            }
             slot = new Clique();
             slot->n = nranks;
             slot->comms.assign(nranks, nullptr);
             slot->joined = 0;
             slot->aborted = false;
+            slot->shm = shm;
         }
         cl = slot;
     }
+    ShmHdr* h = cl->shm->h;
+    int want = 0;
+    if (!h->nranks.compare_exchange_strong(want, nranks) && want != nranks)
+        return err(ncclInvalidArgument, "ncclCommInitRank: %d ranks, but another rank of this id said %d", nranks, want);
     {
         std::lock_guard<std::mutex> lock(cl->mu);
-        if (cl->n != nranks) return err(ncclInvalidArgument, "ncclCommInitRank: %d ranks, but another rank of this id said %d", nranks, cl->n);
-        if (cl->comms[rank]) return err(ncclInvalidArgument, "ncclCommInitRank: rank %d joined twice", rank);
-        cl->comms[rank] = new ncclComm{COMM_MAGIC, cl, rank, nranks, dev, 0, false, ncclSuccess, nullptr};
+        int none = 0;
+        if (cl->comms[rank] || !h->ranks[rank].pid.compare_exchange_strong(none, (int)getpid()))
+            return err(ncclInvalidArgument, "ncclCommInitRank: rank %d joined twice", rank);
+        h->ranks[rank].device.store(dev);
+        h->ranks[rank].state.store(R_JOINED);
+        cl->comms[rank] = new_comm(cl, rank, nranks, dev);
         cl->joined++;
-        cl->cv.notify_all();
         *comm = cl->comms[rank];
     }
+    h->joined.fetch_add(1);
     if (t_group > 0) {  // in a group the wait happens at ncclGroupEnd
         t_group_inits.push_back(*comm);
         return ncclSuccess;
@@ -185,10 +348,11 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
     cl->n = ndev;
     cl->joined = ndev;
     cl->aborted = false;
+    cl->shm = nullptr;
     for (int r = 0; r < ndev; r++) {
         int d = devlist ? devlist[r] : r;
         if (d < 0 || d >= count) return err(ncclInvalidArgument, "ncclCommInitAll: device %d does not exist", d);
-        cl->comms.push_back(new ncclComm{COMM_MAGIC, cl, r, ndev, d, 0, false, ncclSuccess, nullptr});
+        cl->comms.push_back(new_comm(cl, r, ndev, d));
     }
     ncclResult_t r = clique_check(cl);
     if (r != ncclSuccess) return r;
@@ -229,9 +393,54 @@ ncclResult_t ncclCommUserRank(const ncclComm_t c, int* r) {
     return ncclSuccess;
 }
 
+// a process that has exited (or been killed): gone, or a zombie its parent has not reaped yet
+static bool pid_gone(int pid) {
+    if (kill(pid, 0) != 0) return errno == ESRCH;
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE* f = fopen(path, "r");
+    if (!f) return false;  // no /proc: kill's answer stands
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char* p = strrchr(buf, ')');  // "pid (comm) S ...": the state follows the command's ')'
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+// Shared-memory communicators: whether a peer that this rank still needs (one that has not finished reading
+// the steps this rank has enqueued) can no longer take part: its process is gone, or it destroyed or
+// aborted its communicator. Turns the async error into ncclRemoteError, with the reason for
+// ncclGetLastError. Looks at most every 20 ms unless forced: tp asks on every turn of its polling loop.
+static bool peer_failed(ncclComm* c, bool force) {
+    Shm* shm = c->cl->shm;
+    if (!shm) return false;
+    if (c->async.load() != ncclSuccess) return true;
+    double t = now_s();
+    if (!force && t - c->checked_s < 0.02) return false;
+    c->checked_s = t;
+    for (int p = 0; p < c->n; p++) {
+        ShmRank* o = &shm->h->ranks[p];
+        if (p == c->rank || o->consumed.load() >= c->steps) continue;
+        int state = o->state.load(), pid = o->pid.load();
+        const char* what = state == R_DESTROYED ? "destroyed its communicator" : state == R_ABORTED ? "aborted its communicator" : nullptr;
+        if (!what && pid != (int)getpid() && pid_gone(pid)) what = "exited or was killed";
+        if (!what) continue;
+        static std::mutex why_mu;  // the first failure seen names the communicator's error
+        std::lock_guard<std::mutex> lock(why_mu);
+        if (c->async.load() == ncclSuccess) {
+            snprintf(c->why, sizeof(c->why), "rank %d (process %d) %s while this rank still needed it for its collectives up to #%llu: "
+                     "connection closed by remote peer", p, pid, what, (unsigned long long)(c->seq ? c->seq - 1 : 0));
+            c->async.store(ncclRemoteError);
+        }
+        return true;
+    }
+    return false;
+}
+
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* e) {
     if (!comm_of(c) || !e) return err(ncclInvalidArgument, "ncclCommGetAsyncError: invalid argument");
-    *e = c->async;
+    peer_failed(c, false);
+    *e = (ncclResult_t)c->async.load();
     return ncclSuccess;
 }
 
@@ -239,6 +448,8 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     if (!comm_of(c)) return err(ncclInvalidArgument, "ncclCommDestroy: invalid communicator");
     c->destroyed = true;
     c->magic = 0;  // kept: a queued collective that runs later is reported
+    // the mapping stays: a peer in this process may still read this rank's slot (the name is long gone)
+    if (c->cl->shm) c->cl->shm->h->ranks[c->rank].state.store(R_DESTROYED);
     return ncclSuccess;
 }
 
@@ -249,6 +460,7 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
     cl->aborted = true;
     for (ncclComm* o : cl->comms)
         if (o && o != c) o->async = ncclRemoteError;
+    if (cl->shm) cl->shm->h->ranks[c->rank].state.store(R_ABORTED);  // the other processes' ranks see it
     c->destroyed = true;
     c->magic = 0;
     cl->cv.notify_all();
@@ -400,6 +612,158 @@ static bool run_coll(ncclComm* comm, uint64_t seq, const Args& a, bool block) {
     return true;
 }
 
+// ----------------------------------------------------------------------------
+// collectives of a shared-memory communicator (ncclCommInitRank): in steps through the segment's slots
+
+struct ShmProgress {  // how far this rank is in one collective
+    int k;            // its step being run (0 .. nsteps-1)
+    bool posted;      // this rank's part of step k is in its slot
+};
+
+// the bytes of each rank's input that pass through the slots (a reduce-scatter reduces all n blocks and
+// keeps its own), and the steps that takes (one at least: a collective of 0 elements still meets)
+static size_t shm_in_bytes(const Args& a, int n) {
+    size_t b = a.count * type_size(a.type);
+    return a.kind == K_REDUCESCATTER ? b * n : b;
+}
+static uint64_t shm_steps(const Args& a, int n) {
+    size_t b = shm_in_bytes(a, n);
+    return b == 0 ? 1 : (b + SHM_CHUNK - 1) / SHM_CHUNK;
+}
+
+// the first rank whose `posted` (or `consumed`) is below t, else -1
+static int shm_behind(ShmHdr* h, int n, bool posted, uint64_t t) {
+    for (int p = 0; p < n; p++)
+        if ((posted ? h->ranks[p].posted.load(std::memory_order_acquire) : h->ranks[p].consumed.load(std::memory_order_acquire)) < t) return p;
+    return -1;
+}
+
+// TP_EMU_NCCL_KILL=R:S: the process of rank R of a shared-memory communicator kills itself (SIGKILL, as
+// kill -9 would) when its collective #S starts to run: a process that dies mid-step at a known point, for
+// the test that the other processes report it through NCCL's error path
+struct KillAt {
+    int rank;
+    long long seq;
+};
+static KillAt kill_at() {
+    KillAt k = {-1, -1};
+    const char* v = getenv("TP_EMU_NCCL_KILL");
+    if (v && sscanf(v, "%d:%lld", &k.rank, &k.seq) != 2) {
+        fprintf(stderr, "tp-emu: TP_EMU_NCCL_KILL=%s is not RANK:COLLECTIVE\n", v);
+        exit(2);
+    }
+    return k;
+}
+static void maybe_die(ncclComm* comm, uint64_t seq, const char* name) {
+    static const KillAt at = kill_at();  // read once (a thread-safe static initialisation)
+    if (comm->rank != at.rank || (long long)seq != at.seq) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    fprintf(stderr, "tp-emu: TP_EMU_NCCL_KILL: process %d (rank %d) kills itself in %s #%llu at %.3f\n", (int)getpid(), comm->rank, name,
+            (unsigned long long)seq, ts.tv_sec + ts.tv_nsec * 1e-9);
+    fflush(stderr);
+    if (kill(getpid(), SIGKILL) != 0) fprintf(stderr, "tp-emu: TP_EMU_NCCL_KILL: kill: %s\n", strerror(errno));
+    _exit(137);  // not reached when the signal is delivered
+}
+
+// One turn of waiting for rank p. False: return to the caller (a query, or a blocking wait that is done
+// for: the peer failed); true: look again.
+static bool shm_wait(ncclComm* comm, int p, const char* for_what, const Args& a, uint64_t seq, double t0, bool block) {
+    if (peer_failed(comm, false)) {
+        if (!block) return false;  // pending for ever, as the collective on a GPU whose peer died
+        fail("NCCL peer failed", "rank %d blocks in %s #%llu, waiting for %s of rank %d: %s. On a GPU this wait never returns: poll the "
+             "stream or an event and ncclCommGetAsyncError instead", comm->rank, kind_name(a.kind), (unsigned long long)seq, for_what, p, comm->why);
+    }
+    if (!block) return false;
+    // the peers of this process may be waiting for someone to run their streams (one thread, several ranks)
+    std::vector<Stream*> peers;
+    {
+        std::lock_guard<std::mutex> lock(comm->cl->mu);
+        for (ncclComm* o : comm->cl->comms)
+            if (o && o != comm && o->stream) peers.push_back(o->stream);
+    }
+    for (Stream* s : peers) run_stream(s, last_seq(s), false);
+    if (now_s() - t0 > g_cfg.hang_s)
+        fail("hang", "rank %d has waited %.0f s in %s #%llu for %s of rank %d (pid %d), which never came (TP_EMU_HANG_S)", comm->rank, g_cfg.hang_s,
+             kind_name(a.kind), (unsigned long long)seq, for_what, p, comm->cl->shm->h->ranks[p].pid.load());
+    usleep(200);
+    return true;
+}
+
+// the stream operation of rank `comm`'s collective number `seq`, whose steps start at t0
+static bool run_shm(ncclComm* comm, uint64_t seq, const Args& a, uint64_t t0, ShmProgress* st, bool block) {
+    if (comm->destroyed && !comm->cl->aborted)
+        fail("collective after ncclCommDestroy", "%s #%llu of rank %d ran after its communicator was destroyed", kind_name(a.kind),
+             (unsigned long long)seq, comm->rank);
+    Clique* cl = comm->cl;
+    Shm* shm = cl->shm;
+    ShmHdr* h = shm->h;
+    int n = cl->n, me = comm->rank;
+    ShmRank* mine = &h->ranks[me];
+    size_t es = type_size(a.type), bytes = a.count * es, in = shm_in_bytes(a, n);
+    uint64_t nsteps = shm_steps(a, n);
+    double w0 = now_s();
+    if (st->k == 0 && !st->posted) maybe_die(comm, seq, kind_name(a.kind));
+    while ((uint64_t)st->k < nsteps) {
+        if (cl->aborted) return true;  // ncclCommAbort: nothing more is delivered
+        uint64_t t = t0 + st->k;
+        size_t off = (size_t)st->k * SHM_CHUNK, len = in > off ? std::min(SHM_CHUNK, in - off) : 0;
+        if (!st->posted) {
+            int p = shm_behind(h, n, false, t - 1);  // a rank still reading step t-1 (its slot may be overwritten next)
+            if (p >= 0) {
+                if (!shm_wait(comm, p, "the end of the previous step", a, seq, w0, block)) return false;
+                continue;
+            }
+            bool sends = a.kind != K_BROADCAST || me == a.root;
+            if (st->k == 0 && sends) check_range(a.send, in, false, true, PEER_COPY, "sendbuff");
+            if (sends && len) dcopy(shm->slot(me), (const char*)a.send + off, len);
+            mine->kind = a.kind, mine->type = a.type, mine->op = a.op, mine->root = a.root, mine->count = a.count, mine->seq = seq;
+            mine->posted.store(t, std::memory_order_release);
+            st->posted = true;
+        }
+        int p = shm_behind(h, n, true, t);
+        if (p >= 0) {
+            if (!shm_wait(comm, p, "its part", a, seq, w0, block)) return false;
+            continue;
+        }
+        for (int q = 0; q < n; q++) {  // every rank's step t is the same collective
+            const ShmRank* o = &h->ranks[q];
+            bool uses_op = a.kind == K_ALLREDUCE || a.kind == K_REDUCESCATTER;
+            if (o->seq != seq || o->kind != a.kind || o->type != a.type || o->count != a.count || (uses_op && o->op != a.op) ||
+                (a.kind == K_BROADCAST && o->root != a.root))
+                fail("NCCL collectives disagree", "collective #%llu of the communicator: rank %d calls %s(count %zu, %s, %s, root %d) but rank "
+                     "%d (pid %d) called %s(count %llu, %s, %s, root %d) as its collective #%llu; on a GPU this hangs or computes garbage",
+                     (unsigned long long)seq, me, kind_name(a.kind), a.count, type_name(a.type), op_name(a.op), a.root, q, o->pid.load(),
+                     kind_name(o->kind), (unsigned long long)o->count, type_name(o->type), op_name(o->op), o->root, (unsigned long long)o->seq);
+        }
+        size_t out = a.kind == K_ALLGATHER ? bytes * n : bytes;
+        if (st->k == 0) check_range(a.recv, out, true, false, PEER_COPY, "recvbuff");
+        char* recv = (char*)a.recv;
+        if (a.kind == K_BROADCAST) {
+            if (len) dcopy(recv + off, shm->slot(a.root), len);
+        } else if (a.kind == K_ALLGATHER) {
+            for (int q = 0; q < n && len; q++) dcopy(recv + q * bytes + off, shm->slot(q), len);
+        } else {
+            // this rank's output within the step: all of it for an all-reduce, the part of its own block for a
+            // reduce-scatter; reduced over the ranks in rank order, as every rank does
+            size_t lo = off, hi = off + len;
+            if (a.kind == K_REDUCESCATTER) lo = std::max(lo, me * bytes), hi = std::min(hi, (me + 1) * bytes);
+            if (lo < hi) {
+                static thread_local std::vector<char> acc;
+                acc.resize(hi - lo);
+                dcopy(acc.data(), shm->slot(0) + (lo - off), hi - lo);
+                for (int q = 1; q < n; q++) reduce_typed(a.type, acc.data(), shm->slot(q) + (lo - off), (hi - lo) / es, a.op);
+                if (a.op == ncclAvg) divide_typed(a.type, acc.data(), (hi - lo) / es, n);
+                dcopy(recv + (a.kind == K_REDUCESCATTER ? lo - me * bytes : lo), acc.data(), hi - lo);
+            }
+        }
+        mine->consumed.store(t, std::memory_order_release);
+        st->k++;
+        st->posted = false;
+    }
+    return true;
+}
+
 static ncclResult_t coll(int kind, const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
                          ncclComm_t ch, cudaStream_t sh) {
     init();
@@ -429,7 +793,14 @@ static ncclResult_t coll(int kind, const void* send, void* recv, size_t count, n
     comm->stream = s;
     char what[96];
     snprintf(what, sizeof(what), "%s #%llu of rank %d", name, (unsigned long long)seq, comm->rank);
-    enqueue(s, what, [comm, seq, a](bool block) { return run_coll(comm, seq, a, block); });
+    if (comm->cl->shm) {
+        uint64_t t0 = comm->steps.load() + 1;
+        comm->steps.fetch_add(shm_steps(a, comm->n));
+        std::shared_ptr<ShmProgress> st(new ShmProgress{0, false});
+        enqueue(s, what, [comm, seq, a, t0, st](bool block) { return run_shm(comm, seq, a, t0, st.get(), block); });
+    } else {
+        enqueue(s, what, [comm, seq, a](bool block) { return run_coll(comm, seq, a, block); });
+    }
     return ncclSuccess;
 }
 

@@ -2,7 +2,7 @@
 """rewrite.py: the one source-to-source step of the emulated GPU (dev/emu).
 
 CUDA C++ is C++ except for two pieces of syntax, which this rewrites so that g++ can compile the CUDA
-sources against dev/emu/include:
+sources against dev/emu/fake_cuda:
 
   kern<<<grid, block, smem, stream>>>(args)     ->  emu_launch("kern", kern, grid, block, smem, stream)(args)
   foo<4><<<g, b>>>(args)                        ->  emu_launch("foo<4>", foo<4>, g, b)(args)
@@ -239,7 +239,7 @@ def main():
     if len(sys.argv) != 3:
         sys.exit('usage: rewrite.py SRC_ROOT OUT_DIR')
     root, out = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    fake = os.path.join(root, 'dev', 'emu', 'include')
+    fake = os.path.join(root, 'dev', 'emu', 'fake_cuda')
     try:
         for d, dirs, files in os.walk(root):
             dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and os.path.join(d, x) not in (fake, out))

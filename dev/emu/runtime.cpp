@@ -615,6 +615,17 @@ cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
     return cudaSuccess;
 }
 
+// device d sits on PCI bus d of the one emulated machine: every process of an mpirun job on this machine
+// sees the same devices under the same ids, as on a real machine, so tp's check that no two ranks of a
+// communicator share a GPU compares ids across processes as it would on GPUs
+cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int d) {
+    api("cudaDeviceGetPCIBusId");
+    if (!id || len <= 0) return ret(cudaErrorInvalidValue);
+    if (d < 0 || d >= g_cfg.ndev) return ret(g_cfg.ndev ? cudaErrorInvalidDevice : cudaErrorNoDevice);
+    snprintf(id, (size_t)len, "00000000:%02X:00.0", 0x10 + d);
+    return cudaSuccess;
+}
+
 cudaError_t cudaDeviceCanAccessPeer(int* can, int d, int e) {
     api("cudaDeviceCanAccessPeer");
     if (!can) return ret(cudaErrorInvalidValue);

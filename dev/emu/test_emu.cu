@@ -18,7 +18,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <ctime>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -46,6 +48,12 @@ static void check(bool ok, const char* fmt, ...) {
             exit(1);                                                                                     \
         }                                                                                                \
     } while (0)
+
+static double now_wall() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static float* dev_floats(const std::vector<float>& h) {
     float* d = nullptr;
@@ -932,6 +940,119 @@ static void test_nccl() {
     CK(cudaSetDevice(0));
 }
 
+// Run as `test_emu nccl-proc ID RANK MODE` by test_nccl_procs: rank RANK (on device RANK) of a communicator
+// of 2 ranks in 2 processes, made by ncclCommInitRank from the unique id ID, as tp's processes under
+// mpirun make theirs. MODE "collectives": every collective at a size that takes several steps through the
+// shared memory, each result checked here; "mismatch": rank 1 gives another count (the emulator must
+// report it); "die": rank 1 ends its process after the first collective (status 3, no ncclCommDestroy),
+// and rank 0 must see ncclRemoteError from ncclCommGetAsyncError while its second one is pending.
+static int nccl_proc(const char* idtext, int rank, const char* mode) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    snprintf(id.internal, sizeof(id.internal), "%s", idtext);
+    CK(cudaSetDevice(rank));
+    ncclComm_t comm;
+    ncclResult_t r = ncclCommInitRank(&comm, 2, id, rank);
+    if (r != ncclSuccess) {
+        printf("rank %d: ncclCommInitRank: %s (%s)\n", rank, ncclGetErrorString(r), ncclGetLastError(nullptr));
+        return 1;
+    }
+    const size_t n = 300000;  // 1.2 MB per rank: 2 steps of the 1 MB slots; the reduce-scatter's 2.4 MB, 3
+    auto val = [](size_t i, int q) { return (float)((i * 7 + (size_t)q * 13) % 1000) * 0.25f; };  // sums are exact
+    std::vector<float> in(2 * n);
+    for (size_t i = 0; i < 2 * n; i++) in[i] = val(i, rank);
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    float* a = dev_floats(std::vector<float>(in.begin(), in.begin() + n));
+    float* mx = dev_floats(std::vector<float>(in.begin(), in.begin() + n));
+    float* e = dev_floats(std::vector<float>(in.begin(), in.begin() + n));
+    float* big = dev_floats(in);
+    float *g = nullptr, *rs = nullptr;
+    CK(cudaMalloc(&g, 2 * n * sizeof(float)));
+    CK(cudaMalloc(&rs, n * sizeof(float)));
+    if (!strcmp(mode, "die")) {
+        ncclAllReduce(a, a, n, ncclFloat, ncclSum, comm, s);
+        CK(cudaStreamSynchronize(s));
+        if (rank == 1) _exit(3);  // a crash: no destroy, no goodbye
+        ncclAllReduce(a, a, n, ncclFloat, ncclSum, comm, s);
+        double t0 = now_wall();
+        ncclResult_t async = ncclSuccess;
+        while (now_wall() - t0 < 20) {
+            cudaError_t q = cudaStreamQuery(s);
+            cudaGetLastError();
+            ncclCommGetAsyncError(comm, &async);
+            if (q == cudaSuccess || async != ncclSuccess) break;
+            usleep(1000);
+        }
+        printf("rank 0: %s after %.2f s: %s\n", ncclGetErrorString(async), now_wall() - t0, ncclGetLastError(comm));
+        return async == ncclRemoteError ? 0 : 1;  // without destroying: the collective never completes
+    }
+    size_t cnt = !strcmp(mode, "mismatch") && rank == 1 ? n - 1 : n;
+    ncclAllReduce(a, a, cnt, ncclFloat, ncclSum, comm, s);  // in place
+    ncclAllReduce(mx, mx, n, ncclFloat, ncclMax, comm, s);
+    ncclAllGather(big + rank * n, g, n, ncclFloat, comm, s);
+    ncclBroadcast(e, e, n, ncclFloat, 1, comm, s);
+    ncclReduceScatter(big, rs, n, ncclFloat, ncclSum, comm, s);
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> ha = host_floats(a, n), hm = host_floats(mx, n), hg = host_floats(g, 2 * n), he = host_floats(e, n), hr = host_floats(rs, n);
+    int bad[5] = {0};
+    for (size_t i = 0; i < n; i++) {
+        bad[0] += ha[i] != val(i, 0) + val(i, 1);
+        bad[1] += hm[i] != std::max(val(i, 0), val(i, 1));
+        bad[2] += hg[i] != val(i, 0) || hg[n + i] != val(n + i, 1);
+        bad[3] += he[i] != val(i, 1);
+        bad[4] += hr[i] != val(rank * n + i, 0) + val(rank * n + i, 1);
+    }
+    printf("rank %d: all-reduce sum (in place)/max, all-gather, broadcast (root 1), reduce-scatter: %d/%d/%d/%d/%d wrong\n", rank, bad[0], bad[1],
+           bad[2], bad[3], bad[4]);
+    for (float* p : {a, mx, e, big, g, rs}) CK(cudaFree(p));
+    CK(cudaStreamDestroy(s));
+    ncclCommDestroy(comm);
+    return bad[0] + bad[1] + bad[2] + bad[3] + bad[4] == 0 ? 0 : 1;
+}
+
+// the emulated NCCL across processes: two child processes meet through the segment named by the id, and
+// nothing is left in /dev/shm afterwards
+static void test_nccl_procs(const char* argv0) {
+    for (const char* mode : {"collectives", "mismatch", "die"}) {
+        ncclUniqueId id;
+        ncclResult_t r = ncclGetUniqueId(&id);
+        std::string out[2];
+        int status[2] = {-1, -1};
+        FILE* f[2];
+        double t0 = now_wall();
+        for (int q = 0; q < 2; q++) {
+            std::string cmd = std::string("TP_EMU_HANG_S=60 ") + argv0 + " nccl-proc " + id.internal + " " + std::to_string(q) + " " + mode + " 2>&1";
+            f[q] = popen(cmd.c_str(), "r");
+        }
+        for (int q = 0; q < 2; q++) {
+            char buf[512];
+            while (f[q] && fgets(buf, sizeof(buf), f[q])) out[q] += buf;
+            int st = f[q] ? pclose(f[q]) : -1;
+            status[q] = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        }
+        double took = now_wall() - t0;
+        std::string seg = std::string("/dev/shm/") + id.internal;
+        bool left = access(seg.c_str(), F_OK) == 0;
+        if (left) unlink(seg.c_str());
+        std::string o0 = out[0].substr(0, out[0].find('\n')), o1 = out[1].substr(0, out[1].find('\n'));
+        if (!strcmp(mode, "collectives")) {
+            check(r == ncclSuccess && status[0] == 0 && status[1] == 0 && !left,
+                  "NCCL across 2 processes (ncclCommInitRank, shared memory, several steps per collective): exit %d %d, segment %s; %s; %s",
+                  status[0], status[1], left ? "LEFT in /dev/shm" : "gone", o0.c_str(), o1.c_str());
+        } else if (!strcmp(mode, "mismatch")) {
+            bool named = out[0].find("NCCL collectives disagree") != std::string::npos || out[1].find("NCCL collectives disagree") != std::string::npos;
+            check(named && (status[0] == 86 || status[1] == 86) && !left,
+                  "NCCL across 2 processes, counts that differ: reported (exit %d %d, %s), segment %s", status[0], status[1],
+                  named ? "NCCL collectives disagree" : "not named", left ? "LEFT in /dev/shm" : "gone");
+        } else {
+            check(status[0] == 0 && status[1] == 3 && out[0].find("exited or was killed") != std::string::npos && took < 20 && !left,
+                  "NCCL across 2 processes, rank 1's process ends mid-run: exit %d %d in %.1f s; %s; segment %s", status[0], status[1], took,
+                  o0.c_str(), left ? "LEFT in /dev/shm" : "gone");
+        }
+    }
+}
+
 int main(int argc, char** argv) {
     if (argc == 3 && !strcmp(argv[1], "plant")) {
         size_t i = (size_t)atoi(argv[2]);
@@ -941,6 +1062,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (argc == 2 && !strcmp(argv[1], "order")) return print_order();
+    if (argc == 5 && !strcmp(argv[1], "nccl-proc")) return nccl_proc(argv[2], atoi(argv[3]), argv[4]);
     printf("tests of the emulated GPU (dev/emu)\n");
     test_plants(argv[0]);
     test_launch_limits();
@@ -948,6 +1070,7 @@ int main(int argc, char** argv) {
     test_device_semantics(argv[0]);
     test_cublas();
     test_nccl();
+    test_nccl_procs(argv[0]);
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed ? 1 : 0;
 }

@@ -1,4 +1,5 @@
-// nccl.h of tp's emulated GPU (dev/emu): NCCL for ranks that are threads of one process, run by
+// nccl.h of tp's emulated GPU (dev/emu): NCCL for ranks that are threads of one process (ncclCommInitAll)
+// or of several processes on this machine (ncclCommInitRank, through POSIX shared memory), run by
 // dev/emu/nccl.cpp. Collectives are stream operations matched across the ranks by their sequence number on
 // the communicator; a mismatch (op, count, type, root) between ranks is reported instead of hanging.
 // Enum values are the real ones; what is not declared here is outside the emulated subset.

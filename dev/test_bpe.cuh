@@ -1,0 +1,335 @@
+// dev/test_bpe.cuh: the tests of own text through a BPE and of Hugging Face export and import, included
+// by test_tp.cu. Groups (see g_groups):
+//   bpe       prepare.py --vocab N against Hugging Face tokenizers: the C++ encoder's ids, decoding, the
+//             train/val split, bad inputs; tokenizers that disagree with the data or the model
+//   bperun    a tiny BPE run trains and samples words; its folder samples and exports on its own
+//   export    export.py from checkpoints saved at TP 1 and 2 (identical files), a numpy GPT-2 on the
+//             exported files against tp's logits, import then export bit for bit, bf16 files, non-GPT-2
+// They need Python with tokenizers and numpy (CI installs them) and report themselves skipped without.
+
+// runs a shell command; stdout and stderr together in *out (may be null); returns the exit status
+static int bpe_sh(const std::string& cmd, std::string* out) {
+    std::string path = tmpdir() + "/bpe_sh.txt";
+    int rc = system(("(" + cmd + ") >" + path + " 2>&1 </dev/null").c_str());
+    std::vector<char> b = slurp_bytes(path);
+    if (out) out->assign(b.begin(), b.end());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// the first line of text, for messages
+static std::string bpe_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// whether the Python side can run: tokenizers and numpy importable; else says so and counts a skip
+static bool bpe_python(const char* group) {
+    if (bpe_sh("python3 -c 'import tokenizers, numpy'", nullptr) == 0) return true;
+    printf("  skip %s: Hugging Face tokenizers or numpy is not installed (pip install tokenizers numpy); CI installs them\n", group);
+    g_skipped++;
+    return false;
+}
+
+// the test text: the corpus's English sentences, and every 8th line one in other scripts (2-, 3- and
+// 4-byte UTF-8 characters), so that merges join the bytes of characters and split some
+static std::string bpe_text(size_t n) {
+    const char* other[] = {"Ελληνικά κείμενα και кириллица в гавани.", "日本語のテキストと한국어 문장이 항구에 있다.",
+                           "emoji 🙂🙃 — “quotes” … naïve café, déjà vu.", "ไทย עברית العربية हिन्दी, ½ Ⅻ ٣٤٥ 12345."};
+    std::string corpus, text;
+    grammar_generate(31, n, &corpus, nullptr);
+    size_t at = 0;
+    for (int line = 0; at < corpus.size(); line++) {
+        size_t e = corpus.find(". ", at + 60);
+        e = e == std::string::npos ? corpus.size() : e + 1;
+        text += corpus.substr(at, e - at) + "\n";
+        if (line % 8 == 7) text += std::string(other[(line / 8) % 4]) + "\n";
+        at = e + 1;
+    }
+    return text;
+}
+
+// dir/story.txt and prepare.py --vocab 512 on it into dir/data (once); returns prepare.py's exit status
+static int bpe_prepare(const std::string& dir, std::string* out) {
+    static std::string done;
+    if (done == dir) return 0;
+    mkdir(dir.c_str(), 0755);
+    std::string text = bpe_text(120000);
+    FILE* f = fopen((dir + "/story.txt").c_str(), "wb");
+    fwrite(text.data(), 1, text.size(), f);
+    fclose(f);
+    int rc = bpe_sh("python3 data/prepare.py " + dir + "/story.txt " + dir + "/data --vocab 512", out);
+    if (rc == 0) done = dir;
+    return rc;
+}
+
+// whether s ends inside a UTF-8 character (its last character is incomplete)
+static bool utf8_cut(const std::string& s) {
+    for (int k = 1; k <= 4 && k <= (int)s.size(); k++) {
+        unsigned char c = s[s.size() - k];
+        if ((c & 0xc0) == 0x80) continue;
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+        return len > k;
+    }
+    return true;
+}
+
+// the first line of tp's output that holds "vocab"
+static std::string first_line_with_vocab(const std::string& text) {
+    size_t p = text.find("vocab");
+    if (p == std::string::npos) return "(none)";
+    size_t b = text.rfind('\n', p);
+    b = b == std::string::npos ? 0 : b + 1;
+    return text.substr(b, text.find('\n', p) - b);
+}
+
+static void test_bpe() {
+    printf("bpe: prepare.py --vocab N, the C++ encoder against Hugging Face tokenizers, the split, bad inputs\n");
+    if (!bpe_python("bpe")) return;
+    std::string d = tmpdir() + "/bpe", out;
+    int rc = bpe_prepare(d, &out);
+    std::string tok = d + "/data/story_bpe512_tokenizer.json";
+    check(rc == 0 && out.find("-i " + d + "/data/story_bpe512_train.bin -j " + d + "/data/story_bpe512_val.bin") != std::string::npos,
+          "prepare.py --vocab 512: exit %d, the tp command printed: %s", rc, bpe_line(out.substr(out.find("train on"))).c_str());
+    // the same ids as the library, for the text's lines, the whole text, and random strings
+    rc = bpe_sh("python3 dev/test_bpe.py ids " + tok + " " + d + "/story.txt " + d + "/cases.json 400", &out);
+    std::vector<char> js = slurp_bytes(d + "/cases.json");
+    Tokenizer tk;
+    if (rc == 0) tokenizer_read(&tk, tok.c_str());
+    Json cases;
+    if (rc == 0) {
+        JsonParser p = {js.data(), js.size(), 0, "cases.json"};
+        json_value(&p, &cases);
+    }
+    long ntok = 0, cut = 0, multi = 0;
+    int bad_ids = 0, bad_text = 0;
+    std::string first_bad;
+    for (const Json& c : cases.items) {
+        const std::string& text = c.items[0].str;
+        std::vector<int> want;
+        for (const Json& x : c.items[1].items) want.push_back((int)x.num);
+        std::vector<int> got = bpe_encode(&tk.merges, text);
+        std::string back;
+        for (int id : got) {
+            back += tk.pieces[id];
+            cut += utf8_cut(tk.pieces[id]);  // a token that ends inside a character
+            multi += tk.pieces[id].size() > 1 && (unsigned char)tk.pieces[id][0] >= 0xc0 && !utf8_cut(tk.pieces[id]);
+        }
+        ntok += got.size();
+        if (got != want && bad_ids++ == 0) first_bad = text.substr(0, 60);
+        bad_text += back != text;
+    }
+    check(rc == 0 && cases.items.size() > 600 && bad_ids == 0, "the C++ encoder gives the ids of Hugging Face tokenizers for %zu texts "
+          "(%ld tokens; lines, the whole text, random strings): %d differ%s%s", cases.items.size(), ntok, bad_ids,
+          first_bad.empty() ? "" : ", first: ", first_bad.c_str());
+    check(rc == 0 && bad_text == 0 && cut > 0 && multi > 0, "decoding gives the texts back (%d differ), with %ld tokens that end "
+          "inside a UTF-8 character and %ld that join whole multi-byte characters", bad_text, cut, multi);
+    // the same from the older layout of tokenizer.json that GPT-2's own file has
+    rc = bpe_sh("python3 dev/test_bpe.py legacy " + tok + " " + d + "/legacy.json", &out);
+    Tokenizer old;
+    if (rc == 0) tokenizer_read(&old, (d + "/legacy.json").c_str());
+    int bad_old = rc == 0 ? 0 : -1;
+    for (const Json& c : cases.items) {
+        std::vector<int> want;
+        for (const Json& x : c.items[1].items) want.push_back((int)x.num);
+        if (rc == 0) bad_old += bpe_encode(&old.merges, c.items[0].str) != want;
+    }
+    check(bad_old == 0 && !cases.items.empty(), "the same ids from a tokenizer.json with merges as \"left right\" strings (GPT-2's layout): %d differ", bad_old);
+    rc = bpe_sh("python3 dev/test_bpe.py split " + tok + " " + d + "/story.txt " + d + "/data/story_bpe512_train.bin " + d +
+                "/data/story_bpe512_val.bin", &out);
+    check(rc == 0 && out.rfind("ok", 0) == 0, "the train/val split changes no token: %s", bpe_line(out).c_str());
+    // bad inputs: one line, the fix, exit 1
+    FILE* f = fopen((d + "/empty.txt").c_str(), "wb");
+    fclose(f);
+    f = fopen((d + "/small.txt").c_str(), "wb");
+    fprintf(f, "a small text.\nit is small.\n");
+    fclose(f);
+    struct { const char* args; const char* says; } bad[] = {
+        {"/empty.txt x --vocab 512", "is empty"},
+        {"/small.txt x --vocab 4096", "too small for --vocab 4096"},
+        {"/story.txt x --vocab 70000", "65536"},
+        {"/story.txt x --vocab 512 --bpe", "give one of them"},
+    };
+    for (auto& b : bad) {
+        rc = bpe_sh("python3 data/prepare.py " + d + b.args, &out);
+        check(rc == 1 && out.find(b.says) != std::string::npos && std::count(out.begin(), out.end(), '\n') == 1,
+              "prepare.py %s: exit %d, one line: %s", b.args, rc, bpe_line(out).c_str());
+    }
+    rc = bpe_sh("python3 data/prepare.py " + d + "/small.txt x --vocab 4096", &out);
+    size_t at = out.find("give --vocab ");
+    int suggest = at == std::string::npos ? 0 : atoi(out.c_str() + at + 13);
+    rc = suggest > 257 ? bpe_sh("python3 data/prepare.py " + d + "/small.txt " + d + "/small --vocab " + std::to_string(suggest), &out) : -1;
+    check(rc == 0, "the --vocab %d it suggests works (exit %d)", suggest, rc);
+    // tp and the tokenizer: the vocab from it; data it did not make; a model of another vocab
+    std::string tiny = " -e L1C16H2 -b 2 -t 16 -x 1 -v 0 -g 8 --threads 1";
+    std::string err;
+    rc = run_cmd("-i " + d + "/data/story_bpe512_train.bin -j " + d + "/data/story_bpe512_val.bin" + tiny + " --prompt 'The café'", &out, &err);
+    check(rc == 0 && out.find("vocab 512 (padded 512; from tokenizer " + tok + ", found next to -i)") != std::string::npos &&
+          out.find("---\nThe café") != std::string::npos, "tp takes the vocab from the tokenizer next to -i and samples text after a "
+          "BPE prompt (exit %d): %s", rc, first_line_with_vocab(out).c_str());
+    std::vector<int> ids = random_tokens(3000, 700, 3);
+    write_tokens(d + "/big_ids.bin", ids);
+    rc = run_cmd("-i " + d + "/big_ids.bin -j " + d + "/big_ids.bin --tokenizer " + tok + tiny, &out, &err);
+    check(rc == 1 && err.find("was not made with tokenizer") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1,
+          "token ids beyond the tokenizer's vocab: %s", bpe_line(err).c_str());
+    GPTConfig c256 = make_config(1, 2, 16, 256, 64);
+    model_write((d + "/v256.bin").c_str(), &c256, init_weights(&c256, 5).data());
+    rc = run_cmd("-e " + d + "/v256.bin -x 0 -g 4 -t 16 --tokenizer " + tok, &out, &err);
+    check(rc == 1 && err.find("has vocab 512 but the model has vocab 256") != std::string::npos &&
+          std::count(err.begin(), err.end(), '\n') == 1, "a tokenizer of another vocab than the model's: %s", bpe_line(err).c_str());
+    // llm.c's file keeps decoding (prepare.py writes one beside the json)
+    rc = run_cmd("-i " + d + "/data/story_bpe512_train.bin -j " + d + "/data/story_bpe512_val.bin" + tiny + " --tokenizer " + d +
+                 "/data/story_bpe512_tokenizer.bin", &out, &err);
+    check(rc == 0 && out.find("vocab 512") != std::string::npos && out.find("sample") != std::string::npos,
+          "llm.c's tokenizer.bin of the same BPE decodes the samples (exit %d)%s", rc, bpe_line(err).c_str());
+}
+
+// the text between the sample's --- lines
+static std::string bpe_sample(const std::string& out) {
+    size_t a = out.find("---\n");
+    size_t b = a == std::string::npos ? a : out.find("\n---", a + 4);
+    return b == std::string::npos ? "" : out.substr(a + 4, b - a - 4);
+}
+
+static void test_bpe_run() {
+    printf("bperun: a tiny BPE run trains and samples words; its folder samples on its own\n");
+    if (!bpe_python("bperun")) return;
+    std::string d = tmpdir() + "/bpe", out, err;
+    int rc = bpe_prepare(d, &out);
+    std::string data = " -i " + d + "/data/story_bpe512_train.bin -j " + d + "/data/story_bpe512_val.bin";
+    rc = rc ? rc : run_cmd("-e L2C64H4 -b 8 -t 64 -x 200 -l 4e-3 -u 20 -v 200 -m 8 -g 48 --prompt The --tp 2 --threads 1 --fresh 1 -o " +
+                           d + "/run" + data, &out, &err);
+    std::string sample = bpe_sample(out);
+    // the sample's words against the words of the text
+    std::vector<char> story = slurp_bytes(d + "/story.txt");
+    std::set<std::string> known;
+    std::string w;
+    for (char ch : story) {
+        if (isalpha((unsigned char)ch)) w += ch;
+        else { if (!w.empty()) known.insert(w); w.clear(); }
+    }
+    int words = 0, real = 0;
+    w.clear();
+    for (char ch : sample + " ") {
+        if (isalpha((unsigned char)ch)) w += ch;
+        else if (!w.empty()) { words++; real += known.count(w) > 0; w.clear(); }
+    }
+    std::vector<float> val = grep_floats(out, "val loss ");
+    check(rc == 0 && sample.rfind("The", 0) == 0 && words >= 10 && real >= 0.8 * words,
+          "200 steps at vocab 512 (val loss %.2f): %d of the sample's %d words are words of the text: %.70s...", val.empty() ? 0.0 : val.back(),
+          real, words, bpe_line(sample).c_str());
+    struct stat st;
+    check(stat((d + "/run/tokenizer.json").c_str(), &st) == 0, "the run folder keeps its tokenizer.json");
+    rc = run_cmd("-e " + d + "/run/model_00000200.bin -x 0 -g 16 --prompt 'The harbour' --threads 1", &out, &err);
+    check(rc == 0 && bpe_sample(out).rfind("The harbour", 0) == 0 && bpe_sample(out).size() > 20,
+          "-e RUN/model.bin -x 0 finds the tokenizer beside it and samples text (exit %d): %s", rc, bpe_line(bpe_sample(out)).c_str());
+}
+
+// tp's logits for B sequences of T tokens of a checkpoint, at P ranks, into a file dev/gpt2_numpy.py reads
+static void bpe_write_logits(const std::string& model, const std::vector<int>& tokens, int B, int T, int P, const std::string& path) {
+    GPTConfig cfg;
+    std::vector<float> full;
+    model_read(model.c_str(), &cfg, &full);
+    std::vector<float> logits((size_t)B * T * cfg.V);
+    CommGroup* group = new CommGroup();
+    comm_group_init(group, P, 60);
+    auto body = [&](int r) {
+        Rank rk;
+        rank_init(&rk, group, r, DEV_CPU, 0, 1);
+        GPT m;
+        gpt_build(&m, &rk, &cfg, full.data(), 0);
+        gpt_forward(&m, &rk, tokens.data(), nullptr, B, T, false);
+        std::vector<float> row(cfg.Vp);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                gpt_logits_row(&m, &rk, b, t, row.data());
+                if (r == 0) std::copy(row.begin(), row.begin() + cfg.V, logits.begin() + ((size_t)b * T + t) * cfg.V);
+            }
+        gpt_free(&m, &rk);
+        rank_free(&rk);
+    };
+    std::vector<std::thread> th;
+    for (int r = 0; r < P; r++) th.emplace_back(body, r);
+    for (auto& t : th) t.join();
+    delete group;
+    FILE* f = fopen(path.c_str(), "wb");
+    int h[3] = {B, T, cfg.V};
+    fwrite(h, sizeof(int), 3, f);
+    fwrite(tokens.data(), sizeof(int), (size_t)B * T, f);
+    fwrite(logits.data(), sizeof(float), logits.size(), f);
+    fclose(f);
+}
+
+// whether two files have the same bytes (and exist)
+static bool same_file(const std::string& a, const std::string& b) {
+    std::vector<char> x = slurp_bytes(a), y = slurp_bytes(b);
+    return !x.empty() && x == y;
+}
+
+static void test_export() {
+    printf("export: Hugging Face GPT-2 directories from checkpoints at TP 1 and 2, numpy logits against tp's, import back\n");
+    if (!bpe_python("export")) return;
+    std::string d = tmpdir() + "/bpe", out, err;
+    int rc = bpe_prepare(d, &out);
+    std::string data = " -i " + d + "/data/story_bpe512_train.bin -j " + d + "/data/story_bpe512_val.bin --threads 1 -v 0 -g 0 --fresh 1";
+    // a trained model, then the same weights saved by a run at TP 1 and one at TP 2 (one step at lr 0)
+    rc = rc ? rc : run_cmd("-e L2C64H4 -b 4 -t 32 -x 6 -l 3e-3 -u 0 --tp 2 -o " + d + "/e0" + data, &out, &err);
+    std::string trained = d + "/e0/model_00000006.bin";
+    for (int P : {1, 2})
+        if (rc == 0) rc = run_cmd("-e " + trained + " -b 4 -t 32 -x 1 -l 0 --tp " + std::to_string(P) + " -o " + d + "/e" + std::to_string(P) + data, &out, &err);
+    std::string m1 = d + "/e1/model_00000001.bin", m2 = d + "/e2/model_00000001.bin";
+    std::vector<char> a = slurp_bytes(m1), t0 = slurp_bytes(trained);
+    check(rc == 0 && same_file(m1, m2) && a.size() == t0.size() && !memcmp(a.data() + 1024, t0.data() + 1024, a.size() - 1024),
+          "the checkpoints saved at TP 1 and TP 2 are the same file, with the trained weights (exit %d)%s", rc, bpe_line(err).c_str());
+    rc = bpe_sh("python3 data/export.py " + d + "/e1 " + d + "/x1 && python3 data/export.py " + d + "/e2 " + d + "/x2", &out);
+    bool same = rc == 0;
+    int nfiles = 0;
+    for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"}) {
+        same = same && same_file(d + "/x1/" + name, d + "/x2/" + name);
+        nfiles += same;
+    }
+    check(same, "export.py of the TP 1 and TP 2 run folders: %d of 6 files identical (exit %d) %s", nfiles, rc, bpe_line(out).c_str());
+    rc = bpe_sh("python3 dev/test_bpe.py same " + d + "/x1 " + m1, &out);
+    check(rc == 0 && out.rfind("ok", 0) == 0, "model.safetensors holds the checkpoint's weights, Conv1D-transposed: %s", bpe_line(out).c_str());
+    // tp's logits (at TP 2) against a numpy GPT-2 on the exported files, and GPT2LMHeadModel when installed
+    std::vector<char> vb = slurp_bytes(d + "/data/story_bpe512_val.bin");
+    std::vector<int> toks;
+    for (int i = 0; i < 3 * 40; i++) toks.push_back(((const uint16_t*)(vb.data() + 1024))[i * 3]);
+    bpe_write_logits(m1, toks, 3, 40, 2, d + "/logits.bin");
+    rc = bpe_sh("python3 dev/gpt2_numpy.py " + d + "/x1 " + d + "/logits.bin", &out);
+    size_t at = out.find("numpy max abs diff ");
+    check_le(rc == 0 && at != std::string::npos ? atof(out.c_str() + at + 19) : INFINITY, 1e-4,
+             "a numpy GPT-2 on the exported directory against tp's logits (3 sequences of 40 tokens, TP 2), max abs difference");
+    at = out.find("transformers max abs diff ");
+    if (at == std::string::npos) printf("  skip transformers: torch and transformers are not installed (the same check through GPT2LMHeadModel)\n");
+    else check_le(atof(out.c_str() + at + 26), 1e-4, "GPT2LMHeadModel.from_pretrained on the exported directory against tp's logits, max abs difference");
+    // import, then export again: the same checkpoint and the same safetensors, bit for bit
+    rc = bpe_sh("python3 data/import.py " + d + "/x1 " + d + "/imp/model.bin && python3 data/export.py " + d + "/imp/model.bin " + d + "/x3", &out);
+    check(rc == 0 && same_file(d + "/imp/model.bin", m1) && same_file(d + "/x3/model.safetensors", d + "/x1/model.safetensors") &&
+          same_file(d + "/x3/config.json", d + "/x1/config.json"), "import.py then export.py: the checkpoint and model.safetensors again, bit for bit (exit %d)", rc);
+    rc = bpe_sh("python3 dev/test_bpe.py hub " + d + "/x1 " + d + "/hub && python3 data/import.py " + d + "/hub " + d + "/hub.bin", &out);
+    check(rc == 0 && same_file(d + "/hub.bin", m1), "import.py of the Hub's layout (no \"transformer.\" prefix, attention mask buffers, "
+          "lm_head.weight): the same checkpoint (exit %d)", rc);
+    rc = run_cmd("-e " + d + "/imp/model.bin -x 0 -g 12 --prompt The --threads 1", &out, &err);
+    check(rc == 0 && bpe_sample(out).rfind("The", 0) == 0, "-e on the imported file samples, with the tokenizer import put beside it (exit %d)%s",
+          rc, bpe_line(err).c_str());
+    // a vocab that is not a multiple of 128 (GPT-2's 50257 is not): the padding rows are dropped on export and
+    // come back as zeros on import
+    GPTConfig c300 = make_config(1, 2, 16, 300, 64);
+    model_write((d + "/v300.bin").c_str(), &c300, init_weights(&c300, 9).data());
+    rc = bpe_sh("python3 data/export.py " + d + "/v300.bin " + d + "/x300 && python3 data/import.py " + d + "/x300 " + d + "/v300b/model.bin", &out);
+    std::vector<char> cj = slurp_bytes(d + "/x300/config.json");
+    std::string conf(cj.begin(), cj.end());
+    check(rc == 0 && conf.find("\"vocab_size\": 300") != std::string::npos && same_file(d + "/v300.bin", d + "/v300b/model.bin"),
+          "vocab 300 (padded 384): exported with 300 rows, imported back bit for bit (exit %d)", rc);
+    // a bf16 file (llm.c's version 5) exports its weights; a directory of another model is refused in one line
+    rc = bpe_sh("python3 dev/test_bpe.py bf16 " + m1 + " " + d + "/v5.bin && python3 data/export.py " + d + "/v5.bin " + d +
+                "/x5 && python3 dev/test_bpe.py same " + d + "/x5 " + m1 + " bf16", &out);
+    check(rc == 0 && out.find("ok 28 tensors equal") != std::string::npos, "a version-5 bf16 checkpoint exports its weights: %s",
+          bpe_line(out.substr(out.rfind('\n', out.size() - 2) + 1)).c_str());
+    mkdir((d + "/bert").c_str(), 0755);
+    FILE* f = fopen((d + "/bert/config.json").c_str(), "w");
+    fprintf(f, "{\"model_type\": \"bert\", \"architectures\": [\"BertForMaskedLM\"]}\n");
+    fclose(f);
+    rc = bpe_sh("python3 data/import.py " + d + "/bert " + d + "/bert.bin", &out);
+    check(rc == 1 && out.find("not GPT-2") != std::string::npos && std::count(out.begin(), out.end(), '\n') == 1,
+          "import.py of a BERT directory: %s", bpe_line(out).c_str());
+    rc = bpe_sh("python3 data/export.py " + d + "/story.txt " + d + "/x9", &out);
+    check(rc == 1 && std::count(out.begin(), out.end(), '\n') == 1, "export.py of a text file: %s", bpe_line(out).c_str());
+}

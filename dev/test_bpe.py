@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The Python side of dev/test_bpe.cuh's tests (Hugging Face tokenizers and numpy as the reference).
+
+    python3 dev/test_bpe.py ids TOKENIZER TEXT OUT.json N   [text, ids] pairs: TEXT's lines, TEXT whole, N random strings
+    python3 dev/test_bpe.py split TOKENIZER TEXT TRAIN.bin VAL.bin   whether the token files are TEXT's tokens, split
+    python3 dev/test_bpe.py legacy TOKENIZER OUT.json                  TOKENIZER as older files (GPT-2's own) write it
+    python3 dev/test_bpe.py hub HF_DIR OUT_DIR                         HF_DIR laid out as the Hub's gpt2 folder is
+    python3 dev/test_bpe.py bf16 MODEL.bin OUT.bin                     MODEL (version 3) as llm.c's bf16 version 5
+    python3 dev/test_bpe.py same HF_DIR MODEL.bin [bf16]               whether HF_DIR holds MODEL's weights (rounded to bf16)
+Each prints one line; "ok" at its start when the property holds.
+"""
+import json
+import os
+import random
+import struct
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+
+
+def read_tokens(path):
+    """the uint16 tokens of an llm.c token file"""
+    raw = open(path, "rb").read()
+    h = struct.unpack("<256i", raw[:1024])
+    return list(np.frombuffer(raw, dtype="<u2", count=h[2], offset=1024))
+
+
+def random_texts(n, seed):
+    """n strings that stress the pre-tokenizer: scripts, spaces of every kind, digits, contractions, emoji"""
+    rnd = random.Random(seed)
+    atoms = list(" \n\t\r\x0b\x0c'sStmdrevl0123456789.,;!?-") + [
+        "é", "日", "本", "語", "한", "ä", "\u0301", "\u00a0", "\u3000", "\u2003", "\u0085", "\x1c", "٣", "½", "Ⅻ", "🙂", "🙃",
+        "—", "…", "“", "”", "'s", "'re", "'ll", "'ve", " the", " harbour", "  ", "\n\n", "<|endoftext|>", "Ελ", "ки", "ไทย"]
+    return ["".join(rnd.choice(atoms) for _ in range(rnd.randint(1, 80))) for _ in range(n)]
+
+
+def to_bf16(x):
+    """float32 -> bf16 bits (uint16), rounded to nearest even"""
+    w = np.ascontiguousarray(x, dtype="<f4").reshape(-1).view(np.uint32).astype(np.uint64)
+    return ((w + 0x7FFF + ((w >> 16) & 1)) >> 16).astype("<u2")
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd in ("ids", "split"):
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(sys.argv[2])
+        text = open(sys.argv[3], encoding="utf-8", newline="").read()
+    if cmd == "ids":
+        texts = text.splitlines(keepends=True)[:200] + [text] + random_texts(int(sys.argv[5]), 7)
+        cases = [[t, tok.encode(t).ids] for t in texts]
+        with open(sys.argv[4], "w", encoding="utf-8") as f:
+            json.dump(cases, f)
+        print(f"ok {len(cases)} texts, {sum(len(c[1]) for c in cases)} tokens")
+    elif cmd == "split":
+        train, val = read_tokens(sys.argv[4]), read_tokens(sys.argv[5])
+        eot = tok.token_to_id("<|endoftext|>")
+        whole = tok.encode(text).ids
+        joined = train[1:] + val[1:]
+        val_text = tok.decode(val[1:])
+        if train[0] != eot or val[0] != eot:
+            print("FAIL the splits do not start with <|endoftext|>")
+        elif [int(x) for x in joined] != whole:
+            print(f"FAIL train + val tokens ({len(joined)}) are not the tokens of the whole text ({len(whole)})")
+        elif not text.endswith(val_text) or tok.decode(train[1:]) + val_text != text:
+            print("FAIL the val tokens do not decode to the end of the text")
+        else:
+            print(f"ok train {len(train) - 1} + val {len(val) - 1} tokens are the whole text's {len(whole)}; val decodes to its last {len(val_text)} characters")
+    elif cmd == "legacy":  # merges as "left right" strings, "" for the unused affixes, no use_regex
+        tj = json.load(open(sys.argv[2], encoding="utf-8"))
+        tj["model"]["merges"] = [" ".join(m) for m in tj["model"]["merges"]]
+        tj["model"]["continuing_subword_prefix"] = ""
+        tj["model"]["end_of_word_suffix"] = ""
+        tj["model"].pop("ignore_merges", None)
+        tj["pre_tokenizer"].pop("use_regex", None)
+        json.dump(tj, open(sys.argv[3], "w", encoding="utf-8"), indent=2)
+        print(f"ok wrote {sys.argv[3]}")
+    elif cmd == "hub":  # names without "transformer.", the attention mask buffers, an lm_head equal to wte, F16-free
+        from export import read_safetensors, write_safetensors
+        os.makedirs(sys.argv[3], exist_ok=True)
+        conf = json.load(open(os.path.join(sys.argv[2], "config.json")))
+        w = {k[len("transformer."):]: v for k, v in read_safetensors(os.path.join(sys.argv[2], "model.safetensors")).items()}
+        T = conf["n_positions"]
+        for layer in range(conf["n_layer"]):
+            w[f"h.{layer}.attn.bias"] = np.tril(np.ones((T, T), dtype=np.float32))[None, None]
+        w["lm_head.weight"] = w["wte.weight"]
+        write_safetensors(os.path.join(sys.argv[3], "model.safetensors"), w)
+        for k in ("architectures", "bos_token_id", "eos_token_id", "n_inner", "scale_attn_weights", "tie_word_embeddings"):
+            conf.pop(k, None)
+        json.dump(conf, open(os.path.join(sys.argv[3], "config.json"), "w"))
+        print(f"ok wrote {sys.argv[3]}")
+    elif cmd == "bf16":
+        raw = bytearray(open(sys.argv[2], "rb").read())
+        h = list(struct.unpack("<256i", raw[:1024]))
+        h[1] = 5
+        bf = to_bf16(np.frombuffer(bytes(raw[1024:]), dtype="<f4"))
+        with open(sys.argv[3], "wb") as f:
+            f.write(struct.pack("<256i", *h))
+            f.write(bf.tobytes())
+        print(f"ok wrote {sys.argv[3]}: {bf.size} bf16 weights")
+    elif cmd == "same":
+        from export import read_llmc, read_safetensors, to_hf
+        cfg, t = read_llmc(sys.argv[3])
+        want = to_hf(cfg, t)
+        if sys.argv[4:] == ["bf16"]:
+            want = {k: (to_bf16(v).astype(np.uint32) << 16).view(np.float32).reshape(v.shape) for k, v in want.items()}
+        got = read_safetensors(os.path.join(sys.argv[2], "model.safetensors"))
+        bad = [k for k in want if k not in got or not np.array_equal(got[k], want[k])]
+        note = ""
+        try:  # the safetensors package, when installed, must read the file the same
+            from safetensors.numpy import load_file
+            lib = load_file(os.path.join(sys.argv[2], "model.safetensors"))
+            note = " (and so does the safetensors package)" if all(np.array_equal(lib[k], got[k]) for k in got) and len(lib) == len(got) else ""
+            if not note:
+                bad.append("the safetensors package reads other values")
+        except ImportError:
+            note = " (safetensors package not installed)"
+        print(f"ok {len(want)} tensors equal{note}" if not bad and len(got) == len(want) else f"FAIL {len(bad)} tensors differ, e.g. {bad[:2]}")
+
+
+if __name__ == "__main__":
+    main()
