@@ -252,8 +252,9 @@ static void print_gen_stats(const Run* run, const GenStats* st) {
         double sent[COMM_KINDS], per[COMM_KINDS];
         for (int k = 0; k < COMM_KINDS; k++) per[k] = st->moved[k] / st->steps;
         double bytes = ring_bytes(per, run->P, sent);
-        printf(" | decode %ld steps in %.2f s: %.1f tokens/s, %.2f ms per token%s", st->steps, st->decode_s,
-               (double)(st->tokens - st->B) / st->decode_s, st->decode_s / st->steps * 1e3, st->B > 1 ? " (a step of every row)" : "");
+        // (no "step" in this line: a sample line must not read as training)
+        printf(" | decode %ld more tokens per row in %.2f s: %.1f tokens/s, %.2f ms per token%s", st->steps, st->decode_s,
+               (double)(st->tokens - st->B) / st->decode_s, st->decode_s / st->steps * 1e3, st->B > 1 ? " (every row's at once)" : "");
         if (run->P > 1)
             printf(" | per token %.0f collectives, %.1f KB sent per rank", (double)st->collectives / st->steps, bytes / 1e3);
     }
