@@ -16,6 +16,11 @@
 //                   over the TP group, the all-reduce of the sharded tensors' squared gradient norm, and
 //                   with SP the all-reduce of the layernorm and wpe gradients
 //   gpt_logits_row: an all-gather of one position's logits (sampling only, never in training)
+//   gpt_prefill:    the forward's embedding, attproj and fcproj collectives (g), no loss
+//   gpt_decode:     the same for one position of each of B rows, B*C floats each: the embedding all-reduce
+//                   and per layer the attproj and fcproj all-reduces (g; with SP reduce-scatters and the
+//                   all-gathers (f) before qkv, fc and the head); then an all-gather of the B rows'
+//                   logits of the vocab-parallel head (sampling only)
 // A training step moves (4L + 2) B T C floats over the TP group per micro-batch, plus 3 B T for the loss
 // and 1 for the gradient norm; over the DP group, the rank's shard of the gradient once per step. With
 // sequence parallelism (--sp 1) each all-reduce around a layer becomes a reduce-scatter or an all-gather
@@ -579,21 +584,117 @@ static float* my_tokens_summed(GPT* m, Rank* rk, float* partial, const char* whe
     return mine;
 }
 
-// Forward pass of one rank on tokens (B, T) (host memory, the same on every rank).
-// With targets (B, T): computes the per-position losses, identical on every rank (read them with
-// gpt_read_loss). With training set, the logits buffer is overwritten by dlogits for gpt_backward.
-static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets, int B, int T, bool training) {
+// ----------------------------------------------------------------------------
+// serving: the KV cache of this rank's heads
+
+// The keys and values of every layer for B sequences of up to Tmax positions, for this rank's NH/P heads
+// only: qkv is column-parallel by head, so a rank computes the k and v of its own heads and attention
+// never needs another rank's. Memory per rank is 2 L B (NH/P) Tmax hs floats: the cache divides by P.
+struct KVCache {
+    int B, Tmax;        // rows, positions per row
+    int L, NHl, hs;
+    long lstride;       // floats between one layer's cache and the next (B NHl Tmax hs for the whole cache)
+    float *k, *v;       // (L, B, NHl, Tmax, hs) each, on the rank's device
+    int* pos;           // (B) on the device: where the rows' tokens of the next forward start
+    float* logits;      // (B, Vp) on the device: one position of every row, all-gathered
+    bool view;          // a view of one row of another cache (kv_row): owns nothing
+};
+
+static long kv_cache_floats(const GPTConfig* c, int P, int B, int Tmax) { return 2L * c->L * B * (c->NH / P) * (long)Tmax * (c->C / c->NH); }
+
+static void kv_alloc(KVCache* kv, GPT* m, Rank* rk, int B, int Tmax) {
+    memset(kv, 0, sizeof(*kv));
+    kv->B = B;
+    kv->Tmax = Tmax;
+    kv->L = m->cfg.L;
+    kv->NHl = m->plan.NHl;
+    kv->hs = m->hs;
+    kv->lstride = (long)B * kv->NHl * Tmax * kv->hs;
+    kv->k = dev_alloc(rk, kv->L * kv->lstride);
+    kv->v = dev_alloc(rk, kv->L * kv->lstride);
+    kv->pos = (int*)dev_alloc(rk, B);
+    kv->logits = dev_alloc(rk, (long)B * m->cfg.Vp);
+}
+
+static void kv_free(KVCache* kv, Rank* rk) {
+    if (kv->view) return;
+    dev_free(rk, kv->k);
+    dev_free(rk, kv->v);
+    dev_free(rk, kv->pos);
+    dev_free(rk, kv->logits);
+}
+
+// row b of kv as a cache of one row (the layers keep their stride): for re-prefilling one row
+static KVCache kv_row(const KVCache* kv, int b) {
+    KVCache r = *kv;
+    long off = (long)b * kv->NHl * kv->Tmax * kv->hs;
+    r.B = 1;
+    r.k = kv->k + off;
+    r.v = kv->v + off;
+    r.pos = kv->pos + b;
+    r.logits = kv->logits + 0;  // unused by a prefill
+    r.view = true;
+    return r;
+}
+
+// ----------------------------------------------------------------------------
+// the forward: one recipe for training, prefill and decode
+
+// One transformer layer l on the rank's N tokens of the batch (B, T) in m's activations.
+//   residual (N, C) -> ln1 (N, C) -> qkv (B, T, 3 C/P) -> atty (B, T, C/P) -> attproj partial (B, T, C)
+//   -> g -> residual2 (N, C) -> ln2 -> fch (B, T, 4C/P) -> gelu -> fcproj partial (B, T, C) -> g -> residual3 (N, C)
+// Only attention differs between the three uses: training and prefill attend over the batch's own T
+// tokens (causal); decode (T = 1) attends over the KV cache. With a cache, the layer's k and v are written
+// into it first, at each row's position (kv->pos).
+static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode) {
     const GPTConfig* c = &m->cfg;
     const ShardPlan* s = &m->plan;
-    if (T > c->maxT) fatal("sequence length -t %d exceeds the model's maximum %d: use -t %d or less", T, c->maxT, c->maxT);
-    gpt_alloc_acts(m, rk, B, T);
+    Acts* a = &m->acts;
+    Params* p = &m->params;
+    int B = m->B, T = m->T, C = c->C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, hs = m->hs;
+    int BT = B * T, N = m->ntok;
+    LayerActs la = layer_acts(m, l);
+
+    // attention block. ln1 is replicated: every rank normalises the same residual stream (with SP,
+    // its own tokens of it).
+    OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
+    // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
+    // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
+    float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 fwd", l);
+    OP(rk, matmul_forward, la.qkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
+    // heads are independent, so attention needs nothing from the other ranks; nor does the cache,
+    // which holds this rank's heads only
+    if (kv) OP(rk, kv_write, kv->k + l * kv->lstride, kv->v + l * kv->lstride, la.qkv, kv->pos, B, T, NHl, kv->Tmax, hs);
+    if (decode) OP(rk, attention_decode, la.atty, la.qkv, kv->k + l * kv->lstride, kv->v + l * kv->lstride, kv->pos, B, NHl, kv->Tmax, hs);
+    else OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
+    // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
+    // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
+    // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
+    OP(rk, matmul_forward, a->partial, la.atty, p->attprojw + (long)l * C * Cl, nullptr, BT, Cl, C);
+    float* attn_out = my_tokens_summed(m, rk, a->partial, "attproj fwd", l);
+    OP(rk, residual_forward, la.residual2, la.residual, attn_out, p->attprojb + l * C, N, C);  // bias once, after the sum
+
+    // MLP block: fc is column-parallel (this rank's 4C/P hidden units), GELU is elementwise on them,
+    // fcproj is row-parallel over the same units: again a partial sum, again g.
+    OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
+    float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 fwd", l);
+    OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l);
+    OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
+    OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C);
+    float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", l);
+    OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
+}
+
+// The embedding, the layers and the LM head on the tokens already in m->tokens (B, T): logits (B, T, Vl).
+// Positions: training and prefill, token t of each row at position t; decode, row b at kv->pos[b].
+static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode) {
+    const GPTConfig* c = &m->cfg;
+    const ShardPlan* s = &m->plan;
     Acts* a = &m->acts;
     Params* p = &m->params;
     Comm* tp = &rk->tp;
-    int L = c->L, C = c->C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, hs = m->hs;
+    int B = m->B, T = m->T, L = c->L, C = c->C, Vl = s->Vl;
     int BT = B * T, N = m->ntok;
-    dev_upload(rk, m->tokens, tokens, BT * sizeof(int));
-    if (targets) dev_upload(rk, m->targets, targets, BT * sizeof(int));
 
     // Vocab-parallel embedding: each rank holds wte rows [v0, v0+Vl) and looks up only the tokens it
     // owns, writing zeros for the rest. Summing over ranks puts every token's row in place (the other
@@ -606,37 +707,10 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
         OP(rk, encoder_forward, a->partial, m->tokens, p->wte, s->v0, Vl, BT, C);
         comm_reducescatter(tp, a->encoded, a->partial, (long)N * C, "embedding fwd", -1);
     }
-    OP(rk, position_forward, a->encoded, p->wpe, N, m->t0, T, C);
+    if (decode) OP(rk, position_rows_forward, a->encoded, p->wpe, kv->pos + m->t0, N, C);  // T = 1: token n is row n
+    else OP(rk, position_forward, a->encoded, p->wpe, N, m->t0, T, C);
 
-    for (int l = 0; l < L; l++) {
-        LayerActs la = layer_acts(m, l);
-
-        // attention block. ln1 is replicated: every rank normalises the same residual stream (with SP,
-        // its own tokens of it).
-        OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
-        // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
-        // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
-        float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 fwd", l);
-        OP(rk, matmul_forward, la.qkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
-        // heads are independent, so attention needs nothing from the other ranks
-        OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
-        // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
-        // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
-        // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
-        OP(rk, matmul_forward, a->partial, la.atty, p->attprojw + (long)l * C * Cl, nullptr, BT, Cl, C);
-        float* attn_out = my_tokens_summed(m, rk, a->partial, "attproj fwd", l);
-        OP(rk, residual_forward, la.residual2, la.residual, attn_out, p->attprojb + l * C, N, C);  // bias once, after the sum
-
-        // MLP block: fc is column-parallel (this rank's 4C/P hidden units), GELU is elementwise on them,
-        // fcproj is row-parallel over the same units: again a partial sum, again g.
-        OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
-        float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 fwd", l);
-        OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l);
-        OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
-        OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C);
-        float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", l);
-        OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
-    }
+    for (int l = 0; l < L; l++) gpt_layer_forward(m, rk, l, kv, decode);
 
     // final layernorm (replicated), then the LM head on this rank's vocab slice: logits (B, T, Vl).
     // The full (B, T, Vp) logits never exist on one rank. The head needs every token: with SP the
@@ -645,6 +719,22 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     OP(rk, layernorm_forward, a->lnf + (long)m->t0 * C, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, N, C);
     if (m->split) comm_allgather(tp, a->lnf, a->lnf + (long)m->t0 * C, (long)N * C, "lnf fwd", -1);
     OP(rk, matmul_forward, a->logits, a->lnf, p->wte, nullptr, BT, C, Vl);
+}
+
+// Forward pass of one rank on tokens (B, T) (host memory, the same on every rank).
+// With targets (B, T): computes the per-position losses, identical on every rank (read them with
+// gpt_read_loss). With training set, the logits buffer is overwritten by dlogits for gpt_backward.
+static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets, int B, int T, bool training) {
+    const GPTConfig* c = &m->cfg;
+    const ShardPlan* s = &m->plan;
+    if (T > c->maxT) fatal("sequence length -t %d exceeds the model's maximum %d: use -t %d or less", T, c->maxT, c->maxT);
+    gpt_alloc_acts(m, rk, B, T);
+    Acts* a = &m->acts;
+    Comm* tp = &rk->tp;
+    int Vl = s->Vl, BT = B * T;
+    dev_upload(rk, m->tokens, tokens, BT * sizeof(int));
+    if (targets) dev_upload(rk, m->targets, targets, BT * sizeof(int));
+    gpt_forward_logits(m, rk, nullptr, false);
     if (!targets) return;
 
     // Vocab-parallel cross-entropy. softmax needs the max and the sum of exps over the whole vocab:
@@ -657,6 +747,51 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     comm_allreduce(tp, a->ce_sums, 2L * BT, COMM_SUM, "loss sums", -1);
     OP(rk, crossentropy_finish, a->losses, a->logits, a->ce_max, a->ce_sums, m->targets, BT, Vl, s->v0, c->V,
        training ? (m->dloss != 0.0f ? m->dloss : 1.0f / BT) : 0.0f);
+}
+
+// Prefill: tokens (B, T) (host memory, rows right-padded to T; causal attention makes the padding change
+// nothing before it) through the normal forward, which also writes every layer's k and v into the cache
+// at positions 0..T-1 of each row. kv->B must be B. The logits of row b's last real token are then
+// gpt_logits_row(m, rk, b, len_b - 1).
+static void gpt_prefill(GPT* m, Rank* rk, KVCache* kv, const int* tokens, int B, int T) {
+    if (T > kv->Tmax) fatal("prefill of %d tokens into a KV cache of %d positions", T, kv->Tmax);
+    gpt_alloc_acts(m, rk, B, T);
+    dev_upload(rk, m->tokens, tokens, (size_t)B * T * sizeof(int));
+    std::vector<int> zeros(B, 0);
+    dev_upload(rk, kv->pos, zeros.data(), B * sizeof(int));
+    gpt_forward_logits(m, rk, kv, false);
+}
+
+// Decode: one new token per row, tokens (B) at positions pos (B) (host memory, each < Tmax; the cache
+// holds positions 0..pos[b]-1 of row b). The same recipe with T = 1, so the same collectives each of
+// B C floats: the embedding all-reduce and per layer the attproj and fcproj all-reduces (g; with SP
+// reduce-scatters and all-gathers). Then gathers the logits: out (B, Vp) host memory.
+static void gpt_decode(GPT* m, Rank* rk, KVCache* kv, const int* tokens, const int* pos, float* out) {
+    int B = kv->B, Vl = m->plan.Vl, Vp = m->cfg.Vp, P = rk->P;
+    gpt_alloc_acts(m, rk, B, 1);
+    dev_upload(rk, m->tokens, tokens, B * sizeof(int));
+    dev_upload(rk, kv->pos, pos, B * sizeof(int));
+    gpt_forward_logits(m, rk, kv, true);
+    // the vocab-parallel head left each rank (B, Vl): an all-gather (sampling only: every rank draws
+    // the same tokens from the full rows) gives (P, B, Vl), rank-major; the host puts each row together.
+    comm_allgather(&rk->tp, kv->logits, m->acts.logits, (long)B * Vl, "decode logits", -1);
+    std::vector<float> g((size_t)B * Vp);
+    dev_download(rk, g.data(), kv->logits, g.size() * sizeof(float));
+    for (int r = 0; r < P; r++)
+        for (int b = 0; b < B; b++) memcpy(out + (size_t)b * Vp + (size_t)r * Vl, g.data() + ((size_t)r * B + b) * Vl, Vl * sizeof(float));
+}
+
+// The payload of one decode step's collectives over the TP group, by kind (floats, counted as comm.cuh
+// counts them), for B rows; X = B C. TP: all-reduce (2L + 1) X (embedding, attproj and fcproj of every
+// layer), all-gather B Vp (the logits). SP (B divisible by P): those become reduce-scatters, with an
+// all-gather of X before each column-parallel matmul and the LM head: reduce-scatter (2L + 1) X,
+// all-gather (2L + 1) X + B Vp.
+static void decode_comm_floats(const GPTConfig* c, int B, bool split, double out[COMM_KINDS]) {
+    double X = (double)B * c->C, L = c->L;
+    for (int k = 0; k < COMM_KINDS; k++) out[k] = 0;
+    if (!split) out[KIND_ALLREDUCE] = (2 * L + 1) * X;
+    else out[KIND_REDUCESCATTER] = (2 * L + 1) * X;
+    out[KIND_ALLGATHER] = (split ? (2 * L + 1) * X : 0) + (double)B * c->Vp;
 }
 
 // the mean loss of the last forward with targets (the one read of the step from the device)

@@ -1083,3 +1083,85 @@ static void sumsq_cuda(CudaCtx* cx, float* norm2, const float* x, long n) {
     sumsq_finish_kernel<<<1, 1024, 0, cx->stream>>>(norm2, partial, nblocks);
     CUDA_LAUNCH_CHECK(cx->rank, "sumsq_finish_kernel");
 }
+
+// ----------------------------------------------------------------------------
+// Serving: the KV cache ops of kernels_cpu.h (kc, vc (B, NH, Tmax, hs); pos (B) on the device)
+
+__global__ void position_rows_forward_kernel(float* x, const float* wpe, const int* pos, int N, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)N * C) return;
+    long n = i / C;
+    int c = (int)(i - n * C);
+    x[i] += wpe[(long)pos[n] * C + c];
+}
+
+static void position_rows_forward_cuda(CudaCtx* cx, float* x, const float* wpe, const int* pos, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    position_rows_forward_kernel<<<ceil_div((long)N * C, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(x, wpe, pos, N, C);
+    CUDA_LAUNCH_CHECK(cx->rank, "position_rows_forward_kernel");
+}
+
+// one thread per (b, t, h, d) element of k and of v
+__global__ void kv_write_kernel(float* kc, float* vc, const float* qkv, const int* pos, int B, int T, int NH, int Tmax, int hs) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    int C = NH * hs;
+    if (i >= (long)B * T * C) return;
+    long row = i / C;  // (b, t)
+    int c = (int)(i - row * C), h = c / hs, d = c - h * hs;
+    int b = (int)(row / T), t = (int)(row - (long)b * T);
+    int p = pos[b] + t;
+    if (p < 0 || p >= Tmax) return;
+    long dst = (((long)b * NH + h) * Tmax + p) * hs + d;
+    kc[dst] = qkv[row * 3 * C + C + c];
+    vc[dst] = qkv[row * 3 * C + 2 * C + c];
+}
+
+static void kv_write_cuda(CudaCtx* cx, float* kc, float* vc, const float* qkv, const int* pos, int B, int T, int NH, int Tmax, int hs) {
+    long n = (long)B * T * NH * hs;
+    if (n <= 0) return;
+    kv_write_kernel<<<ceil_div(n, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(kc, vc, qkv, pos, B, T, NH, Tmax, hs);
+    CUDA_LAUNCH_CHECK(cx->rank, "kv_write_kernel");
+}
+
+// One block per (b, h): the scores of the query against positions 0..pos[b] into scores (Tmax), the
+// block's max and sum of exps, then each thread one channel d of out, summed over the positions in order.
+#define DECODE_THREADS 128
+__global__ void attention_decode_kernel(float* out, const float* qkv, const float* kc, const float* vc, const int* pos,
+                                        float* scores, int NH, int Tmax, int hs, float scale) {
+    int bh = blockIdx.x, b = bh / NH, h = bh - b * NH, C = NH * hs;
+    int n = pos[b] + 1 < Tmax ? pos[b] + 1 : Tmax;
+    const float* q = qkv + (long)b * 3 * C + h * hs;
+    const float* k = kc + (long)bh * Tmax * hs;
+    const float* v = vc + (long)bh * Tmax * hs;
+    float* s = scores + (long)bh * Tmax;
+    float m = -FLT_MAX;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        float d = 0.0f;
+        for (int i = 0; i < hs; i++) d += q[i] * k[(long)t * hs + i];
+        s[t] = d * scale;
+        m = fmaxf(m, s[t]);
+    }
+    m = block_reduce<true>(m);
+    float sum = 0.0f;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        float e = expf(s[t] - m);
+        s[t] = e;
+        sum += e;
+    }
+    sum = block_reduce<false>(sum);  // its barriers also make every s[t] visible to the whole block
+    float inv = 1.0f / sum;
+    for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = 0; t < n; t++) acc += s[t] * inv * v[(long)t * hs + d];
+        out[(long)b * C + h * hs + d] = acc;
+    }
+}
+
+static void attention_decode_cuda(CudaCtx* cx, float* out, const float* qkv, const float* kc, const float* vc, const int* pos,
+                                  int B, int NH, int Tmax, int hs) {
+    if (B <= 0 || NH <= 0) return;
+    float* scores = (float*)cuda_scratch(cx, (void**)&cx->attn, &cx->attn_bytes, (size_t)B * NH * Tmax * sizeof(float));
+    attention_decode_kernel<<<B * NH, DECODE_THREADS, 0, cx->stream>>>(out, qkv, kc, vc, pos, scores, NH, Tmax, hs,
+                                                                       1.0f / sqrtf((float)hs));
+    CUDA_LAUNCH_CHECK(cx->rank, "attention_decode_kernel");
+}

@@ -513,3 +513,66 @@ static void sumsq_cpu(float* norm2, const float* x, long n) {
     for (long b = 0; b < nb; b++) s += part[b];
     norm2[0] += (float)s;
 }
+
+// ----------------------------------------------------------------------------
+// Serving: a KV cache of this rank's NH heads, (B, NH, Tmax, hs) for k and for v, and attention of one
+// new position per row against it. pos (B) is where each row's new token sits in its cache.
+
+// x (N, C) += wpe[pos[n]]: the position embedding of row n at its own position (decode: row b of the
+// batch is at the end of its own sequence, and the sequences have different lengths)
+static void position_rows_forward_cpu(float* x, const float* wpe, const int* pos, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* p = wpe + (size_t)pos[n] * C;
+        float* o = x + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] += p[c];
+    }
+}
+
+// qkv (B, T, 3*NH*hs) as attention_forward reads it. Writes the k and v of row (b, t) into the caches
+// kc, vc (B, NH, Tmax, hs) at position pos[b] + t; positions at or past Tmax are not written. Prefill:
+// pos 0 and T the prompt's tokens; decode: T = 1 and pos the row's length.
+static void kv_write_cpu(float* kc, float* vc, const float* qkv, const int* pos, int B, int T, int NH, int Tmax, int hs) {
+    const int C = NH * hs;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int p = pos[b] + t;
+            if (p < 0 || p >= Tmax) continue;
+            const float* row = qkv + ((size_t)b * T + t) * 3 * C;
+            for (int h = 0; h < NH; h++) {
+                size_t dst = (((size_t)b * NH + h) * Tmax + p) * hs;
+                memcpy(kc + dst, row + C + h * hs, hs * sizeof(float));
+                memcpy(vc + dst, row + 2 * C + h * hs, hs * sizeof(float));
+            }
+        }
+}
+
+// out (B, NH*hs): the attention of one query per row against its cache. q of row b is qkv (B, 1, 3*NH*hs)
+// at b; it attends to cache positions 0..pos[b] (its own k and v already written there by kv_write):
+// out = softmax(q k^T / sqrt(hs)) v, the last row of attention_forward's causal square, computed as that
+// row is: the scores and the product with v through gemm_cpu (the same sums in the same order), and the
+// softmax steps of attention_probs_head. On the CPU the cached logits are then the full forward's.
+static void attention_decode_cpu(float* out, const float* qkv, const float* kc, const float* vc, const int* pos,
+                                 int B, int NH, int Tmax, int hs) {
+    const int C = NH * hs;
+    const float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int n = pos[b] + 1 < Tmax ? pos[b] + 1 : Tmax;
+            const float* q = qkv + (size_t)b * 3 * C + h * hs;
+            const float* k = kc + ((size_t)b * NH + h) * Tmax * hs;
+            const float* v = vc + ((size_t)b * NH + h) * Tmax * hs;
+            std::vector<float> a(n);
+            gemm_cpu(1, n, hs, q, hs, 1, k, 1, hs, a.data(), n, false, nullptr);  // a (1, n) = q k^T
+            float maxv = -FLT_MAX;
+            for (int t = 0; t < n; t++) { a[t] *= scale; maxv = a[t] > maxv ? a[t] : maxv; }
+            float sum = 0.0f;
+            #pragma omp simd reduction(+ : sum)
+            for (int t = 0; t < n; t++) { float e = exp_fast(a[t] - maxv); a[t] = e; sum += e; }
+            float inv = 1.0f / sum;
+            for (int t = 0; t < n; t++) a[t] *= inv;
+            gemm_cpu(1, hs, n, a.data(), n, 1, v, hs, 1, out + (size_t)b * C + h * hs, C, false, nullptr);  // a v
+        }
+}

@@ -931,6 +931,7 @@ static void test_sampling() {
 #include "dev/test_gpu.cuh"
 #include "dev/test_perf.cuh"
 #include "dev/test_files.cuh"
+#include "dev/test_serve.cuh"
 #include "dev/test_bpe.cuh"
 #include "dev/test_ops.cuh"
 #include "dev/test_plan.cuh"
@@ -948,6 +949,7 @@ static void test_gpu() {
     printf("GPU tests on %d device%s\n", g_ndev, g_ndev > 1 ? "s" : "");
     gpu_op_tests(g_argv0, g_ndev);
     gpu_training_tests(g_ndev);
+    serve_gpu_tests(g_ndev);
 }
 
 static void test_tp_all() {
@@ -996,6 +998,8 @@ static const TestGroup g_groups[] = {
     {"mpi", test_mpi, "2 processes under mpirun against 1: losses, replicas, resume, kill, stop, mismatch, bad input"},
     {"corpus", test_corpus, "the embedded corpus: deterministic, exact entropy"},
     {"sampling", test_sampling, "the same samples at TP = 1, 2, 4"},
+    {"serve", test_serve, "the KV cache: logits against the full forward at TP = 1, 2, 4 (SP too), greedy, batches, sliding"},
+    {"servecli", test_serve_runs, "--prompts, the decode sweep, --chat 1 through a pipe with Ctrl-C and end of input"},
     {"prepare", test_prepare, "data/prepare.py and training on its output"},
     {"logs", test_logs, "log.csv, sweep.csv and the plots"},
     {"owndata", test_own_data, "own text: the vocab from the data, tokens checked at startup, the data line, --bpe offline"},

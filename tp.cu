@@ -62,6 +62,8 @@ struct Run {
     std::string model_file;       // the checkpoint the weights come from (empty: drawn from --seed)
     Tokenizer tokenizer;
     std::vector<int> prompt;
+    std::vector<std::vector<int>> prompts;  // --prompts FILE: one per line, generated together
+    std::vector<std::string> prompt_texts;
     Checkpoints ckpt;             // -o DIR
     bool resuming;                // -y 1 found a checkpoint: start from it
     bool sample_only;             // -x 0, or -y 1 on a finished run: load, print a sample, exit
@@ -143,7 +145,7 @@ static void setup_resume(Run* run) {
 static void setup_schedule(Run* run) {
     const Args* a = &run->args;
     check_data_flags(a);
-    run->sample_only = a->max_steps == 0 || (run->resuming && run->start_step == a->max_steps);
+    run->sample_only = a->max_steps == 0 || a->chat || (run->resuming && run->start_step == a->max_steps);
     if (run->sample_only && a->gen_tokens == 0) fatal("-x 0 prints a sample and trains nothing, but -g 0 asks for no tokens: give -g N");
     if (a->sweep && g_procs.n > 1) fatal("--sweep times replicas inside one process (--dp): start it without mpirun");
     grid_setup(run);
@@ -444,21 +446,43 @@ static void check_replicas(Run* run, RankRun* rr, int step, char* note, size_t n
     snprintf(note, n, "%d replicas bit-identical (checksum %016llx)", run->Dg, (unsigned long long)sum0);
 }
 
-// every rank of replica 0 generates (they take part in the all-gathers); world rank 0 prints
+#include "train/serve.h"
+
+// every rank of replica 0 generates (they take part in the all-gathers); world rank 0 prints. From the KV
+// cache (--kv 1), all --prompts at once; or (--kv 0) the whole forward over the last -t tokens per token.
 static void print_sample(Run* run, RankRun* rr, int step) {
     const Args* a = &run->args;
     if (rr->rk.dp.rank != 0) return;  // the replicas hold the same weights: one generates
     if (rr->rk.rank == 0) g_phase.store(PHASE_SAMPLE);
-    std::vector<int> out = generate(&rr->m, &rr->rk, run->prompt, a->gen_tokens, a->T, a->temperature, a->topk,
-                                    (uint64_t)a->sample_seed, [&]() { return sample_stop_requested(run, &rr->rk); });
+    bool batch = !run->prompts.empty();
+    std::vector<std::vector<int>> prompts = batch ? run->prompts : std::vector<std::vector<int>>{run->prompt}, out;
+    auto stop = [&]() { return sample_stop_requested(run, &rr->rk); };
+    GenStats st = {};
+    double t0 = comm_now();
+    if (a->kv)
+        out = generate_batch(&rr->m, &rr->rk, prompts, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed,
+                             batch ? stop_token(run) : -1, stop, nullptr, &st);
+    else
+        for (const auto& p : prompts)
+            out.push_back(generate(&rr->m, &rr->rk, p, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed, stop));
+    double seconds = comm_now() - t0;
     if (rr->world.rank != 0) return;
     g_phase.store(PHASE_STEP);
     char from[600];
     if (step > 0 || run->model_file.empty()) snprintf(from, sizeof(from), "after %d steps", step);
     else snprintf(from, sizeof(from), "of %s", run->model_file.c_str());
-    printf("sample %s (temperature %g%s):\n---\n", from, a->temperature, a->topk ? ", top-k" : "");
-    print_tokens(out, &run->tokenizer, run->cfg.V, a->prompt);
-    printf("\n---%s\n", (int)out.size() < a->gen_tokens ? " (interrupted)" : "");
+    printf("sample %s (temperature %g%s):\n", from, a->temperature, a->topk ? ", top-k" : "");
+    long tokens = 0;
+    for (const auto& o : out) tokens += (long)o.size();
+    if (a->kv) print_gen_stats(run, &st);  // the timings first: what follows the first --- is the text alone
+    else printf("the whole forward per token (--kv 0): %ld tokens in %.2f s: %.1f tokens/s, %.2f ms per token\n", tokens, seconds,
+                tokens / seconds, seconds / std::max(1L, tokens) * 1e3);
+    printf("---\n");
+    for (size_t b = 0; b < out.size(); b++) {
+        print_tokens(out[b], &run->tokenizer, run->cfg.V, batch ? run->prompt_texts[b].c_str() : a->prompt);
+        bool cut = a->kv ? st.interrupted : (int)out[b].size() < a->gen_tokens;
+        printf("\n---%s\n", cut ? " (interrupted)" : "");
+    }
     fflush(stdout);
 }
 
@@ -497,7 +521,8 @@ static void rank_main(Run* run, int d, int r) {
     rank_run_start(&rr, run, d, r);
     if (run->sample_only) {  // -x 0, or a finished run: the sample is all there is to do (replica 0's)
         comm_barrier(&rr.world, "start");
-        if (a->gen_tokens > 0) print_sample(run, &rr, run->start_step);
+        if (a->chat) chat(run, &rr);
+        else if (a->gen_tokens > 0) print_sample(run, &rr, run->start_step);
         rank_run_end(&rr);
         return;
     }
@@ -571,10 +596,12 @@ static int tp_main(int argc, char** argv) {
     run_setup(run);
     // from here on every error line (and mpirun's ending of the job) names the last good checkpoint
     if (run->args.outdir && !run->sample_only && !run->args.sweep) ckpt_note(run->args.outdir, run->resuming ? run->start_step : 0);
+    if (run->args.prompts) prompts_setup(run);
     if (!run->args.sweep) signal_setup(run);  // before the setup is printed: from then on Ctrl-C is handled
     print_setup(run);
     if (run->args.sweep) {
-        sweep(run);
+        if (run->sample_only) decode_sweep(run);  // -x 0: the decode sweep
+        else sweep(run);
         delete run;
         return 0;
     }

@@ -95,6 +95,9 @@ struct Args {
     const char* plan;    // --plan: 1 this machine, a box name, or custom (train/plan.h); nothing is trained
     double plan_flops, plan_busbw, plan_lat, plan_mem;  // --plan custom: TFLOP/s, GB/s, us, GB per GPU
     int plan_gpus;
+    const char* prompts; // --prompts FILE: one prompt per line, generated together
+    int chat;            // --chat 1: the interactive mode
+    int kv;              // --kv: 1 generation from the KV cache, 0 the whole forward per token
     bool given[MAX_FLAGS];  // which flags the command line gave, by index in g_flags
 };
 
@@ -156,6 +159,11 @@ static void usage(FILE* out) {
         "              or llm.c's gpt2_tokenizer.bin (decodes)   (default: a tokenizer.json next to -i,\n"
         "              next to -e, or in -o; else bytes or token ids)\n"
         "  --version   tp's version and what it was built with (CUDA, NCCL, MPI, GPU code)\n"
+        "  --prompts F one prompt per line, encoded as --prompt is, generated together in one batch\n"
+        "  --chat 1    interactive: read a prompt from stdin, stream the answer, repeat until end of input\n"
+        "              (no training; Ctrl-C stops an answer)\n"
+        "  --kv K      1: generate from a KV cache of each rank's heads; 0: the whole forward per token (default 1)\n"
+        "              (--sweep 1 with -x 0: the decode sweep, tokens/s and ms per token for every P and batch)\n"
         "  --help      this text\n");
 }
 
@@ -230,6 +238,9 @@ static const FlagSpec g_flags[] = {
     {"--plan-lat", FLAG_DOUBLE, ARG(plan_lat), 0, 1e6, NOT_SAVED, nullptr},
     {"--plan-mem", FLAG_DOUBLE, ARG(plan_mem), 0, 1e6, NOT_SAVED, nullptr},
     {"--plan-gpus", FLAG_INT, ARG(plan_gpus), 1, 4096, NOT_SAVED, nullptr},
+    {"--prompts", FLAG_PATH, ARG(prompts), 0, 0, NOT_SAVED, nullptr},
+    {"--chat", FLAG_INT, ARG(chat), 0, 1, NOT_SAVED, nullptr},
+    {"--kv", FLAG_INT, ARG(kv), 0, 1, NOT_SAVED, nullptr},
 };
 #define NUM_FLAGS ((int)(sizeof(g_flags) / sizeof(g_flags[0])))
 static_assert(NUM_FLAGS <= MAX_FLAGS, "Args::given is too small");
@@ -402,7 +413,7 @@ static void parse_args(int argc, char** argv, Args* a) {
     a->max_steps = 3500; a->val_every = 875; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
     a->device = -1; a->timeout = 600; a->dp = 1;
-    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8;
+    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8; a->kv = 1;
     for (int i = 1; i < argc; i++) {
         std::string name = argv[i];
         if (name == "--version") {
