@@ -446,45 +446,7 @@ static void check_replicas(Run* run, RankRun* rr, int step, char* note, size_t n
     snprintf(note, n, "%d replicas bit-identical (checksum %016llx)", run->Dg, (unsigned long long)sum0);
 }
 
-#include "train/serve.h"
-
-// every rank of replica 0 generates (they take part in the all-gathers); world rank 0 prints. From the KV
-// cache (--kv 1), all --prompts at once; or (--kv 0) the whole forward over the last -t tokens per token.
-static void print_sample(Run* run, RankRun* rr, int step) {
-    const Args* a = &run->args;
-    if (rr->rk.dp.rank != 0) return;  // the replicas hold the same weights: one generates
-    if (rr->rk.rank == 0) g_phase.store(PHASE_SAMPLE);
-    bool batch = !run->prompts.empty();
-    std::vector<std::vector<int>> prompts = batch ? run->prompts : std::vector<std::vector<int>>{run->prompt}, out;
-    auto stop = [&]() { return sample_stop_requested(run, &rr->rk); };
-    GenStats st = {};
-    double t0 = comm_now();
-    if (a->kv)
-        out = generate_batch(&rr->m, &rr->rk, prompts, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed,
-                             batch ? stop_token(run) : -1, stop, nullptr, &st);
-    else
-        for (const auto& p : prompts)
-            out.push_back(generate(&rr->m, &rr->rk, p, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed, stop));
-    double seconds = comm_now() - t0;
-    if (rr->world.rank != 0) return;
-    g_phase.store(PHASE_STEP);
-    char from[600];
-    if (step > 0 || run->model_file.empty()) snprintf(from, sizeof(from), "after %d steps", step);
-    else snprintf(from, sizeof(from), "of %s", run->model_file.c_str());
-    printf("sample %s (temperature %g%s):\n", from, a->temperature, a->topk ? ", top-k" : "");
-    long tokens = 0;
-    for (const auto& o : out) tokens += (long)o.size();
-    if (a->kv) print_gen_stats(run, &st);  // the timings first: what follows the first --- is the text alone
-    else printf("the whole forward per token (--kv 0): %ld tokens in %.2f s: %.1f tokens/s, %.2f ms per token\n", tokens, seconds,
-                tokens / seconds, seconds / std::max(1L, tokens) * 1e3);
-    printf("---\n");
-    for (size_t b = 0; b < out.size(); b++) {
-        print_tokens(out[b], &run->tokenizer, run->cfg.V, batch ? run->prompt_texts[b].c_str() : a->prompt);
-        bool cut = a->kv ? st.interrupted : (int)out[b].size() < a->gen_tokens;
-        printf("\n---%s\n", cut ? " (interrupted)" : "");
-    }
-    fflush(stdout);
-}
+#include "train/serve.h"  // generation: print_sample, --prompts, --chat, the decode sweep
 
 // Ends a run stopped by a signal after `steps` steps: saves them when -o is set and they are not saved yet.
 static void stop_run(Run* run, RankRun* rr, int steps, int last_saved) {

@@ -317,8 +317,8 @@ static bool chat_read_line(std::string* line) {
 static void chat_rearm_signal() {
     g_signal.store(0);
     struct sigaction sa = {};
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C within one answer quits at once
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_RESETHAND | SA_SIGINFO;  // a second Ctrl-C within one answer quits at once
     sigaction(SIGINT, &sa, nullptr);
 }
 
@@ -461,4 +461,42 @@ static void decode_sweep(Run* run) {
            " of every layer, 2L + 1 = %d, with --sp 1 reduce-scatters; collectives: all that the step issued, measured, with the\n"
            " all-gather of the B x Vp logits; KB sent per rank as a ring sends them; speedup against P = 1 at the same B)\n",
            2 * c->L + 1);
+}
+
+// every rank of replica 0 generates (they take part in the all-gathers); world rank 0 prints. From the KV
+// cache (--kv 1), all --prompts at once; or (--kv 0) the whole forward over the last -t tokens per token.
+static void print_sample(Run* run, RankRun* rr, int step) {
+    const Args* a = &run->args;
+    if (rr->rk.dp.rank != 0) return;  // the replicas hold the same weights: one generates
+    if (rr->rk.rank == 0) g_phase.store(PHASE_SAMPLE);
+    bool batch = !run->prompts.empty();
+    std::vector<std::vector<int>> prompts = batch ? run->prompts : std::vector<std::vector<int>>{run->prompt}, out;
+    auto stop = [&]() { return sample_stop_requested(run, &rr->rk); };
+    GenStats st = {};
+    double t0 = comm_now();
+    if (a->kv)
+        out = generate_batch(&rr->m, &rr->rk, prompts, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed,
+                             batch ? stop_token(run) : -1, stop, nullptr, &st);
+    else
+        for (const auto& p : prompts)
+            out.push_back(generate(&rr->m, &rr->rk, p, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed, stop));
+    double seconds = comm_now() - t0;
+    if (rr->world.rank != 0) return;
+    g_phase.store(PHASE_STEP);
+    char from[600];
+    if (step > 0 || run->model_file.empty()) snprintf(from, sizeof(from), "after %d steps", step);
+    else snprintf(from, sizeof(from), "of %s", run->model_file.c_str());
+    printf("sample %s (temperature %g%s):\n", from, a->temperature, a->topk ? ", top-k" : "");
+    long tokens = 0;
+    for (const auto& o : out) tokens += (long)o.size();
+    if (a->kv) print_gen_stats(run, &st);  // the timings first: what follows the first --- is the text alone
+    else printf("the whole forward per token (--kv 0): %ld tokens in %.2f s: %.1f tokens/s, %.2f ms per token\n", tokens, seconds,
+                tokens / seconds, seconds / std::max(1L, tokens) * 1e3);
+    printf("---\n");
+    for (size_t b = 0; b < out.size(); b++) {
+        print_tokens(out[b], &run->tokenizer, run->cfg.V, batch ? run->prompt_texts[b].c_str() : a->prompt);
+        bool cut = a->kv ? st.interrupted : (int)out[b].size() < a->gen_tokens;
+        printf("\n---%s\n", cut ? " (interrupted)" : "");
+    }
+    fflush(stdout);
 }
