@@ -326,6 +326,31 @@ static std::vector<int> bpe_encode(const Bpe* b, const std::string& s) {
     return out;
 }
 
+// The merges of a tokenizer.json into b->merges: "left right" strings (older files) or [left, right] pairs,
+// each naming tokens of the vocab (ids: the vocab as the file writes it); a merge's rank is its position in
+// the list, and the first of two merges of the same pair wins.
+static void bpe_read_merges(const char* path, const Json* merges, const std::unordered_map<std::string, int>& ids, Bpe* b) {
+    int rank = 0;
+    for (const Json& m : merges->items) {
+        std::string l, r;
+        if (m.type == Json::STR && m.str.find(' ') != std::string::npos) {
+            l = m.str.substr(0, m.str.find(' '));
+            r = m.str.substr(m.str.find(' ') + 1);
+        } else if (m.type == Json::ARR && m.items.size() == 2) {
+            l = m.items[0].str;
+            r = m.items[1].str;
+        } else {
+            fatal("tokenizer %s: merge %d is neither \"left right\" nor [left, right]", path, rank);
+        }
+        auto il = ids.find(l), ir = ids.find(r), ilr = ids.find(l + r);
+        if (il == ids.end() || ir == ids.end() || ilr == ids.end())
+            fatal("tokenizer %s: merge %d (\"%s\" \"%s\") names a token that is not in the vocab", path, rank, l.c_str(), r.c_str());
+        uint64_t key = (uint64_t)(uint32_t)il->second << 32 | (uint32_t)ir->second;
+        if (!b->merges.count(key)) b->merges[key] = {rank, ilr->second};
+        rank++;
+    }
+}
+
 // Reads a Hugging Face tokenizer.json (the whole file in `text`) of a byte-level BPE: its vocab becomes
 // pieces (id -> bytes), and *b gets what encoding needs. Anything else (WordPiece, a normalizer, a
 // pre-tokenizer that is not ByteLevel) is refused with one line. Returns the end-of-text id, or -1.
@@ -395,25 +420,6 @@ static int bpe_load_json(const char* path, const std::string& text, std::vector<
         }
     for (int id = 0; id < n; id++)
         if ((*pieces)[id].empty()) fatal("tokenizer %s has no token with id %d (its ids must run from 0 to %d)", path, id, n - 1);
-    // the merges: "left right" strings (older files) or [left, right] pairs; rank = position in the list
-    int rank = 0;
-    for (const Json& m : merges->items) {
-        std::string l, r;
-        if (m.type == Json::STR && m.str.find(' ') != std::string::npos) {
-            l = m.str.substr(0, m.str.find(' '));
-            r = m.str.substr(m.str.find(' ') + 1);
-        } else if (m.type == Json::ARR && m.items.size() == 2) {
-            l = m.items[0].str;
-            r = m.items[1].str;
-        } else {
-            fatal("tokenizer %s: merge %d is neither \"left right\" nor [left, right]", path, rank);
-        }
-        auto il = ids.find(l), ir = ids.find(r), ilr = ids.find(l + r);
-        if (il == ids.end() || ir == ids.end() || ilr == ids.end())
-            fatal("tokenizer %s: merge %d (\"%s\" \"%s\") names a token that is not in the vocab", path, rank, l.c_str(), r.c_str());
-        uint64_t key = (uint64_t)(uint32_t)il->second << 32 | (uint32_t)ir->second;
-        if (!b->merges.count(key)) b->merges[key] = {rank, ilr->second};
-        rank++;
-    }
+    bpe_read_merges(path, merges, ids, b);
     return eot;
 }

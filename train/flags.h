@@ -407,8 +407,8 @@ static std::string args_resume(Args* a, const std::string& saved, const char* di
 
 static void parse_args(int argc, char** argv, Args* a) {
     *a = Args{};
-    // the defaults are the `make && ./tp` run: the L3C128H4 model on the embedded corpus, about 2.5 minutes
-    // on 2 CPU cores (for GPT-2 sizes give -l, -u, -q and -x as llm.c does, e.g. -l 6e-4 -u 700 -q 0)
+    // the defaults are the `make && ./tp` run: the L3C128H4 model on the embedded corpus, about 5 minutes
+    // on 2 AVX2 CPU cores, 1.5 with AVX-512 (for GPT-2 sizes give -l, -u, -q and -x as llm.c does, e.g. -l 6e-4 -u 700 -q 0)
     a->B = 8; a->T = 128; a->lr = 6e-3f; a->warmup = 100; a->final_frac = 0.0f; a->wd = 0.0f;
     a->max_steps = 3500; a->val_every = 875; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;

@@ -20,7 +20,7 @@
 #include <unistd.h>
 #include "../common/error.h"
 #include "../comm.cuh"
-#include "checkpoint.h"
+#include "../common/safe_file.h"
 
 struct Logger {
     int fd = -1;                // -1: no -o, nothing logged
