@@ -103,8 +103,13 @@ static void test_checksums() {
         double t0 = cpu();
         uint64_t s = sum(big, big.size() * 8);
         double gbs = big.size() * 8 / (cpu() - t0) / 1e9;
-        check_le(1.5 / gbs, 1.0, "hashing speed %.1f GB/s of CPU time (sum %016llx): GPT-2 124M's 1.5 GB checkpoint hashed in, seconds",
-                 gbs, (unsigned long long)s);
+        if (getenv("TP_BIN")) {  // a sanitizer build (make asan, make tsan): instrumented code, not the speed a user gets
+            printf("  skip the hashing speed (%.1f GB/s here): a sanitizer build\n", gbs);
+            g_skipped++;
+        } else {
+            check_le(1.5 / gbs, 1.0, "hashing speed %.1f GB/s of CPU time (sum %016llx): GPT-2 124M's 1.5 GB checkpoint hashed in, seconds",
+                     gbs, (unsigned long long)s);
+        }
     }
     std::string d = tmpdir() + "/checksums";
     mkdir(d.c_str(), 0755);
