@@ -69,9 +69,11 @@ struct CpuPool {
     int nthreads = 1;                  // workers + the owning thread
     std::vector<std::thread> workers;
     // the current job: run(ctx, lo, hi) over [0, n) in chunks of `chunk`
-    void (*run)(void*, long, long) = nullptr;
-    void* ctx = nullptr;
-    long n = 0, chunk = 1;
+    // (atomics, read relaxed: the acquire of `next` that hands a thread its chunk orders them; plain fields
+    // would be written by the owner for the next job while a late worker may still look at them)
+    std::atomic<void (*)(void*, long, long)> run{nullptr};
+    std::atomic<void*> ctx{nullptr};
+    std::atomic<long> n{0}, chunk{1};
     std::atomic<long> nchunks{0};      // atomic: a worker late for the last job reads it before it knows
     // next: (generation << 32) | the next chunk to take; a worker takes chunks of its generation only
     std::atomic<unsigned long> next{0};
@@ -101,8 +103,9 @@ static void cpu_pool_take(CpuPool* p, unsigned long gen) {
         if ((long)(cur & 0xffffffffu) >= nchunks) break;
         if (!p->next.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) continue;
         long c = (long)(cur & 0xffffffffu);
-        long lo = c * p->chunk, hi = std::min(p->n, lo + p->chunk);
-        p->run(p->ctx, lo, hi);
+        long chunk = p->chunk.load(std::memory_order_relaxed);
+        long lo = c * chunk, hi = std::min(p->n.load(std::memory_order_relaxed), lo + chunk);
+        p->run.load(std::memory_order_relaxed)(p->ctx.load(std::memory_order_relaxed), lo, hi);
         if (p->done.fetch_add(1) + 1 == nchunks && p->owner_sleeps.load()) {
             std::lock_guard<std::mutex> lock(p->mu);
             p->finished.notify_one();
@@ -186,15 +189,22 @@ static void cpu_pool_run(long n, void (*run)(void*, long, long), void* ctx) {
         t_cpu_in_chunk = nested;
         return;
     }
-    long want = std::min(n, (long)p->nthreads * CPU_POOL_CHUNKS);
-    p->chunk = (n + want - 1) / want;
-    long nchunks = (n + p->chunk - 1) / p->chunk;
-    p->nchunks.store(nchunks, std::memory_order_relaxed);
-    p->n = n;
-    p->run = run;
-    p->ctx = ctx;
-    p->done.store(0, std::memory_order_relaxed);
+    // First close the last job's generation: a worker still in it (it has read a chunk count, not yet taken a
+    // chunk) must not take a chunk of it once the fields below hold the next job's values; with the
+    // generation moved on its compare-exchange fails. A closed generation has no chunk to take
+    // (index 0xffffffff), and the job opens under the generation after it.
     unsigned long gen = (p->next.load(std::memory_order_relaxed) >> 32) + 1;
+    p->next.store(gen << 32 | 0xffffffffu);
+    gen++;
+    long want = std::min(n, (long)p->nthreads * CPU_POOL_CHUNKS);
+    long chunk = (n + want - 1) / want;
+    long nchunks = (n + chunk - 1) / chunk;
+    p->chunk.store(chunk, std::memory_order_relaxed);
+    p->nchunks.store(nchunks, std::memory_order_relaxed);
+    p->n.store(n, std::memory_order_relaxed);
+    p->run.store(run, std::memory_order_relaxed);
+    p->ctx.store(ctx, std::memory_order_relaxed);
+    p->done.store(0, std::memory_order_relaxed);
     p->next.store(gen << 32);  // publishes the job (seq_cst: ordered before the read of sleepers)
     if (p->sleepers.load() > 0) {
         std::lock_guard<std::mutex> lock(p->mu);
