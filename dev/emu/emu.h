@@ -132,7 +132,8 @@ struct Op {
     // runs the operation; with block false it may return false (only a collective whose peers have not
     // arrived does), and is called again later
     std::function<bool(bool block)> run;
-    std::vector<std::pair<Stream*, uint64_t>> deps;  // legacy default stream ordering: run these first
+    // run these first: the legacy default stream's ordering, and the record an event wait names
+    std::vector<std::pair<Stream*, uint64_t>> deps;
 };
 struct Stream {
     uint32_t magic;
@@ -150,7 +151,9 @@ struct Stream {
 };
 constexpr uint32_t STREAM_MAGIC = 0x57524d53u;
 Stream* get_stream(cudaStream_t s, cudaError_t* err);  // NULL: the legacy stream of the current device
-uint64_t enqueue(Stream* s, const std::string& what, std::function<bool(bool)> fn);
+// queues fn on s, after the operations `after` of other streams (cudaStreamWaitEvent's dependency)
+uint64_t enqueue(Stream* s, const std::string& what, std::function<bool(bool)> fn,
+                 const std::vector<std::pair<Stream*, uint64_t>>& after = {});
 // runs s up to and including operation `upto`; true when done. block false: never waits.
 bool run_stream(Stream* s, uint64_t upto, bool block);
 uint64_t last_seq(Stream* s);

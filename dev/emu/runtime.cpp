@@ -725,11 +725,13 @@ static std::vector<std::pair<Stream*, uint64_t>> legacy_deps(Stream* s) {
     return deps;
 }
 
-uint64_t enqueue(Stream* s, const std::string& what, std::function<bool(bool)> fn) {
+uint64_t enqueue(Stream* s, const std::string& what, std::function<bool(bool)> fn,
+                 const std::vector<std::pair<Stream*, uint64_t>>& after) {
     Op* op = new Op();
     op->what = what;
     op->run = std::move(fn);
     op->deps = legacy_deps(s);
+    op->deps.insert(op->deps.end(), after.begin(), after.end());
     std::lock_guard<std::mutex> lock(s->mu);
     op->seq = s->next_seq++;
     s->q.push_back(op);
@@ -923,6 +925,25 @@ cudaError_t cudaEventSynchronize(cudaEvent_t h) {
     Stream* s;
     uint64_t seq;
     if (event_pending(e, &s, &seq)) run_stream(s, seq, true);
+    return cudaSuccess;
+}
+
+// Work queued on `sh` after this call waits for the event's latest record (as it stands now; a later
+// record does not move it), on any device. A never-recorded event or a finished one adds no wait. Lazy
+// streams make a missing wait visible: the waiting stream runs the other stream's work first only
+// because of this dependency, so without it a reader sees what the other stream has not yet written.
+cudaError_t cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned flags) {
+    api("cudaStreamWaitEvent");
+    CUevent_st* e = get_event(h);
+    cudaError_t err = cudaSuccess;
+    Stream* s = get_stream(sh, &err);
+    if (!e || !s) return ret(cudaErrorInvalidResourceHandle);
+    if (flags != 0) return ret(cudaErrorInvalidValue);
+    std::vector<std::pair<Stream*, uint64_t>> after;
+    Stream* es;
+    uint64_t seq;
+    if (event_pending(e, &es, &seq) && es != s) after.push_back({es, seq});
+    enqueue(s, "cudaStreamWaitEvent", [](bool) { return true; }, after);
     return cudaSuccess;
 }
 

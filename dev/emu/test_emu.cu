@@ -470,6 +470,29 @@ static void test_streams() {
     check(before == cudaErrorNotReady && q == cudaSuccess && ms > 0.0f, "cudaEventElapsedTime before the work ran: %s; a query runs it (%s); then %.3f ms > 0",
           cudaGetErrorName(before), cudaGetErrorName(q), ms);
     CK(cudaStreamQuery(s));
+    // cudaStreamWaitEvent: stream c2 copies what stream s wrote; synchronising c2 alone runs s's write first
+    // only if c2 waits for an event recorded after it (the overlap of gpt.cu's backward relies on that)
+    for (bool wait : {true, false}) {
+        cudaStream_t c2;
+        cudaEvent_t ready;
+        CK(cudaStreamCreateWithFlags(&c2, cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+        float* src = dev_floats(std::vector<float>(32, 0.0f));
+        float* dst = dev_floats(std::vector<float>(32, -1.0f));
+        write_kernel<<<1, 32, 0, s>>>(src, 5.0f);
+        CK(cudaEventRecord(ready, s));
+        if (wait) CK(cudaStreamWaitEvent(c2, ready, 0));
+        CK(cudaMemcpyAsync(dst, src, 32 * sizeof(float), cudaMemcpyDeviceToDevice, c2));
+        CK(cudaStreamSynchronize(c2));
+        float seen = -2.0f;
+        CK(cudaMemcpy(&seen, dst, sizeof(float), cudaMemcpyDeviceToHost));
+        CK(cudaStreamSynchronize(s));
+        check(seen == (wait ? 5.0f : 0.0f), "a copy on another stream %s cudaStreamWaitEvent sees %g (want %g)", wait ? "after" : "without", seen,
+              wait ? 5.0f : 0.0f);
+        for (float* p : {src, dst}) CK(cudaFree(p));
+        CK(cudaEventDestroy(ready));
+        CK(cudaStreamDestroy(c2));
+    }
     // peer access
     int can = 0;
     CK(cudaDeviceCanAccessPeer(&can, 0, 1));

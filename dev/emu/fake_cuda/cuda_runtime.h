@@ -155,6 +155,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0);
 
 cudaError_t emu_func_set_attribute(const void* func, cudaFuncAttribute attr, int value);
 template <class T> static inline cudaError_t cudaFuncSetAttribute(T* func, cudaFuncAttribute attr, int value) {
