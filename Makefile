@@ -143,7 +143,7 @@ gpucheck: tp test_tp
 	-bash -o pipefail -c 'timeout 300 ./test_tp gpu 2>&1 | tee $(GPUOUT)/gpu_tests.txt' && echo "gpu tests: passed" >> $(GPUOUT)/summary.txt || echo "gpu tests: FAILED" >> $(GPUOUT)/summary.txt
 	-if [ -z "$(SANITIZER)" ]; then echo "memcheck: not available (no compute-sanitizer in PATH or $(CUDA_DIR)/bin)" >> $(GPUOUT)/summary.txt; \
 	else bash -o pipefail -c 'timeout 150 $(SANITIZER) --tool memcheck --error-exitcode 9 ./tp -e L2C64H4 -b 2 -t 32 -x 3 -v 2 -m 1 -g 4 --device cuda --tp 2 2>&1 | tee $(GPUOUT)/memcheck.txt' && echo "memcheck: clean" >> $(GPUOUT)/summary.txt || echo "memcheck: FAILED" >> $(GPUOUT)/summary.txt; fi
-	-bash -o pipefail -c 'timeout 60 ./test_tp bench 2>&1 | tee $(GPUOUT)/bench_ops.txt'
+	-bash -o pipefail -c 'timeout 120 ./test_tp bench 2>&1 | tee $(GPUOUT)/bench_ops.txt'
 	python3 -c "import random, struct; n = 1 << 21; r = random.Random(0); open('$(RAND)', 'wb').write(struct.pack('<256i', 20240520, 1, n, *[0] * 253) + struct.pack('<%dH' % n, *[r.randrange(50257) for _ in range(n)]))"
 	-for b in 4 16 32 64; do timeout 90 $(BENCH) -b $$b --tp 1 > $(GPUOUT)/bench_tp1_b$$b.txt 2>&1; echo "d12 T=1024 B=$$b TP=1: $$(grep -E '^average|error' $(GPUOUT)/bench_tp1_b$$b.txt | tail -n 1)" >> $(GPUOUT)/summary.txt; done
 	-timeout 90 $(BENCH) -b 16 --tp 2 > $(GPUOUT)/bench_tp2_b16.txt 2>&1; echo "d12 T=1024 B=16 TP=2 (shared GPU memory): $$(grep -E '^average|error' $(GPUOUT)/bench_tp2_b16.txt | tail -n 1)" >> $(GPUOUT)/summary.txt

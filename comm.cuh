@@ -130,6 +130,13 @@ struct Comm {
     cudaEvent_t ev_start[COMM_EVENTS], ev_end[COMM_EVENTS];
     CommCall ev_call[COMM_EVENTS];
     long ev_issued, ev_done;  // collectives enqueued; collectives seen complete (a prefix)
+    // a started collective (comm_allreduce_start): GPU backends only
+    cudaStream_t side;              // the communication stream
+    cudaEvent_t ev_ready, ev_sum;   // on `stream`: the input is written; on `side`: the result is
+    bool started;                   // a collective is started and not yet finished
+    CommCall start_call;            // what it is (op, count, where, layer)
+    float* start_out;               // its output buffer (the all-reduce's buffer)
+    const float* start_in;          // its input (the reduce-scatter's)
 };
 
 // ----------------------------------------------------------------------------
@@ -146,6 +153,14 @@ static void comm_reducescatter(Comm* c, float* out, const float* in, long n, con
 // out (P*n) on every rank <- the concatenation of every rank's in (n), rank 0 first. in must not overlap
 // out, except as out + rank*n (in place: the rank's own slice is already there), as NCCL allows.
 static void comm_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer);
+// The all-reduce and the reduce-scatter, started: the result may be read only after comm_finish. On a
+// GPU the collective runs on the rank's communication stream after the work queued so far on its stream,
+// beside the work queued next (gpt.cu's backward queues a weight gradient there), and comm_finish makes
+// the rank's stream wait for it. On the host it runs at once: the rank's own thread computes the sums, so
+// there is nothing to run beside. One started collective per rank at a time.
+static void comm_allreduce_start(Comm* c, float* buf, long n, int op, const char* where, int layer);
+static void comm_reducescatter_start(Comm* c, float* out, const float* in, long n, const char* where, int layer);
+static void comm_finish(Comm* c);
 // every rank arrives before any leaves; on the GPU backends the rank's queued work is finished first
 static void comm_barrier(Comm* c, const char* where);
 // waits until everything queued on the rank's stream, collectives and kernels, is done (nothing on the host)
@@ -193,6 +208,8 @@ static void comm_init(Comm* c, CommGroup* g, int local) {
     c->dchunk = nullptr;
     c->dchunk_n = 0;
     c->ev_issued = c->ev_done = 0;
+    c->side = nullptr;
+    c->started = false;
 }
 
 // counts a collective's payload (floats) under its kind
@@ -483,6 +500,9 @@ static void comm_bind_cuda(Comm* c, int gpu, cudaStream_t stream) {
     c->gpu = gpu;
     c->stream = stream;
     CUDA_CHECK(c->rank, cudaSetDevice(gpu));
+    CUDA_CHECK(c->rank, cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
+    CUDA_CHECK(c->rank, cudaEventCreateWithFlags(&c->ev_ready, cudaEventDisableTiming));
+    CUDA_CHECK(c->rank, cudaEventCreateWithFlags(&c->ev_sum, cudaEventDisableTiming));
     if (g->nccl[c->local]) {
         c->backend = COMM_NCCL;
         c->nccl = g->nccl[c->local];
@@ -601,6 +621,7 @@ static void comm_nccl_progress(Comm* c, long upto, bool wait) {
 // memory (a download). COMM_CUDA synchronises the stream; COMM_HOST has nothing queued.
 static void comm_sync(Comm* c) {
     if (c->backend == COMM_HOST) return;
+    comm_finish(c);  // a started collective is part of the rank's queued work
     if (c->backend == COMM_CUDA) {
         CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
         return;
@@ -638,6 +659,10 @@ static void comm_free(Comm* c) {
     if (c->backend == COMM_HOST) return;
     CUDA_CHECK(c->rank, cudaSetDevice(c->gpu));
     comm_sync(c);
+    CUDA_CHECK(c->rank, cudaStreamDestroy(c->side));  // finished: comm_sync finished the started collective
+    CUDA_CHECK(c->rank, cudaEventDestroy(c->ev_ready));
+    CUDA_CHECK(c->rank, cudaEventDestroy(c->ev_sum));
+    c->side = nullptr;
     if (c->backend == COMM_NCCL) {
         for (int i = 0; i < COMM_EVENTS; i++) {
             CUDA_CHECK(c->rank, cudaEventDestroy(c->ev_start[i]));
@@ -729,3 +754,61 @@ static void comm_barrier(Comm* c, const char* where) {
     comm_begin(c, COMM_BARRIER, 0, nullptr, where, -1);
     if (c->P > 1) comm_wait_all(c, true);
 }
+
+// ----------------------------------------------------------------------------
+// started collectives: the backward's communication under its weight gradients
+//
+// The rank's stream records ev_ready once the input is written; the communication stream waits for it,
+// runs the collective and records ev_sum; comm_finish makes the rank's stream wait for ev_sum. Between the
+// two, whatever the rank queues on its stream runs beside the collective. NCCL enqueues the collective at
+// once. The shared-memory backend is driven by the host (it meets the other ranks, then queues their
+// reductions and copies): it runs in comm_finish, while the GPU computes what was queued since the start.
+// Either way the collective is the same call as comm_allreduce's, on the other stream: the same bits.
+
+// test hook: comm_finish leaves out the wait for the collective, the bug a missing event wait is (a test
+// shows the emulator's lazy streams catch it)
+static bool g_comm_plant_missing_wait = false;
+
+// runs the started collective on the communication stream
+static void comm_run_started(Comm* c) {
+    cudaStream_t mine = c->stream;
+    c->stream = c->side;  // every enqueue of the call below goes to the communication stream
+    CUDA_CHECK(c->rank, cudaStreamWaitEvent(c->side, c->ev_ready, 0));
+    const CommCall* k = &c->start_call;
+    if (k->op == COMM_SCATTER) comm_reducescatter(c, c->start_out, c->start_in, k->count, k->where, k->layer);
+    else comm_allreduce(c, c->start_out, k->count, k->op, k->where, k->layer);
+    CUDA_CHECK(c->rank, cudaEventRecord(c->ev_sum, c->side));
+    c->stream = mine;
+}
+
+static void comm_start(Comm* c, int op, float* out, const float* in, long n, const char* where, int layer) {
+    if (c->started) fatal("rank %d: a collective at %s started while the one at %s is not finished", c->rank, where, c->start_call.where);
+    c->start_call = CommCall();
+    c->start_call.op = op;
+    c->start_call.count = n;
+    c->start_call.where = where;
+    c->start_call.layer = layer;
+    c->start_out = out;
+    c->start_in = in;
+    c->started = true;
+    CUDA_CHECK(c->rank, cudaEventRecord(c->ev_ready, c->stream));
+    if (c->backend == COMM_NCCL) comm_run_started(c);
+}
+
+static void comm_allreduce_start(Comm* c, float* buf, long n, int op, const char* where, int layer) {
+    if (c->backend == COMM_HOST || c->P == 1) { comm_allreduce(c, buf, n, op, where, layer); return; }
+    comm_start(c, op, buf, buf, n, where, layer);
+}
+
+static void comm_reducescatter_start(Comm* c, float* out, const float* in, long n, const char* where, int layer) {
+    if (c->backend == COMM_HOST || c->P == 1) { comm_reducescatter(c, out, in, n, where, layer); return; }
+    comm_start(c, COMM_SCATTER, out, in, n, where, layer);
+}
+
+static void comm_finish(Comm* c) {
+    if (!c->started) return;
+    c->started = false;
+    if (c->backend == COMM_CUDA) comm_run_started(c);
+    if (!g_comm_plant_missing_wait) CUDA_CHECK(c->rank, cudaStreamWaitEvent(c->stream, c->ev_sum, 0));
+}
+

@@ -10,7 +10,9 @@
 //   gpt_forward:    the embedding all-reduce; per layer the attproj and fcproj all-reduces (g); the
 //                   loss's all-reduce(max) of the row maxima and all-reduce(sum) of the exp-sums and
 //                   target logits
-//   gpt_backward:   the lm-head all-reduce; per layer the fc and qkv input-gradient all-reduces (f)
+//   gpt_backward:   the lm-head all-reduce; per layer the fc and qkv input-gradient all-reduces (f),
+//                   each started before its matmul's weight gradient and waited for after it, so that on
+//                   a GPU the sum runs beside that GEMM (my_tokens_summed_start)
 //   gpt_update:     over the DP group, the all-reduce of the gradient (or with ZeRO-1 its reduce-scatter,
 //                   the all-reduce of the slices' norms and the all-gather of the updated parameters);
 //                   over the TP group, the all-reduce of the sharded tensors' squared gradient norm, and
@@ -372,6 +374,7 @@ struct GPT {
     long nparams;   // this rank's parameter count
     bool sp;        // --sp 1: sequence parallelism (set by the caller after gpt_build)
     int recompute;  // -r: 0 none, 1 GELU, 2 also the layernorms, 3 also the attention probabilities
+    bool overlap;   // the backward's f sums run beside the weight gradients (GPU; on by gpt_build)
     // The flat shard (all 16 tensors of the rank, back to back) is padded to npad floats, a multiple of
     // 32 per replica, and cut into one slice per replica: [slice0, slice0 + nslice). Without ZeRO the
     // rank updates all of it (slice0 0, nslice nparams); with ZeRO-1 only its replica's slice.
@@ -467,6 +470,7 @@ static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full,
     m->nparams = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) m->nparams += shard_local_size(&m->plan.t[i]);
     m->zero = zero;
+    m->overlap = true;
     int D = rk->dp.P;
     m->npad = shard_padded(m->nparams, zero, D);
     m->nslice = zero ? m->npad / D : m->nparams;
@@ -582,6 +586,29 @@ static float* my_tokens_summed(GPT* m, Rank* rk, float* partial, const char* whe
     float* mine = partial + (long)m->t0 * C;
     comm_reducescatter(&rk->tp, mine, partial, (long)m->ntok * C, where, l);
     return mine;
+}
+
+// The backward of f, started rather than done: the same sum as my_tokens_summed, but the caller may queue
+// work that does not read it (the weight gradient of the same matmul) before my_tokens_summed_wait, and on
+// a GPU that work runs while the sum is in flight. Megatron-LM overlaps the input-gradient all-reduce of
+// a column-parallel linear with its weight-gradient GEMM this way: the all-reduce is half of TP's
+// traffic, and the weight gradient, as large a GEMM as the input gradient, is there to hide it.
+static float* my_tokens_summed_start(GPT* m, Rank* rk, float* partial, const char* where, int l) {
+    if (!m->overlap) return my_tokens_summed(m, rk, partial, where, l);
+    long C = m->cfg.C;
+    if (!m->split) {
+        comm_allreduce_start(&rk->tp, partial, (long)m->B * m->T * C, COMM_SUM, where, l);
+        return partial;
+    }
+    float* mine = partial + (long)m->t0 * C;
+    comm_reducescatter_start(&rk->tp, mine, partial, (long)m->ntok * C, where, l);
+    return mine;
+}
+
+// the next op reads the sum started by my_tokens_summed_start: wait for it
+static void my_tokens_summed_wait(GPT* m, Rank* rk) {
+    (void)m;
+    comm_finish(&rk->tp);
 }
 
 // ----------------------------------------------------------------------------
@@ -821,9 +848,13 @@ static void gpt_backward(GPT* m, Rank* rk) {
     // vocab(column)-parallel matmul, so this is Megatron's f operator: identity forward, all-reduce
     // backward (SP: reduce-scatter). Every rank then holds the same dlnf, and from here on the
     // residual-stream gradient dres is identical on every rank (SP: each rank has its own tokens' rows).
-    OP(rk, matmul_backward, a->dln, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);
-    float* dlnf = my_tokens_summed(m, rk, a->dln, "lm head bwd", -1);
+    // The input gradient comes first so that its sum can start; the weight gradient, which needs only
+    // dlogits and lnf, is computed while the sum is in flight (the same for fc and qkv below).
+    OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);
+    float* dlnf = my_tokens_summed_start(m, rk, a->dln, "lm head bwd", -1);
+    OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);  // under the sum
     dev_zero(rk, a->dres, (long)N * C);
+    my_tokens_summed_wait(m, rk);
     float* last = LAYER_BUF(m, residual3, L - 1);
     OP(rk, layernorm_backward, a->dres, g->lnfw, g->lnfb, dlnf, last, p->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
 
@@ -847,9 +878,11 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 2)  // -r 2: not kept
             OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
         float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 bwd", l);
-        OP(rk, matmul_backward, a->dln, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_all,
-           p->fcw + (long)l * C4l * C, BT, C, C4l);
-        float* dln2 = my_tokens_summed(m, rk, a->dln, "fc bwd", l);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, p->fcw + (long)l * C4l * C, BT, C, C4l);
+        float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", l);
+        OP(rk, matmul_backward, nullptr, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_all,
+           p->fcw + (long)l * C4l * C, BT, C, C4l);  // under the sum
+        my_tokens_summed_wait(m, rk);
         OP(rk, layernorm_backward, a->dres, g->ln2w + l * C, g->ln2b + l * C, dln2, la.residual2, p->ln2w + l * C,
            la.ln2_mean, la.ln2_rstd, N, C);
 
@@ -863,9 +896,11 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 2)
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
         float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 bwd", l);
-        OP(rk, matmul_backward, a->dln, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_all,
-           p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);
-        float* dln1 = my_tokens_summed(m, rk, a->dln, "qkv bwd", l);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);
+        float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", l);
+        OP(rk, matmul_backward, nullptr, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_all,
+           p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);  // under the sum
+        my_tokens_summed_wait(m, rk);
         OP(rk, layernorm_backward, a->dres, g->ln1w + l * C, g->ln1b + l * C, dln1, la.residual, p->ln1w + l * C,
            la.ln1_mean, la.ln1_rstd, N, C);
     }

@@ -404,13 +404,13 @@ static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const
 }
 
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
-// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips)
+// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, int N, int IC, int OC) {
     if (N <= 0) return;
     if (dinp) gemm_cuda(cx, false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
     // op(A) = dout^T (OC x N): dout stored (N x OC), transposed
-    gemm_cuda(cx, true, false, OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dweight, IC, 0, 1);
+    if (dweight) gemm_cuda(cx, true, false, OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dweight, IC, 0, 1);
     if (dbias) {
         dim3 grid = colsum_grid(cx, N, OC);
         float* partial = (float*)cuda_scratch(cx, &cx->red, &cx->red_bytes, (size_t)grid.x * OC * sizeof(float));

@@ -161,11 +161,12 @@ static void matmul_forward_cpu(float* out, const float* inp, const float* weight
 }
 
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
-// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips)
+// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
+// (gpt.cu calls it twice per column-parallel matmul, dinp alone and then the rest, to overlap a sum)
 static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
                                 const float* inp, const float* weight, int N, int IC, int OC) {
     if (dinp) gemm_cpu(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false, nullptr);
-    gemm_cpu(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
+    if (dweight) gemm_cpu(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
     if (dbias) {
         // column sums in blocks of 64 columns: rows are read contiguously, each sum runs over n in order
         cpu_for((OC + 63) / 64, [&](long blk) {

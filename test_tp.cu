@@ -157,6 +157,7 @@ struct TpResult {
 static int g_device = DEV_CPU, g_ngpu = 0;
 static const char* g_argv0 = "./test_tp";  // this binary, for the tests that run it as a child
 static bool g_tf32 = true;
+static bool g_overlap = true;  // gpt.cu's backward overlap (GPT::overlap)
 
 // (sp: --sp 1, recompute: -r)
 static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, int steps, const std::vector<int>& data,
@@ -182,6 +183,7 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
         gpt_build(&m, &rk, cfg, init.data(), 0);
         m.sp = sp;
         m.recompute = recompute;
+        m.overlap = g_overlap;
         auto local = [&](const float* p) {
             std::vector<float> h(m.nparams);
             dev_download(&rk, h.data(), p, m.nparams * sizeof(float));
@@ -1040,6 +1042,7 @@ int main(int argc, char** argv) {
         cuda_ctx_init(&cx, 0, 0);
         bench(&cx);
         cuda_ctx_free(&cx);
+        bench_overlap(g_ndev);
         return 0;
     }
     if (argc > 1 && (!strcmp(argv[1], "--list") || !strcmp(argv[1], "--help"))) {
