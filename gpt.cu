@@ -577,39 +577,32 @@ static float* all_tokens(GPT* m, Rank* rk, float* x, const char* where, int l) {
 // partial (B, T, C) holds this rank's partial sums; returns the sums over all ranks of this rank's
 // rows (N, C). Without SP an all-reduce of every row (in place); with SP a reduce-scatter that leaves
 // this rank's rows, summed, in place at row t0.
-static float* my_tokens_summed(GPT* m, Rank* rk, float* partial, const char* where, int l) {
+//
+// start (my_tokens_summed_start): the backward of f, started rather than done (with m->overlap): the
+// caller may queue work that does not read the sum (the weight gradient of the same matmul) before
+// my_tokens_summed_wait, and on a GPU that work runs while the sum is in flight. Megatron-LM overlaps the input-gradient all-reduce of a
+// column-parallel linear with its weight-gradient GEMM this way: the all-reduce is half of TP's traffic,
+// and the weight gradient, as large a GEMM as the input gradient, is there to hide it.
+static float* my_tokens_summed(GPT* m, Rank* rk, float* partial, const char* where, int l, bool start = false) {
     long C = m->cfg.C;
+    bool async = start && m->overlap;
     if (!m->split) {
-        comm_allreduce(&rk->tp, partial, (long)m->B * m->T * C, COMM_SUM, where, l);
+        long n = (long)m->B * m->T * C;
+        if (async) comm_allreduce_start(&rk->tp, partial, n, COMM_SUM, where, l);
+        else comm_allreduce(&rk->tp, partial, n, COMM_SUM, where, l);
         return partial;
     }
     float* mine = partial + (long)m->t0 * C;
-    comm_reducescatter(&rk->tp, mine, partial, (long)m->ntok * C, where, l);
+    if (async) comm_reducescatter_start(&rk->tp, mine, partial, (long)m->ntok * C, where, l);
+    else comm_reducescatter(&rk->tp, mine, partial, (long)m->ntok * C, where, l);
     return mine;
 }
 
-// The backward of f, started rather than done: the same sum as my_tokens_summed, but the caller may queue
-// work that does not read it (the weight gradient of the same matmul) before my_tokens_summed_wait, and on
-// a GPU that work runs while the sum is in flight. Megatron-LM overlaps the input-gradient all-reduce of
-// a column-parallel linear with its weight-gradient GEMM this way: the all-reduce is half of TP's
-// traffic, and the weight gradient, as large a GEMM as the input gradient, is there to hide it.
 static float* my_tokens_summed_start(GPT* m, Rank* rk, float* partial, const char* where, int l) {
-    if (!m->overlap) return my_tokens_summed(m, rk, partial, where, l);
-    long C = m->cfg.C;
-    if (!m->split) {
-        comm_allreduce_start(&rk->tp, partial, (long)m->B * m->T * C, COMM_SUM, where, l);
-        return partial;
-    }
-    float* mine = partial + (long)m->t0 * C;
-    comm_reducescatter_start(&rk->tp, mine, partial, (long)m->ntok * C, where, l);
-    return mine;
+    return my_tokens_summed(m, rk, partial, where, l, true);
 }
-
-// the next op reads the sum started by my_tokens_summed_start: wait for it
-static void my_tokens_summed_wait(GPT* m, Rank* rk) {
-    (void)m;
-    comm_finish(&rk->tp);
-}
+// the next op reads the sum my_tokens_summed_start started: wait for it
+static void my_tokens_summed_wait(Rank* rk) { comm_finish(&rk->tp); }
 
 // ----------------------------------------------------------------------------
 // serving: the KV cache of this rank's heads
@@ -854,7 +847,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
     float* dlnf = my_tokens_summed_start(m, rk, a->dln, "lm head bwd", -1);
     OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);  // under the sum
     dev_zero(rk, a->dres, (long)N * C);
-    my_tokens_summed_wait(m, rk);
+    my_tokens_summed_wait(rk);
     float* last = LAYER_BUF(m, residual3, L - 1);
     OP(rk, layernorm_backward, a->dres, g->lnfw, g->lnfb, dlnf, last, p->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
 
@@ -882,7 +875,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", l);
         OP(rk, matmul_backward, nullptr, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_all,
            p->fcw + (long)l * C4l * C, BT, C, C4l);  // under the sum
-        my_tokens_summed_wait(m, rk);
+        my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, g->ln2w + l * C, g->ln2b + l * C, dln2, la.residual2, p->ln2w + l * C,
            la.ln2_mean, la.ln2_rstd, N, C);
 
@@ -900,7 +893,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", l);
         OP(rk, matmul_backward, nullptr, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_all,
            p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);  // under the sum
-        my_tokens_summed_wait(m, rk);
+        my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, g->ln1w + l * C, g->ln1b + l * C, dln1, la.residual, p->ln1w + l * C,
            la.ln1_mean, la.ln1_rstd, N, C);
     }
