@@ -748,7 +748,8 @@ static void kv_write_cpu(float* kc, float* vc, const float* qkv, const int* pos,
 // at b; it attends to cache positions 0..pos[b] (its own k and v already written there by kv_write):
 // out = softmax(q k^T / sqrt(hs)) v, the last row of attention_forward's causal square, computed as that
 // row is: the scores and the product with v through gemm_cpu (the same sums in the same order), and the
-// softmax steps of attention_probs_head. On the CPU the cached logits are then the full forward's.
+// softmax steps of attention_probs_head. On the CPU the cached logits are then the full forward's with
+// --attention matmul; fused attention's prefill and full forward round differently (the serve tests' bounds).
 static void attention_decode_cpu(float* out, const float* qkv, const float* kc, const float* vc, const int* pos,
                                  int B, int NH, int Tmax, int hs) {
     const int C = NH * hs;

@@ -873,3 +873,38 @@ static void test_build_config() {
     check(rc == 0 && now.find(other + " ") == 0 && out.find(tp_line) != std::string::npos && out.find(test_line) != std::string::npos,
           "after make build/config %s, plain make -n rebuilds both (the record was %s)", other.c_str(), now.substr(0, now.find('\n')).c_str());
 }
+
+// ./test_tp bench-attention: the CPU's attention, forward + backward of one layer, fused against the
+// materialised ops at -e d6 shapes (6 heads of 64, one sequence, TP=1) and T = 256 and 1024, on every
+// core of one rank. The two run interleaved, 5 rounds of each, so a neighbour's load hits both alike;
+// the minimum and the median of each are printed, and their ratio. A measurement, not a test.
+static int bench_attention_cpu() {
+    int B = 1, NH = 6, hs = 64, C = NH * hs, nt = cpu_cores();
+    printf("CPU attention, forward + backward of one layer at d6 shapes (B=%d NH=%d hs=%d), %d threads, ms\n", B, NH, hs, nt);
+    std::thread th([&]() {
+        cpu_pool_start(nt);
+        for (int T : {256, 1024}) {
+            OpsRng r = {77};
+            std::vector<float> qkv = ops_normals(&r, (long)B * T * 3 * C, 0, 1), dout = ops_normals(&r, (long)B * T * C, 0, 1);
+            std::vector<float> out((long)B * T * C), att((long)B * NH * T * T), lse((long)B * NH * T), dsum((long)B * NH * T);
+            std::vector<float> dqkv(qkv.size());
+            std::vector<double> tm, tf;
+            for (int round = 0; round < 6; round++) {  // round 0 warms up both
+                double t0 = comm_now();
+                attention_forward_cpu(out.data(), att.data(), qkv.data(), B, T, NH, hs);
+                attention_backward_cpu(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, NH, hs);
+                double t1 = comm_now();
+                attention_fused_forward_cpu(out.data(), lse.data(), qkv.data(), B, T, NH, hs);
+                attention_fused_backward_cpu(dqkv.data(), dsum.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, hs);
+                double t2 = comm_now();
+                if (round) { tm.push_back(1e3 * (t1 - t0)); tf.push_back(1e3 * (t2 - t1)); }
+            }
+            std::sort(tm.begin(), tm.end());
+            std::sort(tf.begin(), tf.end());
+            printf("  T=%-5d matmul min %8.2f median %8.2f | fused min %8.2f median %8.2f | fused / matmul (medians) %.2f\n", T,
+                   tm[0], tm[tm.size() / 2], tf[0], tf[tf.size() / 2], tf[tf.size() / 2] / tm[tm.size() / 2]);
+        }
+    });
+    th.join();
+    return 0;
+}
