@@ -434,22 +434,59 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
 #define ATT_TILE 64
 #define ATT_HS_MAX 128
 
-// S (nr, ATT_TILE) = A rows a0..a0+nr-1 (row stride lda) . B rows b0..b0+nc-1 (row stride ldb)^T over hs;
-// columns nc..ATT_TILE-1 are 0. B is transposed into a tile first so the inner loop is a vector axpy over
-// the tile's columns, with no horizontal sums: each S element is one chain over d in order.
+// S (nr, ATT_TILE) = A rows 0..nr-1 (row stride lda) . B rows 0..nc-1 (row stride ldb)^T over hs; columns
+// nc..ATT_TILE-1 are 0. B is transposed into a tile first; then 4 rows by 16 columns at a time stay in
+// registers while d runs (2 loads of B and 4 broadcasts of A per 8 vector FMAs), as gemm_cpu's micro-tile.
+// Each S element is one chain over d in order.
 static void att_tile_dots(float* S, const float* A, long lda, int nr, const float* Bm, long ldb, int nc, int hs) {
     float bt[ATT_HS_MAX][ATT_TILE];
     for (int d = 0; d < hs; d++)
         for (int c = 0; c < ATT_TILE; c++) bt[d][c] = c < nc ? Bm[(long)c * ldb + d] : 0.0f;
-    for (int r = 0; r < nr; r++) {
-        float s[ATT_TILE] = {0};
-        const float* a = A + (long)r * lda;
-        for (int d = 0; d < hs; d++) {
-            float ad = a[d];
-            #pragma omp simd
-            for (int c = 0; c < ATT_TILE; c++) s[c] += ad * bt[d][c];
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const float* a[4];
+        for (int i = 0; i < 4; i++) a[i] = A + (long)(r0 + i < nr ? r0 + i : nr - 1) * lda;  // past nr: a row again, not stored
+        for (int c0 = 0; c0 < ATT_TILE; c0 += 16) {
+            float acc[4][16] = {};
+            for (int d = 0; d < hs; d++) {
+                const float* b = &bt[d][c0];
+                for (int i = 0; i < 4; i++) {
+                    const float ad = a[i][d];
+                    #pragma omp simd
+                    for (int e = 0; e < 16; e++) acc[i][e] += ad * b[e];
+                }
+            }
+            for (int i = 0; i < 4 && r0 + i < nr; i++) memcpy(S + (long)(r0 + i) * ATT_TILE + c0, acc[i], sizeof(acc[i]));
         }
-        memcpy(S + (long)r * ATT_TILE, s, sizeof(s));
+    }
+}
+
+// acc (m, hs; row stride lda) += P (m, n) . X (n, hs; row stride ldx), with p(i, j) = P[i * p_rs + j * p_cs]
+// (so P^T is passed by swapping the strides): each element summed over j in order. 4 rows by 16 columns
+// of acc stay in registers while j runs (2 loads of X, 4 broadcasts of P per 8 vector FMAs).
+static void att_tile_gemm(float* acc, long lda, int m, const float* P, long p_rs, long p_cs, int n, const float* X, long ldx,
+                          int hs) {
+    for (int i0 = 0; i0 < m; i0 += 4) {
+        const int mi = m - i0 < 4 ? m - i0 : 4;
+        int d0 = 0;
+        for (; d0 + 16 <= hs; d0 += 16) {
+            float a[4][16] = {};
+            for (int i = 0; i < mi; i++) memcpy(a[i], acc + (long)(i0 + i) * lda + d0, sizeof(a[i]));
+            for (int j = 0; j < n; j++) {
+                const float* x = X + (long)j * ldx + d0;
+                for (int i = 0; i < 4; i++) {
+                    const float c = i < mi ? P[(long)(i0 + i) * p_rs + j * p_cs] : 0.0f;
+                    #pragma omp simd
+                    for (int e = 0; e < 16; e++) a[i][e] += c * x[e];
+                }
+            }
+            for (int i = 0; i < mi; i++) memcpy(acc + (long)(i0 + i) * lda + d0, a[i], sizeof(a[i]));
+        }
+        for (; d0 < hs; d0++)  // the last hs % 16 columns
+            for (int i = 0; i < mi; i++) {
+                float a = acc[(long)(i0 + i) * lda + d0];
+                for (int j = 0; j < n; j++) a += P[(long)(i0 + i) * p_rs + j * p_cs] * X[(long)j * ldx + d0];
+                acc[(long)(i0 + i) * lda + d0] = a;
+            }
     }
 }
 
@@ -502,13 +539,9 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
                 float* a = acc[r];
                 #pragma omp simd
                 for (int d = 0; d < hs; d++) a[d] *= corr;
-                for (int c = 0; c < ncv; c++) {
-                    const float* vr = v + (long)(j0 + c) * C3;
-                    float p = s[c];
-                    #pragma omp simd
-                    for (int d = 0; d < hs; d++) a[d] += p * vr[d];
-                }
+                for (int c = ncv; c < nc; c++) s[c] = 0.0f;  // masked: no weight
             }
+            att_tile_gemm(acc[0], ATT_HS_MAX, nr, S, ATT_TILE, 1, nc, v + (long)j0 * C3, C3, hs);  // acc += P v
         }
         for (int r = 0; r < nr; r++) {
             float inv = 1.0f / l[r];
@@ -566,15 +599,8 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
         for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
             int nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
             tile_grad(P, dS, q, k, v, dO, ls, D, i0, nr, j0, nc);
-            for (int r = 0; r < nr; r++) {
-                const float* dor = dO + (long)(i0 + r) * C;
-                const float* qr = q + (long)(i0 + r) * C3;
-                for (int c = 0; c < nc; c++) {
-                    float p = P[r * ATT_TILE + c], g = dS[r * ATT_TILE + c];
-                    #pragma omp simd
-                    for (int d = 0; d < hs; d++) { dv[c][d] += p * dor[d]; dk[c][d] += g * qr[d]; }
-                }
-            }
+            att_tile_gemm(dv[0], ATT_HS_MAX, nc, P, 1, ATT_TILE, nr, dO + (long)i0 * C, C, hs);   // dv += P^T dO
+            att_tile_gemm(dk[0], ATT_HS_MAX, nc, dS, 1, ATT_TILE, nr, q + (long)i0 * C3, C3, hs);  // dk += dS^T q
         }
         for (int c = 0; c < nc; c++) {
             float* row = dqkv + ((size_t)b * T + j0 + c) * C3 + h * hs;
@@ -598,15 +624,7 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
         for (int j0 = 0; j0 < i0 + nr; j0 += ATT_TILE) {
             int nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
             tile_grad(P, dS, q, k, v, dO, ls, D, i0, nr, j0, nc);
-            for (int r = 0; r < nr; r++) {
-                int ncv = i0 + r - j0 + 1 < nc ? i0 + r - j0 + 1 : nc;
-                for (int c = 0; c < ncv; c++) {
-                    const float* kr = k + (long)(j0 + c) * C3;
-                    float g = dS[r * ATT_TILE + c];
-                    #pragma omp simd
-                    for (int d = 0; d < hs; d++) dq[r][d] += g * kr[d];
-                }
-            }
+            att_tile_gemm(dq[0], ATT_HS_MAX, nr, dS, ATT_TILE, 1, nc, k + (long)j0 * C3, C3, hs);  // dq += dS k (dS 0 past the diagonal)
         }
         for (int r = 0; r < nr; r++) memcpy(dqkv + ((size_t)b * T + i0 + r) * C3 + h * hs, dq[r], hs * sizeof(float));
     });
