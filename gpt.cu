@@ -271,6 +271,11 @@ static void params_point(Params* p, float* mem, const ShardPlan* s) {
 // order, so no bit of the result changes: -r 1 the GELU output, -r 2 also the two layernorm outputs,
 // -r 3 also the attention probabilities (B, NH/P, T, T).
 //
+// Attention (--attention): fused (the default, FlashAttention-2) keeps no probabilities, only the output
+// and one log-sum-exp per row, lse (B, NH/P, T), and needs one more (B, NH/P, T) of scratch in the
+// backward (D = rowsum(dout * out)); so there is no T*T term to recompute and -r 3 is refused with it.
+// matmul (the materialised teaching version) keeps att (B, NH/P, T, T) per layer, or one copy with -r 3.
+//
 // The activations of one rank; Cl, C4l, Vl are the rank's local widths, N its tokens. The sizes are in
 // one place, acts_layout; LayerActs is layer l's view of the per-layer buffers.
 struct Acts {
@@ -278,7 +283,8 @@ struct Acts {
     float *ln1, *ln1_mean, *ln1_rstd;  // per layer: (N, C), (N), (N)
     float* qkv;                        // per layer: (B, T, 3 Cl) q, k, v of the local heads
     float* atty;                       // per layer: (B, T, Cl) attention output of the local heads
-    float* att;                        // per layer: (B, NHl, T, T) attention probabilities
+    float* att;                        // per layer: (B, NHl, T, T) attention probabilities (matmul attention)
+    float* lse;                        // per layer: (B, NHl, T) log-sum-exp of each score row (fused attention)
     float* residual2;                  // per layer: (N, C) after the attention block
     float *ln2, *ln2_mean, *ln2_rstd;  // per layer: (N, C), (N), (N)
     float *fch, *fch_gelu;             // per layer: (B, T, 4 Cl) the local slice of the MLP
@@ -290,6 +296,7 @@ struct Acts {
     float* gathered;                   // (B, T, C) with --sp 1: the all-gathered tokens (else empty)
     // backward scratch
     float *dres, *dln, *datty, *dqkv, *dfch;  // (N,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
+    float* attd;                       // (B, NHl, T) fused attention's D = rowsum(datty * atty)
 };
 #define NUM_ACTS ((int)(sizeof(Acts) / sizeof(float*)))
 
@@ -307,18 +314,22 @@ static long act_copies(const ActsLayout* lay, int i, int L) {
     return lay->kind[i] == ACT_PER_LAYER ? L : lay->kind[i] == ACT_UNUSED ? 0 : 1;
 }
 
-// split: sequence parallelism on (N = B*T/P tokens per rank); recompute: -r 0..3
-static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute, ActsLayout* lay) {
+// split: sequence parallelism on (N = B*T/P tokens per rank); recompute: -r 0..3 (0..2 with fused);
+// fused: --attention fused (else matmul)
+static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute, bool fused,
+                        ActsLayout* lay) {
     long C = c->C, BT = (long)B * T, N = split ? BT / s->P : BT;
     const int LAYER = ACT_PER_LAYER, ONCE = ACT_ONCE;
     int ln = recompute >= 2 ? ACT_REUSED : LAYER, gelu = recompute >= 1 ? ACT_REUSED : LAYER;
-    int att = recompute >= 3 ? ACT_REUSED : LAYER;
+    int att = fused ? ACT_UNUSED : recompute >= 3 ? ACT_REUSED : LAYER;
+    long rows = B * s->NHl * (long)T;  // one float per (b, local head, t): the log-sum-exp, and D
     struct { long size; int kind; } t[] = {
         {N * C, ONCE},                                                          // encoded
         {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln1, ln1_mean, ln1_rstd
         {BT * 3 * s->Cl, LAYER},                                                // qkv
         {BT * s->Cl, LAYER},                                                    // atty
         {B * s->NHl * (long)T * T, att},                                        // att
+        {rows, fused ? LAYER : ACT_UNUSED},                                     // lse
         {N * C, LAYER},                                                         // residual2
         {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln2, ln2_mean, ln2_rstd
         {BT * s->C4l, LAYER}, {BT * s->C4l, gelu},                              // fch, fch_gelu
@@ -329,6 +340,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {BT * C, ONCE},                                                         // partial
         {BT * C, split ? ONCE : ACT_UNUSED},                                    // gathered
         {N * C, ONCE}, {BT * C, ONCE}, {BT * s->Cl, ONCE}, {BT * 3 * s->Cl, ONCE}, {BT * s->C4l, ONCE},  // dres, dln, datty, dqkv, dfch
+        {rows, fused ? ONCE : ACT_UNUSED},                                      // attd
     };
     static_assert(sizeof(t) / sizeof(t[0]) == NUM_ACTS, "Acts and acts_layout disagree");
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -338,9 +350,9 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
 }
 
 // the activation floats of one rank: what gpt_alloc_acts allocates
-static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute) {
+static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute, bool fused) {
     ActsLayout lay;
-    acts_layout(c, s, B, T, split, recompute, &lay);
+    acts_layout(c, s, B, T, split, recompute, fused, &lay);
     long n = 0;
     for (int i = 0; i < NUM_ACTS; i++) n += lay.size[i] * act_copies(&lay, i, c->L);
     return n;
@@ -348,9 +360,10 @@ static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
 
 // of those, what every layer keeps for itself (the rest is the layers' shared buffers and the buffers
 // outside the layers)
-static long acts_floats_per_layer(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute) {
+static long acts_floats_per_layer(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute,
+                                  bool fused) {
     ActsLayout lay;
-    acts_layout(c, s, B, T, split, recompute, &lay);
+    acts_layout(c, s, B, T, split, recompute, fused, &lay);
     long n = 0;
     for (int i = 0; i < NUM_ACTS; i++) n += lay.kind[i] == ACT_PER_LAYER ? lay.size[i] : 0;
     return n;
@@ -363,7 +376,7 @@ static bool sp_splits(bool sp, int P, int B, int T) { return sp && P > 1 && ((lo
 // layer l's view of the per-layer activations
 struct LayerActs {
     float* residual;  // (N, C) the layer's input: encoded for layer 0, else the previous layer's residual3
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *lse, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
 };
 
@@ -373,7 +386,8 @@ struct GPT {
     int hs;         // head size
     long nparams;   // this rank's parameter count
     bool sp;        // --sp 1: sequence parallelism (set by the caller after gpt_build)
-    int recompute;  // -r: 0 none, 1 GELU, 2 also the layernorms, 3 also the attention probabilities
+    int recompute;  // -r: 0 none, 1 GELU, 2 also the layernorms, 3 also the attention probabilities (matmul only)
+    bool fused;     // --attention fused (the default since gpt_build) or matmul (set by the caller after gpt_build)
     bool overlap;   // the backward's f sums run beside the weight gradients (GPU; on by gpt_build)
     // The flat shard (all 16 tensors of the rank, back to back) is padded to npad floats, a multiple of
     // 32 per replica, and cut into one slice per replica: [slice0, slice0 + nslice). Without ZeRO the
@@ -412,6 +426,7 @@ static LayerActs layer_acts(const GPT* m, int l) {
     la.qkv = LAYER_BUF(m, qkv, l);
     la.atty = LAYER_BUF(m, atty, l);
     la.att = LAYER_BUF(m, att, l);
+    la.lse = LAYER_BUF(m, lse, l);
     la.residual2 = LAYER_BUF(m, residual2, l);
     la.ln2 = LAYER_BUF(m, ln2, l);
     la.ln2_mean = LAYER_BUF(m, ln2_mean, l);
@@ -466,6 +481,7 @@ static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full,
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     m->hs = cfg->C / cfg->NH;
+    m->fused = true;
     shard_plan_init(&m->plan, cfg, rk->P, rk->rank);
     m->nparams = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) m->nparams += shard_local_size(&m->plan.t[i]);
@@ -537,8 +553,13 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
     if (m->acts_mem && m->B == B && m->T == T && m->split == split) return;
     if (m->acts_mem) dev_free(rk, m->acts_mem);
     if (m->tokens) { dev_free(rk, m->tokens); dev_free(rk, m->targets); }
-    acts_layout(&m->cfg, &m->plan, B, T, split, m->recompute, &m->layout);
-    m->acts_mem = dev_alloc(rk, acts_floats(&m->cfg, &m->plan, B, T, split, m->recompute));
+    // (setup refuses these from the command line with the flags to change; this guards the other callers)
+    if (m->fused && m->hs > ATT_HS_MAX)
+        fatal("fused attention takes head sizes up to %d, this model's is %d: use --attention matmul", ATT_HS_MAX, m->hs);
+    if (m->fused && m->recompute >= 3)
+        fatal("-r 3 recomputes the attention probabilities, which fused attention never keeps: use -r 2, or --attention matmul");
+    acts_layout(&m->cfg, &m->plan, B, T, split, m->recompute, m->fused, &m->layout);
+    m->acts_mem = dev_alloc(rk, acts_floats(&m->cfg, &m->plan, B, T, split, m->recompute, m->fused));
     float** ptrs = (float**)&m->acts;
     float* p = m->acts_mem;
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -686,7 +707,8 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // which holds this rank's heads only
     if (kv) OP(rk, kv_write, kv->k + l * kv->lstride, kv->v + l * kv->lstride, la.qkv, kv->pos, B, T, NHl, kv->Tmax, hs);
     if (decode) OP(rk, attention_decode, la.atty, la.qkv, kv->k + l * kv->lstride, kv->v + l * kv->lstride, kv->pos, B, NHl, kv->Tmax, hs);
-    else OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
+    else if (m->fused) OP(rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);  // keeps out and lse
+    else OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);  // keeps the (T, T) probabilities
     // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
     // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
     // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
@@ -884,8 +906,12 @@ static void gpt_backward(GPT* m, Rank* rk) {
         dout = all_tokens(m, rk, a->dres, "attproj bwd", l);
         OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout, la.atty,
            p->attprojw + (long)l * C * Cl, BT, Cl, C);
-        if (m->recompute >= 3) OP(rk, attention_probs, la.att, la.qkv, B, T, NHl, hs);  // -r 3: from q and k again
-        OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);
+        if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse
+            OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
+        } else {
+            if (m->recompute >= 3) OP(rk, attention_probs, la.att, la.qkv, B, T, NHl, hs);  // -r 3: from q and k again
+            OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);
+        }
         if (m->recompute >= 2)
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
         float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 bwd", l);

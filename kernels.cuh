@@ -901,6 +901,400 @@ static void attention_backward_cuda(CudaCtx* cx, float* dqkv, const float* dout,
 }
 
 // ----------------------------------------------------------------------------
+// Fused causal attention (FlashAttention-2), the CUDA twin of attention_fused_forward_cpu and
+// attention_fused_backward_cpu: the same tiles, the same split of the work, no (T, T) buffer.
+//
+// Tiles: 64 queries x 64 keys (ATT_TILE, shared with the CPU op), 256 threads as a 16 x 16 grid
+// (tx = thread % 16, ty = thread / 16). A thread owns the 4 x 4 scores of rows ty + 16i and columns
+// tx + 16j (i, j < 4), so each value it reads from shared memory feeds 4 FMAs, and its output
+// accumulators are rows ty + 16i by dims tx + 16k, k < ATT_DK = ceil(hs / 16) rounded to 1, 2, 4, 8
+// (a template parameter: 4 x 8 accumulators at hs = 128). A row's 16 owners are the lanes of one
+// half-warp, so row max and sum are 4 xor-shuffles. Rows of q, k, v, dout tiles sit in shared memory
+// with a stride of 16 ATT_DK + 1 floats: odd, so the 16 rows the lanes of a half-warp read at one d fall
+// in 16 banks; the columns past hs are zeros, so inner loops need no bounds. The probability tile has
+// stride 65 for the same reason.
+//
+// Shared memory per block, fp32 (the kernels set cudaFuncAttributeMaxDynamicSharedMemorySize):
+//   forward: q, k, v tiles + P          = (3 * 64 * (16 DK + 1) + 64 * 65) * 4 B: 65.0 KB at hs 64, 113.0 KB at hs 128
+//   dk/dv and dq: q, k, v, dout + P + lse, D = (4 * 64 * (16 DK + 1) + 64 * 65 + 128) * 4 B: 81.8 KB at hs 64, 145.8 KB at hs 128
+// sm_80 (A100) gives a block up to 163 KB (164 KB per SM, 1 KB of it reserved per block), sm_90
+// (H100/H200) up to 227 KB (228 KB per SM). At hs 64 (GPT-2): forward 2 blocks (16 warps) per SM on
+// sm_80, 3 on sm_90; backward 1 on sm_80, 2 on sm_90. At hs 128 everything still fits one block on
+// sm_80 (145.8 KB < 163 KB). Why 64 x 64: a thread's 4 x 4 scores cost 8 shared loads per 16 FMAs; 32-wide
+// tiles on 256 threads would be 2 x 2 (4 loads per 4 FMAs, shared-memory bound), and 128-wide ones do
+// not fit the backward's four row tiles at hs 128 on sm_80.
+// Registers: the 256-thread blocks allow 255 per thread; see `nvcc -Xptxas -v` below for what they use.
+//   ptxas -v (CUDA 13), fp32, registers per thread of attention_fused_*_kernel<DK>, no spills in any:
+//              forward <1,2,4,8>   dkdv <1,2,4,8>     dq <1,2,4,8>      dsum
+//     sm_80:   80 104  64  98      80  80 123 128     64  64  80 102    29
+//     sm_90:   80  64  64  98      64  80 127 128     64  79  79 127    30
+//   at most 128 x 256 threads = 32K of the SM's 64K registers: shared memory, not registers, sets the
+//   blocks per SM.
+//
+// Deterministic: no atomics. Each block owns its outputs: the forward and dq per (b, h, query tile), dk
+// and dv per (b, h, key tile), looping over the query tiles at or below the diagonal in order; D per
+// row by one warp. Causal: a query tile visits key tiles 0..its own; a key tile visits query tiles from
+// its own on; only the diagonal tile is masked. The tile of the most work is launched first.
+//
+// Storage: q, k, v, out, dout go through att_ld / att_st, templated on the element type, so bf16 storage
+// (fp32 scores, softmax, lse and sums, as DESIGN.md section 13 asks) is an instantiation away; only fp32 is
+// built now.
+#define ATT_THREADS 256
+
+__device__ __forceinline__ float att_ld(const float* p) { return *p; }
+__device__ __forceinline__ void att_st(float* p, float v) { *p = v; }
+
+// sm (64, 16 DK + 1) <- rows r0..r0+63 of src (row stride ld), columns 0..hs-1; zeros past T and past hs
+template <int DK, class Tm>
+__device__ void att_load_tile(float* sm, const Tm* src, long ld, int r0, int T, int hs) {
+    const int W = 16 * DK, HP = W + 1;
+    for (int i = threadIdx.x; i < ATT_TILE * W; i += ATT_THREADS) {
+        int r = i / W, d = i - r * W;
+        sm[r * HP + d] = (r0 + r < T && d < hs) ? att_ld(src + (long)(r0 + r) * ld + d) : 0.0f;
+    }
+}
+
+// s[i][j] = sum_d a[ra(i)][d] * b[rb(j)][d] over the tile's 16 DK columns, rows ra(i) = ia + 16 i, rb(j) = jb + 16 j
+template <int DK>
+__device__ __forceinline__ void att_dots(float s[4][4], const float* a, int ia, const float* b, int jb) {
+    const int HP = 16 * DK + 1;
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
+    for (int d = 0; d < 16 * DK; d++) {
+        float av[4], bv[4];
+        #pragma unroll
+        for (int i = 0; i < 4; i++) { av[i] = a[(ia + 16 * i) * HP + d]; bv[i] = b[(jb + 16 * i) * HP + d]; }
+        #pragma unroll
+        for (int i = 0; i < 4; i++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) s[i][j] = fmaf(av[i], bv[j], s[i][j]);
+    }
+}
+
+// the max and the sum over a row's 16 owners (a half-warp), the same on each of them
+__device__ __forceinline__ float att_row_max(float v) {
+    #pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float att_row_sum(float v) {
+    #pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// out (B, T, NH*hs), lse (B, NH, T) <- qkv (B, T, 3*NH*hs). Grid (B*NH, query tiles), the last tile first.
+template <int DK, class Tm>
+__global__ void __launch_bounds__(ATT_THREADS) attention_fused_forward_kernel(Tm* out, float* lse, const Tm* qkv, int T,
+                                                                             int NH, int hs, float scale) {
+    extern __shared__ float att_sm[];
+    const int HP = 16 * DK + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - blockIdx.y;
+    const int C = NH * hs, i0 = qt * ATT_TILE;
+    const long C3 = 3L * C;
+    float *sq = att_sm, *sk = sq + ATT_TILE * HP, *sv = sk + ATT_TILE * HP, *sp = sv + ATT_TILE * HP;  // sp (64, 65)
+    const Tm* base = qkv + (long)b * T * C3 + h * hs;
+    att_load_tile<DK>(sq, base, C3, i0, T, hs);
+    float o[4][DK], m[4], l[4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < DK; k++) o[i][k] = 0.0f;
+    }
+    for (int kt = 0; kt <= qt; kt++) {
+        const int j0 = kt * ATT_TILE;
+        __syncthreads();  // the last tile's readers of sk, sv and sp are done
+        att_load_tile<DK>(sk, base + C, C3, j0, T, hs);
+        att_load_tile<DK>(sv, base + 2 * C, C3, j0, T, hs);
+        __syncthreads();
+        float s[4][4];
+        att_dots<DK>(s, sq, ty, sk, tx);
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = i0 + ty + 16 * i;
+            float mx = -INFINITY;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c = j0 + tx + 16 * j;
+                s[i][j] = (c <= r && c < T) ? s[i][j] * scale : -INFINITY;
+                mx = fmaxf(mx, s[i][j]);
+            }
+            // every row sees key j0 (at most its own position), so the new max is finite
+            const float mnew = fmaxf(m[i], att_row_max(mx)), corr = expf(m[i] - mnew);
+            float sum = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                s[i][j] = expf(s[i][j] - mnew);  // 0 where masked
+                sum += s[i][j];
+                sp[(ty + 16 * i) * 65 + tx + 16 * j] = s[i][j];
+            }
+            l[i] = l[i] * corr + att_row_sum(sum);
+            m[i] = mnew;
+            #pragma unroll
+            for (int k = 0; k < DK; k++) o[i][k] *= corr;
+        }
+        __syncthreads();
+        for (int c = 0; c < ATT_TILE; c++) {
+            float vv[DK];
+            #pragma unroll
+            for (int k = 0; k < DK; k++) vv[k] = sv[c * HP + tx + 16 * k];
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float p = sp[(ty + 16 * i) * 65 + c];
+                #pragma unroll
+                for (int k = 0; k < DK; k++) o[i][k] = fmaf(p, vv[k], o[i][k]);
+            }
+        }
+    }
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = i0 + ty + 16 * i;
+        if (r >= T) continue;
+        const float inv = 1.0f / l[i];
+        #pragma unroll
+        for (int k = 0; k < DK; k++) {
+            const int d = tx + 16 * k;
+            if (d < hs) att_st(out + ((long)b * T + r) * C + h * hs + d, o[i][k] * inv);
+        }
+        if (tx == 0) lse[(long)bh * T + r] = m[i] + logf(l[i]);
+    }
+}
+
+// dsum (B, NH, T) = rowsum(dout * out) per head: a warp per (b, t, h), lanes over the head's dims
+template <class Tm>
+__global__ void attention_fused_dsum_kernel(float* dsum, const Tm* dout, const Tm* out, int B, int T, int NH, int hs) {
+    const long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= (long)B * T * NH) return;
+    const long row = w / NH;  // b * T + t
+    const int h = (int)(w % NH);
+    const long off = row * NH * hs + h * hs;
+    float s = 0.0f;
+    for (int d = lane; d < hs; d += 32) s += att_ld(dout + off + d) * att_ld(out + off + d);
+    s = warp_sum(s);
+    if (lane == 0) dsum[((row / T) * NH + h) * T + row % T] = s;
+}
+
+// dk, dv (in dqkv) <- key tile kt of (b, h), over the query tiles at or after it. Grid (B*NH, key tiles),
+// the first (the most query tiles) first. The tile is held transposed: entry (c, r) = key ty + 16i, query tx + 16j.
+template <int DK, class Tm>
+__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(Tm* dqkv, const Tm* dout, const Tm* qkv, const float* lse,
+                                                                          const float* dsum, int T, int NH, int hs, float scale) {
+    extern __shared__ float att_sm[];
+    const int HP = 16 * DK + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, kt = blockIdx.y, NT = gridDim.y;
+    const int C = NH * hs, j0 = kt * ATT_TILE;
+    const long C3 = 3L * C;
+    float *sk = att_sm, *sv = sk + ATT_TILE * HP, *sq = sv + ATT_TILE * HP, *sdo = sq + ATT_TILE * HP;
+    float *sp = sdo + ATT_TILE * HP, *sl = sp + ATT_TILE * 65, *sd = sl + ATT_TILE;
+    const Tm* base = qkv + (long)b * T * C3 + h * hs;
+    const Tm* dbase = dout + (long)b * T * C + h * hs;
+    att_load_tile<DK>(sk, base + C, C3, j0, T, hs);
+    att_load_tile<DK>(sv, base + 2 * C, C3, j0, T, hs);
+    float dk[4][DK], dv[4][DK];
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int k = 0; k < DK; k++) dk[i][k] = dv[i][k] = 0.0f;
+    for (int qt = kt; qt < NT; qt++) {
+        const int i0 = qt * ATT_TILE;
+        __syncthreads();  // the last tile's readers of sq, sdo, sp, sl, sd are done
+        att_load_tile<DK>(sq, base, C3, i0, T, hs);
+        att_load_tile<DK>(sdo, dbase, C, i0, T, hs);
+        if (threadIdx.x < ATT_TILE) {
+            const int r = i0 + threadIdx.x;
+            sl[threadIdx.x] = r < T ? lse[(long)bh * T + r] : 0.0f;
+            sd[threadIdx.x] = r < T ? dsum[(long)bh * T + r] : 0.0f;
+        }
+        __syncthreads();
+        float p[4][4], g[4][4];
+        att_dots<DK>(p, sk, ty, sq, tx);   // s^T: key ty + 16i against query tx + 16j
+        att_dots<DK>(g, sv, ty, sdo, tx);  // dP^T = v . dout
+        #pragma unroll
+        for (int i = 0; i < 4; i++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c = j0 + ty + 16 * i, rl = tx + 16 * j, r = i0 + rl;
+                p[i][j] = (c <= r && r < T) ? expf(p[i][j] * scale - sl[rl]) : 0.0f;
+                g[i][j] = p[i][j] * (g[i][j] - sd[rl]) * scale;
+                sp[(ty + 16 * i) * 65 + rl] = p[i][j];
+            }
+        __syncthreads();
+        for (int r = 0; r < ATT_TILE; r++) {  // dv += P^T dout
+            float x[DK];
+            #pragma unroll
+            for (int k = 0; k < DK; k++) x[k] = sdo[r * HP + tx + 16 * k];
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float pv = sp[(ty + 16 * i) * 65 + r];
+                #pragma unroll
+                for (int k = 0; k < DK; k++) dv[i][k] = fmaf(pv, x[k], dv[i][k]);
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int i = 0; i < 4; i++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) sp[(ty + 16 * i) * 65 + tx + 16 * j] = g[i][j];
+        __syncthreads();
+        for (int r = 0; r < ATT_TILE; r++) {  // dk += dS^T q
+            float x[DK];
+            #pragma unroll
+            for (int k = 0; k < DK; k++) x[k] = sq[r * HP + tx + 16 * k];
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float gv = sp[(ty + 16 * i) * 65 + r];
+                #pragma unroll
+                for (int k = 0; k < DK; k++) dk[i][k] = fmaf(gv, x[k], dk[i][k]);
+            }
+        }
+    }
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int c = j0 + ty + 16 * i;
+        if (c >= T) continue;
+        Tm* row = dqkv + ((long)b * T + c) * C3 + h * hs;
+        #pragma unroll
+        for (int k = 0; k < DK; k++) {
+            const int d = tx + 16 * k;
+            if (d < hs) { att_st(row + C + d, dk[i][k]); att_st(row + 2 * C + d, dv[i][k]); }
+        }
+    }
+}
+
+// dq (in dqkv) <- query tile qt of (b, h), over the key tiles up to the diagonal. Grid (B*NH, query tiles),
+// the last first. Entry (r, c) = query ty + 16i, key tx + 16j.
+template <int DK, class Tm>
+__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqkv, const Tm* dout, const Tm* qkv, const float* lse,
+                                                                        const float* dsum, int T, int NH, int hs, float scale) {
+    extern __shared__ float att_sm[];
+    const int HP = 16 * DK + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - blockIdx.y;
+    const int C = NH * hs, i0 = qt * ATT_TILE;
+    const long C3 = 3L * C;
+    float *sq = att_sm, *sdo = sq + ATT_TILE * HP, *sk = sdo + ATT_TILE * HP, *sv = sk + ATT_TILE * HP;
+    float *sp = sv + ATT_TILE * HP, *sl = sp + ATT_TILE * 65, *sd = sl + ATT_TILE;
+    const Tm* base = qkv + (long)b * T * C3 + h * hs;
+    att_load_tile<DK>(sq, base, C3, i0, T, hs);
+    att_load_tile<DK>(sdo, dout + (long)b * T * C + h * hs, C, i0, T, hs);
+    if (threadIdx.x < ATT_TILE) {
+        const int r = i0 + threadIdx.x;
+        sl[threadIdx.x] = r < T ? lse[(long)bh * T + r] : 0.0f;
+        sd[threadIdx.x] = r < T ? dsum[(long)bh * T + r] : 0.0f;
+    }
+    float dq[4][DK];
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int k = 0; k < DK; k++) dq[i][k] = 0.0f;
+    for (int kt = 0; kt <= qt; kt++) {
+        const int j0 = kt * ATT_TILE;
+        __syncthreads();
+        att_load_tile<DK>(sk, base + C, C3, j0, T, hs);
+        att_load_tile<DK>(sv, base + 2 * C, C3, j0, T, hs);
+        __syncthreads();
+        float p[4][4], g[4][4];
+        att_dots<DK>(p, sq, ty, sk, tx);
+        att_dots<DK>(g, sdo, ty, sv, tx);
+        #pragma unroll
+        for (int i = 0; i < 4; i++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int rl = ty + 16 * i, r = i0 + rl, c = j0 + tx + 16 * j;
+                const float pv = (c <= r && r < T) ? expf(p[i][j] * scale - sl[rl]) : 0.0f;
+                sp[rl * 65 + tx + 16 * j] = pv * (g[i][j] - sd[rl]) * scale;
+            }
+        __syncthreads();
+        for (int c = 0; c < ATT_TILE; c++) {  // dq += dS k
+            float x[DK];
+            #pragma unroll
+            for (int k = 0; k < DK; k++) x[k] = sk[c * HP + tx + 16 * k];
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float gv = sp[(ty + 16 * i) * 65 + c];
+                #pragma unroll
+                for (int k = 0; k < DK; k++) dq[i][k] = fmaf(gv, x[k], dq[i][k]);
+            }
+        }
+    }
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = i0 + ty + 16 * i;
+        if (r >= T) continue;
+        Tm* row = dqkv + ((long)b * T + r) * C3 + h * hs;
+        #pragma unroll
+        for (int k = 0; k < DK; k++) {
+            const int d = tx + 16 * k;
+            if (d < hs) att_st(row + d, dq[i][k]);
+        }
+    }
+}
+
+// the accumulator columns per thread for head size hs (<= ATT_HS_MAX): 16 DK >= hs, DK in 1, 2, 4, 8
+static int att_dk(int hs) { return hs <= 16 ? 1 : hs <= 32 ? 2 : hs <= 64 ? 4 : 8; }
+// dynamic shared memory of a kernel with `tiles` row tiles (3 forward, 4 backward), the P tile, and in the
+// backward the tile's lse and D
+static size_t att_smem(int tiles, int dk, bool rows) {
+    return ((size_t)tiles * ATT_TILE * (16 * dk + 1) + ATT_TILE * 65 + (rows ? 2 * ATT_TILE : 0)) * sizeof(float);
+}
+
+template <int DK>
+static void attention_fused_forward_launch(CudaCtx* cx, float* out, float* lse, const float* qkv, int B, int T, int NH, int hs) {
+    size_t sm = att_smem(3, DK, false);
+    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_forward_kernel<DK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    dim3 grid(B * NH, ceil_div(T, ATT_TILE));
+    attention_fused_forward_kernel<DK, float><<<grid, ATT_THREADS, sm, cx->stream>>>(out, lse, qkv, T, NH, hs, 1.0f / sqrtf((float)hs));
+    CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_forward_kernel");
+}
+
+template <int DK>
+static void attention_fused_backward_launch(CudaCtx* cx, float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                            const float* dsum, int B, int T, int NH, int hs) {
+    size_t sm = att_smem(4, DK, true);
+    float scale = 1.0f / sqrtf((float)hs);
+    dim3 grid(B * NH, ceil_div(T, ATT_TILE));
+    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dkdv_kernel<DK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attention_fused_dkdv_kernel<DK, float><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+    CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_dkdv_kernel");
+    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dq_kernel<DK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attention_fused_dq_kernel<DK, float><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+    CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_dq_kernel");
+}
+
+// out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  lse (B, NH, T) = the log-sum-exp of each
+// row's scaled scores. qkv (B, T, 3*NH*hs) as attention_forward reads it; hs <= ATT_HS_MAX.
+static void attention_fused_forward_cuda(CudaCtx* cx, float* out, float* lse, const float* qkv, int B, int T, int NH, int hs) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    switch (att_dk(hs)) {
+    case 1: attention_fused_forward_launch<1>(cx, out, lse, qkv, B, T, NH, hs); break;
+    case 2: attention_fused_forward_launch<2>(cx, out, lse, qkv, B, T, NH, hs); break;
+    case 4: attention_fused_forward_launch<4>(cx, out, lse, qkv, B, T, NH, hs); break;
+    default: attention_fused_forward_launch<8>(cx, out, lse, qkv, B, T, NH, hs); break;
+    }
+}
+
+// dqkv (B, T, 3*NH*hs) = gradient of attention_fused_forward given dout (B, T, NH*hs)   (written), from
+// qkv, the forward's out and lse; dsum (B, NH, T) scratch: D = rowsum(dout * out). Three kernels: D, then
+// dk and dv per key tile, then dq per query tile (the two read q, k, v and recompute P each).
+static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum, const float* dout, const float* qkv,
+                                          const float* out, const float* lse, int B, int T, int NH, int hs) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    long warps = (long)B * T * NH;
+    attention_fused_dsum_kernel<float><<<ceil_div(warps * 32, ATT_THREADS), ATT_THREADS, 0, cx->stream>>>(dsum, dout, out, B, T, NH, hs);
+    CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_dsum_kernel");
+    switch (att_dk(hs)) {
+    case 1: attention_fused_backward_launch<1>(cx, dqkv, dout, qkv, lse, dsum, B, T, NH, hs); break;
+    case 2: attention_fused_backward_launch<2>(cx, dqkv, dout, qkv, lse, dsum, B, T, NH, hs); break;
+    case 4: attention_fused_backward_launch<4>(cx, dqkv, dout, qkv, lse, dsum, B, T, NH, hs); break;
+    default: attention_fused_backward_launch<8>(cx, dqkv, dout, qkv, lse, dsum, B, T, NH, hs); break;
+    }
+}
+
+// ----------------------------------------------------------------------------
 // Vocab-parallel softmax cross-entropy, in three local steps around two all-reduces.
 // logits (N, Vl) are this rank's columns [v0, v0+Vl) of the padded vocab; only columns < V are real.
 // One block per row; any Vl works (threads past the row's end contribute the reduction's identity),

@@ -418,6 +418,220 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
 }
 
 // ----------------------------------------------------------------------------
+// Fused causal attention (FlashAttention-2, Dao 2023): the same function as attention_forward/backward,
+// without the (B, NH, T, T) probabilities. The forward walks tiles of ATT_TILE queries against tiles of
+// ATT_TILE keys with an online softmax (a running max m and sum l per row, the output rescaled when m
+// grows) and keeps the output and one log-sum-exp per row, lse = m + log(l). The backward recomputes
+// each tile's probabilities from q, k and lse, P = exp(s - lse), and needs D = rowsum(dO * O), since
+// sum_u P[t,u] dP[t,u] = dO[t] . O[t]. Key tiles past a query tile's diagonal are never visited.
+//
+// Work is split as kernels.cuh splits it, so the two backends run the same algorithm: the forward and
+// dq per (b, h, query tile), dk and dv per (b, h, key tile) looping over the query tiles at or below it.
+// Every output element belongs to one task and is summed in a fixed order: no result depends on the
+// thread count. 64 x 64 tiles keep one task's tiles (scores, probabilities, dP: 16 KB each; a transposed
+// k or v tile and the dk, dv or output accumulators: 32 KB each at hs = 128) in L2 next to the q, k, v
+// rows they stream. Head sizes up to ATT_HS_MAX, the bound the CUDA kernels hold in registers (gpt_build
+// refuses a larger one with fused attention).
+#define ATT_TILE 64
+#define ATT_HS_MAX 128
+
+// S (nr, ATT_TILE) = A rows 0..nr-1 (row stride lda) . B rows 0..nc-1 (row stride ldb)^T over hs; columns
+// nc..ATT_TILE-1 are 0. B is transposed into a tile first; then 4 rows by 16 columns at a time stay in
+// registers while d runs (2 loads of B and 4 broadcasts of A per 8 vector FMAs), as gemm_cpu's micro-tile.
+// Each S element is one chain over d in order.
+static void att_tile_dots(float* S, const float* A, long lda, int nr, const float* Bm, long ldb, int nc, int hs) {
+    float bt[ATT_HS_MAX][ATT_TILE];
+    for (int d = 0; d < hs; d++)
+        for (int c = 0; c < ATT_TILE; c++) bt[d][c] = c < nc ? Bm[(long)c * ldb + d] : 0.0f;
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const float* a[4];
+        for (int i = 0; i < 4; i++) a[i] = A + (long)(r0 + i < nr ? r0 + i : nr - 1) * lda;  // past nr: a row again, not stored
+        for (int c0 = 0; c0 < ATT_TILE; c0 += 16) {
+            float acc[4][16] = {};
+            for (int d = 0; d < hs; d++) {
+                const float* b = &bt[d][c0];
+                for (int i = 0; i < 4; i++) {
+                    const float ad = a[i][d];
+                    #pragma omp simd
+                    for (int e = 0; e < 16; e++) acc[i][e] += ad * b[e];
+                }
+            }
+            for (int i = 0; i < 4 && r0 + i < nr; i++) memcpy(S + (long)(r0 + i) * ATT_TILE + c0, acc[i], sizeof(acc[i]));
+        }
+    }
+}
+
+// acc (m, hs; row stride lda) += P (m, n) . X (n, hs; row stride ldx), with p(i, j) = P[i * p_rs + j * p_cs]
+// (so P^T is passed by swapping the strides): each element summed over j in order. 4 rows by 16 columns
+// of acc stay in registers while j runs (2 loads of X, 4 broadcasts of P per 8 vector FMAs).
+static void att_tile_gemm(float* acc, long lda, int m, const float* P, long p_rs, long p_cs, int n, const float* X, long ldx,
+                          int hs) {
+    for (int i0 = 0; i0 < m; i0 += 4) {
+        const int mi = m - i0 < 4 ? m - i0 : 4;
+        int d0 = 0;
+        for (; d0 + 16 <= hs; d0 += 16) {
+            float a[4][16] = {};
+            for (int i = 0; i < mi; i++) memcpy(a[i], acc + (long)(i0 + i) * lda + d0, sizeof(a[i]));
+            for (int j = 0; j < n; j++) {
+                const float* x = X + (long)j * ldx + d0;
+                for (int i = 0; i < 4; i++) {
+                    const float c = i < mi ? P[(long)(i0 + i) * p_rs + j * p_cs] : 0.0f;
+                    #pragma omp simd
+                    for (int e = 0; e < 16; e++) a[i][e] += c * x[e];
+                }
+            }
+            for (int i = 0; i < mi; i++) memcpy(acc + (long)(i0 + i) * lda + d0, a[i], sizeof(a[i]));
+        }
+        for (; d0 < hs; d0++)  // the last hs % 16 columns
+            for (int i = 0; i < mi; i++) {
+                float a = acc[(long)(i0 + i) * lda + d0];
+                for (int j = 0; j < n; j++) a += P[(long)(i0 + i) * p_rs + j * p_cs] * X[(long)j * ldx + d0];
+                acc[(long)(i0 + i) * lda + d0] = a;
+            }
+    }
+}
+
+// P (nr, ATT_TILE) of the tile of queries i0.. and keys j0..: exp(scale * q.k - lse[row]), 0 where the key
+// is past the query (causal) or past T (nc). lse is the forward's, so P is its probabilities again.
+static void att_tile_probs(float* P, const float* q, const float* k, const float* lse, int i0, int nr, int j0, int nc,
+                           int hs, int C3, float scale) {
+    att_tile_dots(P, q + (long)i0 * C3, C3, nr, k + (long)j0 * C3, C3, nc, hs);
+    for (int r = 0; r < nr; r++) {
+        float* p = P + (long)r * ATT_TILE;
+        int ncv = i0 + r - j0 + 1 < nc ? i0 + r - j0 + 1 : nc;  // the keys row r sees in this tile
+        float ls = lse[i0 + r];
+        #pragma omp simd
+        for (int c = 0; c < ATT_TILE; c++) p[c] = c < ncv ? exp_fast(p[c] * scale - ls) : 0.0f;
+    }
+}
+
+// qkv (B, T, 3*NH*hs) as attention_forward reads it.
+// out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  lse (B, NH, T) = log sum_u exp(q.k_u / sqrt(hs))
+// over the keys u <= t of each row: all the backward needs besides q, k, v and out.
+static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv, int B, int T, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C, NT = (T + ATT_TILE - 1) / ATT_TILE;
+    const float scale = 1.0f / sqrtf((float)hs);
+    cpu_for((long)B * NH * NT, [&](long task) {
+        int qt = (int)(task % NT), h = (int)(task / NT % NH), b = (int)(task / NT / NH);
+        const float* q = qkv + (size_t)b * T * C3 + h * hs;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        int i0 = qt * ATT_TILE, nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
+        float S[ATT_TILE * ATT_TILE], acc[ATT_TILE][ATT_HS_MAX], m[ATT_TILE], l[ATT_TILE];
+        for (int r = 0; r < nr; r++) {
+            m[r] = -FLT_MAX;
+            l[r] = 0.0f;
+            for (int d = 0; d < hs; d++) acc[r][d] = 0.0f;
+        }
+        for (int j0 = 0; j0 < i0 + nr; j0 += ATT_TILE) {  // key tiles up to the diagonal one
+            int nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
+            att_tile_dots(S, q + (long)i0 * C3, C3, nr, k + (long)j0 * C3, C3, nc, hs);
+            for (int r = 0; r < nr; r++) {
+                float* s = S + (long)r * ATT_TILE;
+                int ncv = i0 + r - j0 + 1 < nc ? i0 + r - j0 + 1 : nc;
+                float mx = m[r];
+                for (int c = 0; c < ncv; c++) { s[c] *= scale; mx = s[c] > mx ? s[c] : mx; }
+                // the running sum and output were taken against m[r]: rescale them to the new max
+                float corr = exp_fast(m[r] - mx), sum = 0.0f;
+                #pragma omp simd reduction(+ : sum)
+                for (int c = 0; c < ncv; c++) { float e = exp_fast(s[c] - mx); s[c] = e; sum += e; }
+                l[r] = l[r] * corr + sum;
+                m[r] = mx;
+                float* a = acc[r];
+                #pragma omp simd
+                for (int d = 0; d < hs; d++) a[d] *= corr;
+                for (int c = ncv; c < nc; c++) s[c] = 0.0f;  // masked: no weight
+            }
+            att_tile_gemm(acc[0], ATT_HS_MAX, nr, S, ATT_TILE, 1, nc, v + (long)j0 * C3, C3, hs);  // acc += P v
+        }
+        for (int r = 0; r < nr; r++) {
+            float inv = 1.0f / l[r];
+            float* o = out + ((size_t)b * T + i0 + r) * C + h * hs;
+            for (int d = 0; d < hs; d++) o[d] = acc[r][d] * inv;
+            lse[((size_t)b * NH + h) * T + i0 + r] = m[r] + logf(l[r]);
+        }
+    });
+}
+
+// dqkv (B, T, 3*NH*hs) = gradient of attention_fused_forward given dout (B, T, NH*hs)   (written), from
+// qkv, the forward's out and lse. dsum (B, NH, T) is scratch: D = rowsum(dout * out) per head.
+// Three passes: D; dk and dv per key tile (over the query tiles that see it); dq per query tile.
+static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+                                         const float* lse, int B, int T, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C, NT = (T + ATT_TILE - 1) / ATT_TILE;
+    const float scale = 1.0f / sqrtf((float)hs);
+    cpu_for((long)B * T, [&](long bt) {
+        int b = (int)(bt / T), t = (int)(bt % T);
+        for (int h = 0; h < NH; h++) {
+            const float* o = out + (size_t)bt * C + h * hs;
+            const float* d = dout + (size_t)bt * C + h * hs;
+            float s = 0.0f;
+            #pragma omp simd reduction(+ : s)
+            for (int i = 0; i < hs; i++) s += d[i] * o[i];
+            dsum[((size_t)b * NH + h) * T + t] = s;
+        }
+    });
+    // dS (nr, ATT_TILE) = P * (dP - D) * scale in place over dP, the gradient of the scaled scores
+    auto tile_grad = [&](float* P, float* dP, const float* q, const float* k, const float* v, const float* dO,
+                         const float* ls, const float* D, int i0, int nr, int j0, int nc) {
+        att_tile_probs(P, q, k, ls, i0, nr, j0, nc, hs, C3, scale);
+        att_tile_dots(dP, dO + (long)i0 * C, C, nr, v + (long)j0 * C3, C3, nc, hs);  // dP = dO v^T
+        for (int r = 0; r < nr; r++) {
+            float* g = dP + (long)r * ATT_TILE;
+            const float* p = P + (long)r * ATT_TILE;
+            float dr = D[i0 + r];
+            #pragma omp simd
+            for (int c = 0; c < ATT_TILE; c++) g[c] = p[c] * (g[c] - dr) * scale;
+        }
+    };
+    // dk, dv of key tile kt: sums over the query tiles qt >= kt, in order, and rows in order
+    cpu_for((long)B * NH * NT, [&](long task) {
+        int kt = (int)(task % NT), h = (int)(task / NT % NH), b = (int)(task / NT / NH);
+        const float* q = qkv + (size_t)b * T * C3 + h * hs;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        const float* dO = dout + (size_t)b * T * C + h * hs;
+        const float* ls = lse + ((size_t)b * NH + h) * T;
+        const float* D = dsum + ((size_t)b * NH + h) * T;
+        int j0 = kt * ATT_TILE, nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
+        float P[ATT_TILE * ATT_TILE], dS[ATT_TILE * ATT_TILE], dk[ATT_TILE][ATT_HS_MAX], dv[ATT_TILE][ATT_HS_MAX];
+        for (int c = 0; c < nc; c++)
+            for (int d = 0; d < hs; d++) dk[c][d] = dv[c][d] = 0.0f;
+        for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
+            int nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
+            tile_grad(P, dS, q, k, v, dO, ls, D, i0, nr, j0, nc);
+            att_tile_gemm(dv[0], ATT_HS_MAX, nc, P, 1, ATT_TILE, nr, dO + (long)i0 * C, C, hs);   // dv += P^T dO
+            att_tile_gemm(dk[0], ATT_HS_MAX, nc, dS, 1, ATT_TILE, nr, q + (long)i0 * C3, C3, hs);  // dk += dS^T q
+        }
+        for (int c = 0; c < nc; c++) {
+            float* row = dqkv + ((size_t)b * T + j0 + c) * C3 + h * hs;
+            memcpy(row + C, dk[c], hs * sizeof(float));
+            memcpy(row + 2 * C, dv[c], hs * sizeof(float));
+        }
+    });
+    // dq of query tile qt: sums over the key tiles up to the diagonal, in order
+    cpu_for((long)B * NH * NT, [&](long task) {
+        int qt = (int)(task % NT), h = (int)(task / NT % NH), b = (int)(task / NT / NH);
+        const float* q = qkv + (size_t)b * T * C3 + h * hs;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        const float* dO = dout + (size_t)b * T * C + h * hs;
+        const float* ls = lse + ((size_t)b * NH + h) * T;
+        const float* D = dsum + ((size_t)b * NH + h) * T;
+        int i0 = qt * ATT_TILE, nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
+        float P[ATT_TILE * ATT_TILE], dS[ATT_TILE * ATT_TILE], dq[ATT_TILE][ATT_HS_MAX];
+        for (int r = 0; r < nr; r++)
+            for (int d = 0; d < hs; d++) dq[r][d] = 0.0f;
+        for (int j0 = 0; j0 < i0 + nr; j0 += ATT_TILE) {
+            int nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
+            tile_grad(P, dS, q, k, v, dO, ls, D, i0, nr, j0, nc);
+            att_tile_gemm(dq[0], ATT_HS_MAX, nr, dS, ATT_TILE, 1, nc, k + (long)j0 * C3, C3, hs);  // dq += dS k (dS 0 past the diagonal)
+        }
+        for (int r = 0; r < nr; r++) memcpy(dqkv + ((size_t)b * T + i0 + r) * C3 + h * hs, dq[r], hs * sizeof(float));
+    });
+}
+
+// ----------------------------------------------------------------------------
 // Vocab-parallel softmax cross-entropy, in three local steps around two all-reduces.
 // logits (N, Vl) are this rank's columns [v0, v0+Vl) of the padded vocab; only columns < V are real.
 
@@ -553,7 +767,8 @@ static void kv_write_cpu(float* kc, float* vc, const float* qkv, const int* pos,
 // at b; it attends to cache positions 0..pos[b] (its own k and v already written there by kv_write):
 // out = softmax(q k^T / sqrt(hs)) v, the last row of attention_forward's causal square, computed as that
 // row is: the scores and the product with v through gemm_cpu (the same sums in the same order), and the
-// softmax steps of attention_probs_head. On the CPU the cached logits are then the full forward's.
+// softmax steps of attention_probs_head. On the CPU the cached logits are then the full forward's with
+// --attention matmul; fused attention's prefill and full forward round differently (the serve tests' bounds).
 static void attention_decode_cpu(float* out, const float* qkv, const float* kc, const float* vc, const int* pos,
                                  int B, int NH, int Tmax, int hs) {
     const int C = NH * hs;

@@ -159,9 +159,9 @@ static const char* g_argv0 = "./test_tp";  // this binary, for the tests that ru
 static bool g_tf32 = true;
 static bool g_overlap = true;  // gpt.cu's backward overlap (GPT::overlap)
 
-// (sp: --sp 1, recompute: -r)
+// (sp: --sp 1, recompute: -r, fused: --attention fused, else matmul)
 static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, int steps, const std::vector<int>& data,
-                   int B, int T, float lr, float clip, TpResult* out, bool sp = false, int recompute = 0) {
+                   int B, int T, float lr, float clip, TpResult* out, bool sp = false, int recompute = 0, bool fused = true) {
     CommGroup* group = new CommGroup();
     comm_group_init(group, P, 60);
     bool nccl = g_device == DEV_CUDA && P > 1 && g_ngpu >= P;
@@ -183,6 +183,7 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
         gpt_build(&m, &rk, cfg, init.data(), 0);
         m.sp = sp;
         m.recompute = recompute;
+        m.fused = fused;
         m.overlap = g_overlap;
         auto local = [&](const float* p) {
             std::vector<float> h(m.nparams);
@@ -369,30 +370,31 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
 // recomputation: -r 1, 2, 3 change what is kept, never a bit of the result
 
 static void test_recompute() {
-    printf("recomputation: -r 1, 2, 3 bit-identical to -r 0, with and without --sp 1 (5 AdamW steps)\n");
+    printf("recomputation: -r 1, 2 (fused attention) and 1, 2, 3 (matmul) bit-identical to -r 0, with and without --sp 1 (5 AdamW steps)\n");
     GPTConfig cfg = make_config(2, 4, 32, 200, 32);
     int B = 2, T = 24, steps = 5;
     std::vector<float> init = init_weights(&cfg, 13);
     std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg.V, 14);
     struct { int P; bool sp; } cases[] = {{1, false}, {2, false}, {2, true}, {4, true}};
-    for (auto& k : cases) {
+    for (auto& k : cases)
+      for (bool fused : {true, false}) {
         TpResult ref;
-        run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &ref, k.sp, 0);
-        for (int r = 1; r <= 3; r++) {
+        run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &ref, k.sp, 0, fused);
+        for (int r = 1; r <= (fused ? 2 : 3); r++) {  // -r 3 recomputes what only matmul attention keeps
             TpResult res;
-            run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &res, k.sp, r);
+            run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &res, k.sp, r, fused);
             long d = 0;
             for (int i = 0; i < steps; i++) d += memcmp(&res.losses[i], &ref.losses[i], sizeof(float)) != 0;
             for (size_t i = 0; i < ref.params_full.size(); i++) d += memcmp(&res.params_full[i], &ref.params_full[i], 4) != 0;
             for (size_t i = 0; i < ref.grads_full.size(); i++) d += memcmp(&res.grads_full[i], &ref.grads_full[i], 4) != 0;
-            check_le(d, 0, "P=%d%s -r %d against -r 0: losses, step-0 gradients and final weights differing (bit for bit)", k.P,
-                     k.sp ? " --sp 1" : "", r);
+            check_le(d, 0, "P=%d%s --attention %s -r %d against -r 0: losses, step-0 gradients and final weights differing (bit for bit)",
+                     k.P, k.sp ? " --sp 1" : "", fused ? "fused" : "matmul", r);
         }
     }
 }
 
 // The activation memory: what acts_layout allocates against the closed-form formula the memory table
-// prints, for every combination of P, --sp and -r on two shapes.
+// prints, for every combination of P, --sp, -r and --attention on two shapes.
 static void test_acts_table() {
     printf("activation memory: acts_layout against the closed-form formula\n");
     long worst = 0, cases = 0;
@@ -401,28 +403,32 @@ static void test_acts_table() {
         int B = shape == 0 ? 3 : 2, T = shape == 0 ? 16 : 36;
         for (int P : {1, 2, 4, 6})
             for (int sp = 0; sp < 2; sp++)
-                for (int r = 0; r <= 3; r++) {
-                    if (!tp_valid(&c, P)) continue;
+                for (int r = 0; r <= 3; r++)
+                  for (int fused = 0; fused < 2; fused++) {
+                    if (!tp_valid(&c, P) || (fused && r >= 3)) continue;
                     ShardPlan s;
                     shard_plan_init(&s, &c, P, 0);
                     bool split = sp_splits(sp, P, B, T);
                     long L = c.L, C = c.C, NH = c.NH, BT = (long)B * T, N = split ? BT / P : BT, HT = BT * C / P;
-                    long att = B * (NH / P) * (long)T * T;
-                    // per layer: token-wise N*(aC + 4), head-wise B*T*bC/P, attention B*NH*T*T/P (as printed)
-                    long per_layer = N * ((r >= 2 ? 2 : 4) * C + 4) + (r >= 1 ? 8 : 12) * HT + (r >= 3 ? 0 : att);
+                    long att = B * (NH / P) * (long)T * T, rows = B * (NH / P) * (long)T;
+                    // per layer: token-wise N*(aC + 4), head-wise B*T*bC/P, attention B*NH*T*T/P with matmul or
+                    // the log-sum-exps B*NH*T/P with fused (as printed)
+                    long per_layer = N * ((r >= 2 ? 2 : 4) * C + 4) + (r >= 1 ? 8 : 12) * HT + (fused ? rows : r >= 3 ? 0 : att);
                     // outside the layers: encoded, lnf (every token) and its statistics, logits, the loss's
                     // 4 floats per token, partial, gathered (SP), dres, dln, datty, dqkv, dfch, and one copy
-                    // of what -r recomputes
+                    // of what -r recomputes; fused attention's D (B*NH*T/P)
                     long outside = N * C + BT * C + 2 * N + BT * (c.Vp / P) + 4 * BT + BT * C + (split ? BT * C : 0) + N * C +
                                    BT * C + HT + 3 * HT + 4 * HT + (r >= 1 ? 4 * HT : 0) + (r >= 2 ? 2 * N * C : 0) +
-                                   (r >= 3 ? att : 0);
-                    long table = acts_floats(&c, &s, B, T, split, r), table_layer = acts_floats_per_layer(&c, &s, B, T, split, r);
+                                   (!fused && r >= 3 ? att : 0) + (fused ? rows : 0);
+                    long table = acts_floats(&c, &s, B, T, split, r, fused != 0);
+                    long table_layer = acts_floats_per_layer(&c, &s, B, T, split, r, fused != 0);
                     worst = std::max(worst, std::max(labs(table - (L * per_layer + outside)), labs(table_layer - per_layer)));
                     cases++;
                 }
     }
     check_le(worst, 0, "%ld configurations: floats allocated (and per layer) against the formula, largest difference", cases);
-    // and a model really allocates what the table says (the memory table's printed number)
+    // and a model really allocates what the table says (the memory table's printed number), with either attention
+    for (bool fused : {true, false}) {
     GPTConfig cfg = make_config(2, 4, 32, 200, 32);
     long want = 0, got = 0;
     CommGroup* g = new CommGroup();
@@ -438,16 +444,19 @@ static void test_acts_table() {
             gpt_build(&m, &rk, &cfg, init.data(), 0);
             m.sp = true;
             m.recompute = 2;
+            m.fused = fused;
             gpt_forward(&m, &rk, tok.data(), tok.data() + 1, 2, 24, true);
             if (r == 0) {
                 for (int i = 0; i < NUM_ACTS; i++) got += m.layout.size[i] * act_copies(&m.layout, i, cfg.L);
-                want = acts_floats(&m.cfg, &m.plan, 2, 24, true, 2);
+                want = acts_floats(&m.cfg, &m.plan, 2, 24, true, 2, fused);
             }
             gpt_free(&m, &rk);
         });
     for (auto& t : th) t.join();
     delete g;
-    check_le(labs(got - want), 0, "a P=2 --sp 1 -r 2 model allocates %ld activation floats, the table %ld: difference", got, want);
+    check_le(labs(got - want), 0, "a P=2 --sp 1 -r 2 --attention %s model allocates %ld activation floats, the table %ld: difference",
+             fused ? "fused" : "matmul", got, want);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -954,11 +963,51 @@ static void test_gpu() {
     serve_gpu_tests(g_ndev);
 }
 
+// Fused attention against matmul attention over 10 AdamW steps, at TP = 1, 2, 4 with and without --sp 1,
+// at T = 96 (a full 64-wide tile and a partial one): the two compute the same function with different
+// rounding (a few u per attention output, the ops test), which training carries along; held to the
+// TP = P against TP = 1 bounds. And fused TP = P against fused TP = 1 at this T, which the tp and sp
+// groups' T = 16 (one tile) do not reach.
+static void test_fused_vs_matmul() {
+    GPTConfig cfg = make_config(2, 4, 32, 200, 128);
+    int B = 2, T = 96, steps = 10;
+    printf("fused against matmul attention: L%d NH%d C%d, B%d T%d, %d AdamW steps, TP = 1, 2, 4, with and without --sp 1\n", cfg.L,
+           cfg.NH, cfg.C, B, T, steps);
+    std::vector<float> init = init_weights(&cfg, 17);
+    std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg.V, 18);
+    TpResult f1;
+    run_tp(&cfg, init, 1, steps, data, B, T, 1e-3f, 1.0f, &f1, false, 0, true);
+    struct { int P; bool sp; } cases[] = {{1, false}, {2, false}, {4, false}, {2, true}, {4, true}};
+    for (auto& k : cases) {
+        TpResult fu, mm;
+        if (k.P == 1) fu = f1;
+        else run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &fu, k.sp, 0, true);
+        run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &mm, k.sp, 0, false);
+        double lw = 0, lp = 0;
+        for (int i = 0; i < steps; i++) {
+            lw = worse(lw, fabs((double)fu.losses[i] - mm.losses[i]) / fabs(mm.losses[i]));
+            lp = worse(lp, fabs((double)fu.losses[i] - f1.losses[i]) / fabs(f1.losses[i]));
+        }
+        double gw = rel_err(fu.grads_full.data(), mm.grads_full.data(), (long)mm.grads_full.size());
+        double pw = rel_err(fu.params_full.data(), mm.params_full.data(), (long)mm.params_full.size());
+        const char* sp = k.sp ? " --sp 1" : "";
+        check_le(lw, 1e-5, "P=%d%s fused against matmul: losses over %d steps, worst rel err", k.P, sp, steps);
+        check_le(gw, 1e-5, "P=%d%s fused against matmul: step-0 gathered gradients, rel err", k.P, sp);
+        check_le(pw, 1e-5, "P=%d%s fused against matmul: weights after %d steps, rel err", k.P, sp, steps);
+        if (k.P > 1) {
+            check_le(lp, 1e-5, "P=%d%s fused against fused TP=1: losses over %d steps, worst rel err", k.P, sp, steps);
+            check_le(rel_err(fu.params_full.data(), f1.params_full.data(), (long)f1.params_full.size()), 1e-5,
+                     "P=%d%s fused against fused TP=1: weights after %d steps, rel err", k.P, sp, steps);
+        }
+    }
+}
+
 static void test_tp_all() {
     GPTConfig c4 = make_config(2, 4, 32, 200, 32);   // NH 4, Vp 256: P = 1, 2, 4
     test_tp_equivalence(&c4, {2, 4});
     GPTConfig c6 = make_config(2, 6, 48, 300, 32);   // NH 6, Vp 384: P = 3 (and 2, 6)
     test_tp_equivalence(&c6, {3, 6});
+    test_fused_vs_matmul();
 }
 
 // sequence parallelism against TP=1; B*T = 48 tokens divide into 2, 3, 4 and 6 ranks
@@ -980,9 +1029,9 @@ static const TestGroup g_groups[] = {
     {"gpu", test_gpu, "every CUDA op against its CPU op, the GPU collectives, GPU training (needs a GPU)"},
     {"collectives", test_collectives, "all-reduce, reduce-scatter, all-gather against serial loops"},
     {"harness", test_harness, "a NaN fails check_le and every worst-of; the scratch folders are removed"},
-    {"tp", test_tp_all, "TP = 2, 3, 4, 6 against TP = 1: losses, gradients, weights, replicated tensors, bytes"},
+    {"tp", test_tp_all, "TP = 2, 3, 4, 6 against TP = 1: losses, gradients, weights, replicated tensors, bytes; fused vs matmul attention"},
     {"sp", test_sp_all, "--sp 1 at P = 2, 3, 4 against TP = 1; the activation memory table"},
-    {"recompute", test_recompute, "-r 1, 2, 3 bit-identical to -r 0, with and without --sp 1"},
+    {"recompute", test_recompute, "-r 1, 2 (and 3 with --attention matmul) bit-identical to -r 0, with and without --sp 1"},
     {"reference", test_reference_forward, "the forward against an independent double-precision GPT-2"},
     {"gradcheck", test_gradcheck, "the backward against central finite differences"},
     {"ops", test_ops, "every CPU op, forward and backward, against a float64 reference, scores and logits past exp's range"},
@@ -1046,8 +1095,10 @@ int main(int argc, char** argv) {
         bench_overlap(g_ndev);
         return 0;
     }
+    if (argc > 1 && !strcmp(argv[1], "bench-attention")) return bench_attention_cpu();
     if (argc > 1 && (!strcmp(argv[1], "--list") || !strcmp(argv[1], "--help"))) {
-        printf("usage: ./test_tp [GROUP ...]   (no GROUP: all of them, in this order; ./test_tp bench: GPU timings)\n");
+        printf("usage: ./test_tp [GROUP ...]   (no GROUP: all of them, in this order; ./test_tp bench: GPU timings;\n"
+               "       ./test_tp bench-attention: the CPU's fused and matmul attention timed side by side)\n");
         for (const TestGroup& g : g_groups) printf("  %-12s %s\n", g.name, g.what);
         return 0;
     }

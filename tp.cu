@@ -145,6 +145,10 @@ static void setup_resume(Run* run) {
 static void setup_schedule(Run* run) {
     const Args* a = &run->args;
     check_data_flags(a);
+    // the one rule of -r 3: it recomputes the probabilities the matmul attention keeps; fused keeps none
+    if (a->recompute >= 3 && a->attention)
+        fatal("-r 3 recomputes the attention probabilities, which fused attention (the default) never keeps: "
+              "use -r 2, or --attention matmul -r 3");
     run->sample_only = a->max_steps == 0 || a->chat || (run->resuming && run->start_step == a->max_steps);
     if (run->sample_only && a->gen_tokens == 0) fatal("-x 0 prints a sample and trains nothing, but -g 0 asks for no tokens: give -g N");
     if (a->sweep && g_procs.n > 1) fatal("--sweep times replicas inside one process (--dp): start it without mpirun");
@@ -220,6 +224,9 @@ static void setup_ranks(Run* run) {
         for (int p = 1; p * run->D <= units; p++)
             if (tp_valid(c, p)) run->P = p;
     }
+    if (a->attention && c->C / c->NH > ATT_HS_MAX)
+        fatal("fused attention takes head sizes up to %d, and this model's is %d (C %d / %d heads): use --attention matmul",
+              ATT_HS_MAX, c->C / c->NH, c->C, c->NH);
     if (!tp_valid(c, run->P))
         fatal("--tp %d does not divide the model (%d heads, padded vocab %d): valid --tp values are %s", run->P, c->NH, c->Vp,
               tp_valid_list(c).c_str());
@@ -326,6 +333,7 @@ static void rank_run_start(RankRun* rr, Run* run, int d, int r) {
     gpt_build(&rr->m, &rr->rk, &run->cfg, run->init.data(), a->zero);
     rr->m.sp = a->sp;
     rr->m.recompute = a->recompute;
+    rr->m.fused = a->attention != 0;
     rr->train = rr->val = DataLoader();
     if (run->sample_only) return;  // no data needed
     bool files = a->train != nullptr;

@@ -286,6 +286,49 @@ static void test_attention(CudaCtx* cx) {
     }
 }
 
+// Fused attention: the CUDA kernels against attention_fused_*_cpu (the same tiles and contract; the
+// kernels are hand-written fp32, no TF32, so SUM_BOUND of each tensor's scale: the two differ in exp and
+// in the order of the dot products' terms), and twice on the GPU bit for bit (no atomics). Shapes: every
+// tile edge (T = 1, 2, 63, 64, 65, 127, 256) and T = 1024 with one head; head sizes 16, 24 (padded to the
+// 32-wide accumulators), 64 and 128 (every DK template). Up to T = 256 only, plus the single T = 1024
+// head, because the emulated GPU runs these at about a thousandth of a GPU's speed.
+static void test_attention_fused(CudaCtx* cx) {
+    printf("attention_fused_forward / attention_fused_backward against the CPU's fused ops\n");
+    Rnd r = {55};
+    struct { int B, T, NH, hs; } cases[] = {{1, 1, 1, 16}, {2, 2, 3, 64}, {1, 63, 2, 128}, {2, 64, 1, 16}, {1, 65, 3, 64},
+                                            {1, 127, 2, 24}, {2, 256, 2, 64}, {1, 1024, 1, 64}};
+    for (auto& k : cases) {
+        char s[64];
+        snprintf(s, sizeof(s), "B=%d T=%d NH=%d hs=%d", k.B, k.T, k.NH, k.hs);
+        int C = k.NH * k.hs;
+        long n_qkv = (long)k.B * k.T * 3 * C, n_out = (long)k.B * k.T * C, n_l = (long)k.B * k.NH * k.T;
+        auto qkv = rnd_vec(&r, n_qkv, -2, 2), dout = rnd_vec(&r, n_out);
+        std::vector<float> out_c(n_out), lse_c(n_l), dsum_c(n_l), dqkv_c(n_qkv);
+        attention_fused_forward_cpu(out_c.data(), lse_c.data(), qkv.data(), k.B, k.T, k.NH, k.hs);
+        attention_fused_backward_cpu(dqkv_c.data(), dsum_c.data(), dout.data(), qkv.data(), out_c.data(), lse_c.data(), k.B, k.T,
+                                     k.NH, k.hs);
+        DevBuf dq = dev_up(cx, qkv), dd = dev_up(cx, dout), co = dev_up(cx, out_c), cl = dev_up(cx, lse_c);
+        DevBuf go = dev_up(cx, std::vector<float>(n_out, 7.0f)), gl = dev_up(cx, std::vector<float>(n_l, 7.0f));
+        DevBuf gs = dev_up(cx, std::vector<float>(n_l, 7.0f)), gg = dev_up(cx, std::vector<float>(n_qkv, 7.0f));
+        attention_fused_forward_cuda(cx, go.p, gl.p, dq.p, k.B, k.T, k.NH, k.hs);
+        auto out_g = dev_down(cx, go.p, n_out), lse_g = dev_down(cx, gl.p, n_l);
+        expect_close("attention_fused out", s, out_g, out_c, SUM_BOUND);
+        expect_close("attention_fused lse", s, lse_g, lse_c, SUM_BOUND);
+        // the backward from the CPU's out and lse, so it is compared alone
+        attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, co.p, cl.p, k.B, k.T, k.NH, k.hs);
+        auto dqkv_g = dev_down(cx, gg.p, n_qkv);
+        expect_close("attention_fused dqkv", s, dqkv_g, dqkv_c, SUM_BOUND);
+        expect_close("attention_fused D", s, dev_down(cx, gs.p, n_l), dsum_c, SUM_BOUND);
+        // deterministic: the same bits again
+        attention_fused_forward_cuda(cx, go.p, gl.p, dq.p, k.B, k.T, k.NH, k.hs);
+        attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, co.p, cl.p, k.B, k.T, k.NH, k.hs);
+        long diff = count_diff(dev_down(cx, go.p, n_out), out_g) + count_diff(dev_down(cx, gl.p, n_l), lse_g) +
+                    count_diff(dev_down(cx, gg.p, n_qkv), dqkv_g);
+        check_le(diff, 0, "%-22s %-44s a second run: floats differing (out, lse, dqkv)", "attention_fused", s);
+        for (DevBuf* b : {&dq, &dd, &co, &cl, &go, &gl, &gs, &gg}) cuda_free(cx, b->base);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // vocab-parallel cross-entropy: every shard of a padded vocab, with the all-reduces done on the host
 
@@ -517,7 +560,7 @@ static void bench(CudaCtx* cx) {
     float *x = fill(N * C), *y = fill(N * C), *w = fill(4L * C * C), *bias = fill(4L * C), *qkv = fill(N * 3 * C);
     float *h = fill(N * 4 * C), *h2 = fill(N * 4 * C), *att = fill((long)B * NH * T * T), *mean = fill(N), *rstd = fill(N);
     float *dw = fill(4L * C * C), *db = fill(4L * C), *dqkv = fill(N * 3 * C), *wte = fill((long)Vp * C);
-    float *logits = fill(N * Vp), *ce = fill(3 * N);
+    float *logits = fill(N * Vp), *ce = fill(3 * N), *lse = fill((long)B * NH * T), *dsum = fill((long)B * NH * T);
     std::vector<int> tok(N);
     for (auto& t : tok) t = (int)(rnd_u64(&r) % V);
     int* dtok = dev_up_int(cx, tok);
@@ -541,7 +584,10 @@ static void bench(CudaCtx* cx) {
     time("encoder_forward", [&] { encoder_forward_cuda(cx, x, dtok, wte, 0, Vp, (int)N, C); }, 0);
     time("layernorm_forward", [&] { layernorm_forward_cuda(cx, y, mean, rstd, x, w, bias, (int)N, C); }, 0);
     time("matmul_forward qkv (bias)", [&] { matmul_forward_cuda(cx, qkv, y, w, bias, (int)N, C, 3 * C); }, 2.0 * N * C * 3 * C);
-    time("attention_forward", [&] { attention_forward_cuda(cx, y, att, qkv, B, T, NH, hs); }, 4.0 * B * NH * T * T * hs);
+    // per layer, attention both ways (TFLOP/s counted on the full T x T products for both, so the two rates
+    // compare; fused skips the tiles above the diagonal, about half of them)
+    time("attention_forward (matmul)", [&] { attention_forward_cuda(cx, y, att, qkv, B, T, NH, hs); }, 4.0 * B * NH * T * T * hs);
+    time("attention_fused_forward", [&] { attention_fused_forward_cuda(cx, y, lse, qkv, B, T, NH, hs); }, 4.0 * B * NH * T * T * hs);
     time("matmul_forward fc (bias)", [&] { matmul_forward_cuda(cx, h, y, w, bias, (int)N, C, 4 * C); }, 2.0 * N * C * 4 * C);
     time("gelu_forward", [&] { gelu_forward_cuda(cx, h2, h, N * 4 * C); }, 0);
     time("matmul_forward fcproj", [&] { matmul_forward_cuda(cx, x, h2, w, nullptr, (int)N, 4 * C, C); }, 2.0 * N * C * 4 * C);
@@ -554,7 +600,9 @@ static void bench(CudaCtx* cx) {
     time("matmul_backward fc (dbias)", [&] { matmul_backward_cuda(cx, x, dw, db, h, y, w, (int)N, C, 4 * C); }, 4.0 * N * C * 4 * C);
     time("gelu_backward", [&] { gelu_backward_cuda(cx, h2, h, h2, N * 4 * C); }, 0);
     time("layernorm_backward", [&] { layernorm_backward_cuda(cx, x, dw, db, y, x, w, mean, rstd, (int)N, C); }, 0);
-    time("attention_backward", [&] { attention_backward_cuda(cx, dqkv, y, qkv, att, B, T, NH, hs); }, 8.0 * B * NH * T * T * hs);
+    time("attention_backward (matmul)", [&] { attention_backward_cuda(cx, dqkv, y, qkv, att, B, T, NH, hs); }, 8.0 * B * NH * T * T * hs);
+    time("attention_fused_backward", [&] { attention_fused_backward_cuda(cx, dqkv, dsum, y, qkv, x, lse, B, T, NH, hs); },
+         8.0 * B * NH * T * T * hs);
     time("encoder_backward", [&] { encoder_backward_cuda(cx, wte, y, dtok, 0, Vp, (int)N, C); }, 0);
     time("position_backward", [&] { position_backward_cuda(cx, x, y, (int)N, 0, T, C); }, 0);
     time("sumsq (124M floats)", [&] { sumsq_cuda(cx, ce, logits, 124000000L); }, 0);
@@ -749,6 +797,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     test_matmul(&cx);
     test_attention(&cx);
     cuda_set_tf32(&cx, true);
+    test_attention_fused(&cx);
     test_encoder(&cx);
     test_layernorm(&cx);
     test_gelu(&cx);

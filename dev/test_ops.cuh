@@ -433,6 +433,145 @@ static void test_ops_attention() {
     }
 }
 
+// Fused attention (attention_fused_forward/backward) against the materialised ops and a float64
+// reference, at the tile edges (T = 1, 2, 63, 64, 65, 127, 256, 1024 against 64-wide tiles), 1 to 12
+// heads, head sizes 16, 64, 128. q and k are small integers (quarters in one head of three) as above,
+// so q.k is exact and only the 1/sqrt(hs) scale rounds (exactly representable for hs 16 and 64): scores
+// reach about 2, 30 and 300. Bounds, with S = the largest |score| of the case and L the largest |lse|:
+//   lse:  (T + 2 NT + 8 + 2 S + L) u absolute: a sum of T exps, NT = T/64 rescales, the rounded scale
+//         and the last add m + log l;
+//   out:  (2T + 8 + 4 S) u of sum p|v| (the materialised bound plus the scores' rounding through exp);
+//   dq, dk, dv: (2T + hs + 16 + 4 S + 4 L) u of their sums over |terms|: P is exp(s - lse) again, so
+//         lse's rounding enters every probability. Fused against materialised: the two bounds added.
+static void test_ops_attention_fused() {
+    OpsRng r = {515};
+    struct { int B, T, NH, hs; } cases[] = {{1, 1, 1, 16}, {2, 2, 12, 64}, {1, 63, 3, 128}, {2, 64, 5, 16}, {1, 65, 7, 64},
+                                            {1, 127, 2, 128}, {1, 63, 9, 16}, {1, 65, 10, 16}, {1, 127, 11, 16},
+                                            {1, 64, 8, 64}, {2, 256, 4, 64}, {1, 256, 6, 16}, {1, 1024, 1, 128}, {1, 1024, 2, 16}};
+    for (auto& k : cases) {
+        int B = k.B, T = k.T, NH = k.NH, hs = k.hs, C = NH * hs, C3 = 3 * C, NT = (T + ATT_TILE - 1) / ATT_TILE;
+        std::vector<float> qkv((long)B * T * C3);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < NH; h++)
+                    for (int i = 0; i < hs; i++) {
+                        float* row = qkv.data() + ((long)b * T + t) * C3;
+                        int lim = h % 3 == 0 ? 2 : h % 3 == 1 ? 4 : 16;
+                        float div = h % 3 == 0 ? 4.0f : 1.0f;
+                        row[h * hs + i] = ops_int(&r, -lim, lim) / div;
+                        row[C + h * hs + i] = ops_int(&r, -lim, lim) / div;
+                        row[2 * C + h * hs + i] = ops_normal(&r, 0, 1);
+                    }
+        long nO = (long)B * T * C, nL = (long)B * NH * T;
+        std::vector<float> dout = ops_normals(&r, nO, 0, 1);
+        std::vector<float> out_f(nO, NAN), lse(nL, NAN), dsum(nL, NAN), dqkv_f(qkv.size(), NAN);
+        std::vector<float> out_m(nO, NAN), att((long)B * NH * T * T), dqkv_m(qkv.size(), NAN);
+        attention_fused_forward_cpu(out_f.data(), lse.data(), qkv.data(), B, T, NH, hs);
+        attention_fused_backward_cpu(dqkv_f.data(), dsum.data(), dout.data(), qkv.data(), out_f.data(), lse.data(), B, T, NH, hs);
+        attention_forward_cpu(out_m.data(), att.data(), qkv.data(), B, T, NH, hs);
+        attention_backward_cpu(dqkv_m.data(), dout.data(), qkv.data(), att.data(), B, T, NH, hs);
+        // float64: lse, out and its scale, the gradients and their scales
+        std::vector<double> rl(nL), ro(nO), so(nO), rg(qkv.size()), sg(qkv.size());
+        double S = 0, L = 0, isq = 1.0 / sqrt((double)hs);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++) {
+                auto at = [&](int t, int which, int i) { return ((long)b * T + t) * C3 + which * C + h * hs + i; };
+                auto D = [&](int t, int i) { return (double)dout[((long)b * T + t) * C + h * hs + i]; };
+                std::vector<double> p((long)T * T, 0.0), dS((long)T * T, 0.0), aS((long)T * T, 0.0);
+                for (int t = 0; t < T; t++) {
+                    double mx = -1e300, z = 0;
+                    for (int u = 0; u <= t; u++) {
+                        double d = 0;
+                        for (int i = 0; i < hs; i++) d += (double)qkv[at(t, 0, i)] * qkv[at(u, 1, i)];
+                        p[(long)t * T + u] = d * isq;
+                        mx = std::max(mx, d * isq);
+                        S = std::max(S, fabs(d * isq));
+                    }
+                    for (int u = 0; u <= t; u++) z += exp(p[(long)t * T + u] - mx);
+                    rl[((long)b * NH + h) * T + t] = mx + log(z);
+                    L = std::max(L, fabs(mx + log(z)));
+                    for (int u = 0; u <= t; u++) p[(long)t * T + u] = exp(p[(long)t * T + u] - mx) / z;
+                    for (int i = 0; i < hs; i++) {
+                        double y = 0, a = 0;
+                        for (int u = 0; u <= t; u++) { y += p[(long)t * T + u] * qkv[at(u, 2, i)]; a += p[(long)t * T + u] * fabs(qkv[at(u, 2, i)]); }
+                        ro[((long)b * T + t) * C + h * hs + i] = y;
+                        so[((long)b * T + t) * C + h * hs + i] = a;
+                    }
+                    double dot = 0, adot = 0;
+                    std::vector<double> dP(t + 1), aP(t + 1);
+                    for (int u = 0; u <= t; u++) {
+                        double s = 0, a = 0;
+                        for (int i = 0; i < hs; i++) { s += D(t, i) * qkv[at(u, 2, i)]; a += fabs(D(t, i) * qkv[at(u, 2, i)]); }
+                        dP[u] = s;
+                        aP[u] = a;
+                        dot += p[(long)t * T + u] * s;
+                        adot += p[(long)t * T + u] * a;
+                    }
+                    for (int u = 0; u <= t; u++) {
+                        dS[(long)t * T + u] = p[(long)t * T + u] * (dP[u] - dot) * isq;
+                        aS[(long)t * T + u] = p[(long)t * T + u] * (aP[u] + adot) * isq;
+                    }
+                }
+                for (int t = 0; t < T; t++) {
+                    std::vector<double> g(3 * hs, 0.0), a(3 * hs, 0.0);
+                    for (int u = 0; u <= t; u++)  // dq: keys u <= t
+                        for (int i = 0; i < hs; i++) { g[i] += dS[(long)t * T + u] * qkv[at(u, 1, i)]; a[i] += aS[(long)t * T + u] * fabs(qkv[at(u, 1, i)]); }
+                    for (int u = t; u < T; u++)  // dk, dv: queries u >= t
+                        for (int i = 0; i < hs; i++) {
+                            g[hs + i] += dS[(long)u * T + t] * qkv[at(u, 0, i)];
+                            a[hs + i] += aS[(long)u * T + t] * fabs(qkv[at(u, 0, i)]);
+                            g[2 * hs + i] += p[(long)u * T + t] * D(u, i);
+                            a[2 * hs + i] += p[(long)u * T + t] * fabs(D(u, i));
+                        }
+                    for (int w = 0; w < 3; w++)
+                        for (int i = 0; i < hs; i++) { rg[at(t, w, i)] = g[w * hs + i]; sg[at(t, w, i)] = a[w * hs + i]; }
+                }
+            }
+        char s[64];
+        snprintf(s, sizeof(s), "B=%d T=%d NH=%d hs=%d (S %.0f, L %.0f)", B, T, NH, hs, S, L);
+        double b_lse = (T + 2 * NT + 8 + 2 * S + L) * OPS_U, b_out = (2 * T + 8 + 4 * S) * OPS_U;
+        double b_grad = (2 * T + hs + 16 + 4 * S + 4 * L) * OPS_U, b_grad_m = (2 * T + hs + 16 + 4 * S) * OPS_U;
+        double w = 0;
+        for (long i = 0; i < nL; i++) w = worse(w, fabs((double)lse[i] - rl[i]));
+        check_le(w, b_lse, "attention_fused %-38s lse: max |lse - ref|, bound (T + 2NT + 8 + 2S + L) u", s);
+        check_le(scaled_err(out_f.data(), ro.data(), so.data(), nO), b_out, "attention_fused %-38s out: max error / sum p|v|, bound (2T+8+4S) u", s);
+        std::vector<double> om(out_m.begin(), out_m.end());
+        check_le(scaled_err(out_f.data(), om.data(), so.data(), nO), 2 * b_out, "attention_fused %-38s out against attention_forward's, bound 2 (2T+8+4S) u", s);
+        const char* names[] = {"dq", "dk", "dv"};
+        std::vector<double> gm(dqkv_m.begin(), dqkv_m.end());
+        for (int which = 0; which < 3; which++) {
+            double wr = 0, wm = 0;
+            for (long n = 0; n < (long)B * T; n++) {
+                long o = n * C3 + which * C;
+                wr = worse(wr, scaled_err(dqkv_f.data() + o, rg.data() + o, sg.data() + o, C, 1e-30));
+                wm = worse(wm, scaled_err(dqkv_f.data() + o, gm.data() + o, sg.data() + o, C, 1e-30));
+            }
+            check_le(wr, b_grad, "attention_fused %-38s %s: max error / its scale, bound (2T+hs+16+4S+4L) u", s, names[which]);
+            check_le(wm, b_grad + b_grad_m, "attention_fused %-38s %s against attention_backward's, the two bounds added", s, names[which]);
+        }
+    }
+    // bit-identical at any thread count: the forward and backward at 1, 2, 3 and 5 threads of a rank
+    int B = 2, T = 200, NH = 3, hs = 64, C = NH * hs;
+    std::vector<float> qkv = ops_normals(&r, (long)B * T * 3 * C, 0, 2), dout = ops_normals(&r, (long)B * T * C, 0, 1);
+    auto run = [&](int nt) {
+        std::vector<float> res((long)B * T * C + (long)B * NH * T + (long)B * T * 3 * C), dsum((long)B * NH * T);
+        std::thread th([&]() {
+            cpu_pool_start(nt);
+            float *o = res.data(), *l = o + (long)B * T * C, *g = l + (long)B * NH * T;
+            attention_fused_forward_cpu(o, l, qkv.data(), B, T, NH, hs);
+            attention_fused_backward_cpu(g, dsum.data(), dout.data(), qkv.data(), o, l, B, T, NH, hs);
+        });
+        th.join();
+        return res;
+    };
+    std::vector<float> one = run(1);
+    for (int nt : {2, 3, 5}) {
+        std::vector<float> many = run(nt);
+        check_le(bits_differ(many.data(), one.data(), (long)one.size()), 0,
+                 "attention_fused out, lse, dqkv (B=%d T=%d NH=%d) at %d threads against 1: floats differing", B, T, NH, nt);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // cross-entropy, vocab-parallel
 
@@ -584,6 +723,7 @@ static void test_ops() {
     test_ops_layernorm();
     test_ops_residual_gelu();
     test_ops_attention();
+    test_ops_attention_fused();
     test_ops_crossentropy();
     test_ops_adamw();
     test_ops_sumsq();
@@ -732,4 +872,39 @@ static void test_build_config() {
     std::string now(b.begin(), b.end());
     check(rc == 0 && now.find(other + " ") == 0 && out.find(tp_line) != std::string::npos && out.find(test_line) != std::string::npos,
           "after make build/config %s, plain make -n rebuilds both (the record was %s)", other.c_str(), now.substr(0, now.find('\n')).c_str());
+}
+
+// ./test_tp bench-attention: the CPU's attention, forward + backward of one layer, fused against the
+// materialised ops at -e d6 shapes (6 heads of 64, one sequence, TP=1) and T = 256 and 1024, on every
+// core of one rank. The two run interleaved, 5 rounds of each, so a neighbour's load hits both alike;
+// the minimum and the median of each are printed, and their ratio. A measurement, not a test.
+static int bench_attention_cpu() {
+    int B = 1, NH = 6, hs = 64, C = NH * hs, nt = cpu_cores();
+    printf("CPU attention, forward + backward of one layer at d6 shapes (B=%d NH=%d hs=%d), %d threads, ms\n", B, NH, hs, nt);
+    std::thread th([&]() {
+        cpu_pool_start(nt);
+        for (int T : {256, 1024}) {
+            OpsRng r = {77};
+            std::vector<float> qkv = ops_normals(&r, (long)B * T * 3 * C, 0, 1), dout = ops_normals(&r, (long)B * T * C, 0, 1);
+            std::vector<float> out((long)B * T * C), att((long)B * NH * T * T), lse((long)B * NH * T), dsum((long)B * NH * T);
+            std::vector<float> dqkv(qkv.size());
+            std::vector<double> tm, tf;
+            for (int round = 0; round < 6; round++) {  // round 0 warms up both
+                double t0 = comm_now();
+                attention_forward_cpu(out.data(), att.data(), qkv.data(), B, T, NH, hs);
+                attention_backward_cpu(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, NH, hs);
+                double t1 = comm_now();
+                attention_fused_forward_cpu(out.data(), lse.data(), qkv.data(), B, T, NH, hs);
+                attention_fused_backward_cpu(dqkv.data(), dsum.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, hs);
+                double t2 = comm_now();
+                if (round) { tm.push_back(1e3 * (t1 - t0)); tf.push_back(1e3 * (t2 - t1)); }
+            }
+            std::sort(tm.begin(), tm.end());
+            std::sort(tf.begin(), tf.end());
+            printf("  T=%-5d matmul min %8.2f median %8.2f | fused min %8.2f median %8.2f | fused / matmul (medians) %.2f\n", T,
+                   tm[0], tm[tm.size() / 2], tf[0], tf[tf.size() / 2], tf[tf.size() / 2] / tm[tm.size() / 2]);
+        }
+    });
+    th.join();
+    return 0;
 }

@@ -128,8 +128,9 @@ static void test_plan_memory() {
         for (int D : {1, 2})
             for (int zero : {0, 1})
                 for (int sp : {0, 1})
-                    for (int r : {0, 1, 3}) {
-                        if (zero && D == 1) continue;
+                    for (int r : {0, 1, 3})
+                      for (int fused : {0, 1}) {
+                        if ((zero && D == 1) || (fused && r == 3)) continue;  // -r 3: matmul attention only
                         int B = 2, T = 16;
                         CommGroup* g = new CommGroup();
                         comm_group_init(g, 1, 60);
@@ -142,27 +143,28 @@ static void test_plan_memory() {
                         gpt_build(&m, &rk, &c, init.data(), zero);
                         m.sp = sp;
                         m.recompute = r;
+                        m.fused = fused;
                         gpt_alloc_acts(&m, &rk, B, T);
                         // the activations: from the first buffer to the end of the last, as laid out
                         int last = NUM_ACTS - 1;
                         float* end = ((float**)&m.acts)[last] + m.layout.size[last] * act_copies(&m.layout, last, c.L);
                         double got = 4.0 * (2 * m.npad + 2 * m.nslice + (end - m.acts_mem));
-                        double want = plan_memory(&c, P, D, zero, B, T, sp, r, 4);
+                        double want = plan_memory(&c, P, D, zero, B, T, sp, r, fused, 4);
                         cases++;
                         if (got != want) {
                             bad++;
-                            worst = "P=" + std::to_string(P) + " D=" + std::to_string(D);
+                            worst = "P=" + std::to_string(P) + " D=" + std::to_string(D) + (fused ? " fused" : " matmul");
                         }
                         gpt_free(&m, &rk);
                         delete g;
                     }
     check(bad == 0, "plan_memory (fp32) = the bytes of parameters, gradients, AdamW m and v and activations gpt_build and "
-          "gpt_alloc_acts allocate, exactly, in %d of %d configs (P, D, -z, --sp, -r)%s%s", cases - bad, cases,
+          "gpt_alloc_acts allocate, exactly, in %d of %d configs (P, D, -z, --sp, -r, --attention)%s%s", cases - bad, cases,
           bad ? "; first off: " : "", worst.c_str());
     // bf16 (a prediction): 2 + 2 bytes of bf16 parameters and gradients, 4 + 8 of fp32 master and AdamW state, bf16 activations
     GPTConfig d12 = make_config(12, 12, 768, 50257, 1024);
-    RankMemory rm = rank_memory(&d12, 2, 1, 0, 8, 1024, false, 0);
-    double want = 16 * rm.params / 4 + rm.acts / 2, got = plan_memory(&d12, 2, 1, 0, 8, 1024, false, 0, 2);
+    RankMemory rm = rank_memory(&d12, 2, 1, 0, 8, 1024, false, 0, true);
+    double want = 16 * rm.params / 4 + rm.acts / 2, got = plan_memory(&d12, 2, 1, 0, 8, 1024, false, 0, true, 2);
     check(fabs(got - want) < 1, "bf16 prediction for d12 at P=2: %.1f MB, 16 bytes a parameter + half the fp32 activations", got / 1e6);
 }
 
@@ -174,7 +176,7 @@ static void test_plan_boxes() {
     GPTConfig d12 = make_config(12, 12, 768, 50257, 1024), d48 = make_config(48, 25, 1600, 50257, 1024);
     auto tps = [](const char* box, const GPTConfig* c, int e, int P, int D, bool* fits) {
         PlanShape sh = {8, 1024, 1, false, 0, e};
-        std::vector<PlanRow> rows = plan_box_rows(plan_box_find(box), c, &sh, 0);
+        std::vector<PlanRow> rows = plan_box_rows(plan_box_find(box), c, &sh, 0, true);
         for (const PlanRow& r : rows)
             if (r.P == P && r.D == D) {
                 if (fits) *fits = r.fits;

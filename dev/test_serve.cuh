@@ -98,8 +98,9 @@ static std::vector<std::vector<int>> serve_prompts(int V, int B = 4) {
 }
 
 // the model of the tests: weights twice GPT-2's initial scale, for distributions peaked enough that greedy
-// tokens are not near ties. (On the CPU the cached logits are the full forward's bit for bit; on the GPU
-// the two attention kernels round differently, and much larger weights make the network amplify that.)
+// tokens are not near ties. (On the CPU with --attention matmul the cached logits are the full forward's
+// bit for bit; with fused attention (the default) and on the GPU the two attention paths round differently,
+// and much larger weights make the network amplify that.)
 static std::vector<float> serve_weights(const GPTConfig* cfg) {
     std::vector<float> w = init_weights(cfg, 21);
     for (auto& x : w) x *= 2.0f;

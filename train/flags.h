@@ -88,7 +88,8 @@ struct Args {
     const char* tokenizer;
     int keep;            // checkpoints kept in -o
     int sp;              // --sp: sequence parallelism
-    int recompute;       // -r: what the backward recomputes (0..3)
+    int recompute;       // -r: what the backward recomputes (0..3; 3 with --attention matmul only)
+    int attention;       // --attention: 1 fused (FlashAttention-2, the default), 0 matmul (the (T, T) probabilities kept)
     int sweep;           // --sweep: time every valid (P, D) instead of training
     int sweep_steps;
     int fresh;           // --fresh 1: start over in an -o that holds another run's checkpoints
@@ -144,7 +145,10 @@ static void usage(FILE* out) {
         "  --sp S      1: sequence parallelism: each rank keeps its B*T/P tokens of the layernorms,\n"
         "              residuals and embedding (activation memory / P)            (default 0)\n"
         "  -r N        recompute in the backward instead of keeping: 0 nothing, 1 GELU, 2 also the\n"
-        "              layernorms, 3 also the attention probabilities (same numbers) (default 0)\n"
+        "              layernorms, 3 also the attention probabilities (same numbers; --attention matmul\n"
+        "              only: fused attention keeps none)                       (default 0)\n"
+        "  --attention A  fused: FlashAttention-2 tiles, no (T, T) matrix kept, one log-sum-exp per row;\n"
+        "              matmul: the probabilities materialised per layer (the readable version)  (default fused)\n"
         "  --sweep 1   time every valid P, and every (P, D) with P x D up to the cores or GPUs, and print a\n"
         "              scaling table (-o: sweep.csv)\n"
         "  --sweep-steps N  steps per P in the sweep, the first 2 not timed     (default 8)\n"
@@ -176,7 +180,7 @@ enum OnResume {
     MAY_CHANGE,  // saved; a value given on resume replaces it from the resumed step on
     MUST_KEEP,   // saved; a different value on resume is refused
 };
-enum FlagType { FLAG_STR, FLAG_PATH, FLAG_INT, FLAG_LONG, FLAG_FLOAT, FLAG_DOUBLE, FLAG_DEVICE };
+enum FlagType { FLAG_STR, FLAG_PATH, FLAG_INT, FLAG_LONG, FLAG_FLOAT, FLAG_DOUBLE, FLAG_DEVICE, FLAG_ATTENTION };
 
 struct FlagSpec {
     const char* name;
@@ -229,6 +233,8 @@ static const FlagSpec g_flags[] = {
     {"--keep", FLAG_INT, ARG(keep), 1, 1 << 20, MAY_CHANGE, nullptr},
     {"--sp", FLAG_INT, ARG(sp), 0, 1, MAY_CHANGE, nullptr},
     {"-r", FLAG_INT, ARG(recompute), 0, 3, MAY_CHANGE, nullptr},
+    // the same function either way (changes no parameter): a resume may switch it
+    {"--attention", FLAG_ATTENTION, ARG(attention), 0, 0, MAY_CHANGE, nullptr},
     {"--sweep", FLAG_INT, ARG(sweep), 0, 1, NOT_SAVED, nullptr},
     {"--sweep-steps", FLAG_INT, ARG(sweep_steps), 3, 1 << 20, NOT_SAVED, nullptr},
     {"--fresh", FLAG_INT, ARG(fresh), 0, 1, NOT_SAVED, nullptr},
@@ -328,6 +334,11 @@ static void flag_set(Args* a, const FlagSpec* f, const char* v) {
         else if (!strcmp(v, "cuda")) *(int*)field = DEV_CUDA;
         else bad_flag("flag %s takes auto, cpu or cuda, not '%s'", f->name, v);
         break;
+    case FLAG_ATTENTION:
+        if (!strcmp(v, "fused")) *(int*)field = 1;
+        else if (!strcmp(v, "matmul")) *(int*)field = 0;
+        else bad_flag("flag %s takes fused or matmul, not '%s'", f->name, v);
+        break;
     }
 }
 
@@ -350,6 +361,7 @@ static std::string flag_text(const Args* a, const FlagSpec* f, bool exact) {
     case FLAG_FLOAT: snprintf(buf, sizeof(buf), exact ? "%.9g" : "%g", *(const float*)field); break;
     case FLAG_DOUBLE: snprintf(buf, sizeof(buf), exact ? "%.17g" : "%g", *(const double*)field); break;
     case FLAG_DEVICE: return *(const int*)field == DEV_CPU ? "cpu" : *(const int*)field == DEV_CUDA ? "cuda" : "auto";
+    case FLAG_ATTENTION: return *(const int*)field ? "fused" : "matmul";
     }
     return buf;
 }
@@ -413,7 +425,7 @@ static void parse_args(int argc, char** argv, Args* a) {
     a->max_steps = 3500; a->val_every = 875; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
     a->device = -1; a->timeout = 600; a->dp = 1;
-    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8; a->kv = 1;
+    a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8; a->kv = 1; a->attention = 1;
     for (int i = 1; i < argc; i++) {
         std::string name = argv[i];
         if (name == "--version") {

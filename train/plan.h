@@ -67,8 +67,8 @@ static double plan_rest_floats_per_token(const GPTConfig* c) { return 18.0 * c->
 // What one rank holds at P TP ranks x D replicas, in bytes, for e = 4 (fp32, what tp allocates: exactly
 // rank_memory) or e = 2 (bf16 with fp32 masters, a prediction: bf16 parameters and gradients, fp32 master
 // weights and AdamW m and v, split over the replicas with ZeRO-1, bf16 activations).
-static double plan_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, int e) {
-    RankMemory m = rank_memory(c, P, D, zero, B, T, sp, recompute);
+static double plan_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused, int e) {
+    RankMemory m = rank_memory(c, P, D, zero, B, T, sp, recompute, fused);
     if (e == 4) return memory_total(&m);
     double n = m.params / 4, slice = m.moments / 8;  // floats of the shard, and of the replica's slice
     return 2 * n + 2 * n + 4 * slice + 8 * slice + m.acts / 2;
@@ -211,7 +211,7 @@ static PlanCosts plan_box_costs(const PlanBox* b, const GPTConfig* c, const Plan
         double tokens = (double)sh->B * sh->T / (split ? P : 1);
         k.rest_s = sh->e * plan_rest_floats_per_token(c) * tokens / (b->hbm_gbs * 1e9);
         // AdamW reads the fp32 master, the gradient, m and v and writes master, m and v: 28 bytes a parameter
-        RankMemory m = rank_memory(c, P, D, sh->zero, 1, 1, false, 0);
+        RankMemory m = rank_memory(c, P, D, sh->zero, 1, 1, false, 0, true);
         k.update_s = 28.0 * (m.moments / 8) / (b->hbm_gbs * 1e9);
     }
     k.slow = 1;
@@ -327,6 +327,7 @@ static void plan_measure_compute(const Run* run, int P, int threads, double budg
     gpt_build(&m, &rk, c, run->init.data(), 0);
     m.sp = a->sp;
     m.recompute = a->recompute;
+    m.fused = a->attention != 0;
     std::vector<int> tok((size_t)B * T), tgt((size_t)B * T);
     for (long i = 0; i < (long)B * T; i++) { tok[i] = (int)((i * 7919) % c->V); tgt[i] = (int)((i * 104729 + 1) % c->V); }
     m.dloss = 1.0f / (B * T);
@@ -353,14 +354,16 @@ static void plan_measure_compute(const Run* run, int P, int threads, double budg
         float* in = x->lnf;  // (B, T, C): an input of every token
         double t3 = comm_now();
         OP(&rk, matmul_forward, la.qkv, in, p->qkvw, p->qkvb, BT, C, 3 * Cl);
-        OP(&rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
+        if (m.fused) OP(&rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);
+        else OP(&rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
         OP(&rk, matmul_forward, x->partial, la.atty, p->attprojw, nullptr, BT, Cl, C);
         OP(&rk, matmul_forward, la.fch, in, p->fcw, p->fcb, BT, C, C4l);
         OP(&rk, matmul_forward, x->partial, la.fch_gelu, p->fcprojw, nullptr, BT, C4l, C);
         OP(&rk, matmul_backward, x->dfch, gr->fcprojw, gr->fcprojb, x->partial, la.fch_gelu, p->fcprojw, BT, C4l, C);
         OP(&rk, matmul_backward, x->dln, gr->fcw, gr->fcb, x->dfch, in, p->fcw, BT, C, C4l);
         OP(&rk, matmul_backward, x->datty, gr->attprojw, gr->attprojb, x->partial, la.atty, p->attprojw, BT, Cl, C);
-        OP(&rk, attention_backward, x->dqkv, x->datty, la.qkv, la.att, B, T, NHl, hs);
+        if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
+        else OP(&rk, attention_backward, x->dqkv, x->datty, la.qkv, la.att, B, T, NHl, hs);
         OP(&rk, matmul_backward, x->dln, gr->qkvw, gr->qkvb, x->dqkv, in, p->qkvw, BT, C, 3 * Cl);
         plan_sync(&rk);
         double t4 = comm_now();
@@ -643,7 +646,7 @@ static void plan_here(Run* run) {
         r.tps = (double)a->B * a->T * run->accum * r.D / r.st.total_s;
         if (base == 0) base = r.tps;
         r.speedup = r.tps / base;
-        r.mem = plan_memory(c, r.P, r.D, a->zero, a->B, a->T, a->sp, a->recompute, 4);
+        r.mem = plan_memory(c, r.P, r.D, a->zero, a->B, a->T, a->sp, a->recompute, a->attention != 0, 4);
         std::string why;
         r.fits = memory_fits(run, r.P, r.D, &why);
         rows.push_back(r);
@@ -656,7 +659,7 @@ static void plan_here(Run* run) {
 
 // one model on one box, fp32 (TF32 matmuls) or bf16 (a prediction: tp trains in fp32): every grid with
 // P GPUs of one node per replica and D = 1 or as many replicas as the box holds; returns the rows
-static std::vector<PlanRow> plan_box_rows(const PlanBox* b, const GPTConfig* c, const PlanShape* sh, int recompute) {
+static std::vector<PlanRow> plan_box_rows(const PlanBox* b, const GPTConfig* c, const PlanShape* sh, int recompute, bool fused) {
     std::vector<PlanRow> rows;
     double base = 0;  // (a TP group stays in one node: each node holds gpus / P whole replicas)
     for (int P = 1; P <= b->gpus; P++) {
@@ -673,7 +676,7 @@ static std::vector<PlanRow> plan_box_rows(const PlanBox* b, const GPTConfig* c, 
             r.tps = (double)sh->B * sh->T * sh->A * D / r.st.total_s;
             if (base == 0) base = r.tps;
             r.speedup = r.tps / base;
-            r.mem = plan_memory(c, P, D, sh->zero, sh->B, sh->T, sh->sp, recompute, sh->e);
+            r.mem = plan_memory(c, P, D, sh->zero, sh->B, sh->T, sh->sp, recompute, fused, sh->e);
             r.fits = CUDA_CONTEXT_BYTES + ESTIMATE_MARGIN * r.mem <= b->mem_gb * 1e9;
             rows.push_back(r);
         }
@@ -703,7 +706,7 @@ static void plan_box(Run* run, const PlanBox* b) {
         printf("%s, batch %d x %d per replica%s:\n", e == 4 ? "fp32 (TF32 matmuls), as tp trains" : "bf16 (a prediction: tp does not train in bf16 yet)",
                a->B, a->T, run->accum > 1 ? " with micro-steps" : "");
         plan_print_header();
-        std::vector<PlanRow> rows = plan_box_rows(b, c, &sh, a->recompute);
+        std::vector<PlanRow> rows = plan_box_rows(b, c, &sh, a->recompute, a->attention != 0);
         for (const PlanRow& r : rows) plan_print_row(&r);
         plan_recommend(rows, "GPU");
     }
@@ -714,7 +717,7 @@ static void plan_box(Run* run, const PlanBox* b) {
         printf("  %-4s %6.0fM:", d, gpt_num_params(&g) / 1e6);
         for (int e : {4, 2}) {
             PlanShape sh = plan_shape(run, e);
-            std::vector<PlanRow> rows = plan_box_rows(b, &g, &sh, a->recompute);
+            std::vector<PlanRow> rows = plan_box_rows(b, &g, &sh, a->recompute, a->attention != 0);
             int fewest = 0;
             const PlanRow* best = nullptr;
             for (const PlanRow& r : rows) {

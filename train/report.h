@@ -55,6 +55,7 @@ static void print_memory(const Run* run) {
                     cols[k].r == w.r && cols[k].zd == w.zd;
         if (!same) cols[ncols++] = {w.P, w.sp, w.r, w.zd};
     }
+    bool fused = a->attention != 0;  // every column: the run's attention
     double mem[3][5];
     printf("memory per rank (MB)    ");
     for (int k = 0; k < ncols; k++) {
@@ -64,7 +65,7 @@ static void print_memory(const Run* run) {
         if (cols[k].r) n += snprintf(name + n, sizeof(name) - n, " -r %d", cols[k].r);
         if (cols[k].zd > 1) snprintf(name + n, sizeof(name) - n, " ZeRO-1");
         printf(" %11s", name);
-        RankMemory m = rank_memory(c, cols[k].P, cols[k].zd, cols[k].zd > 1, a->B, a->T, cols[k].sp, cols[k].r);
+        RankMemory m = rank_memory(c, cols[k].P, cols[k].zd, cols[k].zd > 1, a->B, a->T, cols[k].sp, cols[k].r, fused);
         double row[5] = {m.params, m.grads, m.moments, m.acts, memory_total(&m)};
         for (int i = 0; i < 5; i++) mem[k][i] = row[i];
     }
@@ -76,16 +77,18 @@ static void print_memory(const Run* run) {
     }
     printf("\n");
     // the formula: per layer, the token-wise buffers (residuals, layernorm outputs and statistics) hold N
-    // tokens, the rank's heads' buffers (qkv, attention, MLP) B*T tokens over P ranks
+    // tokens, the rank's heads' buffers (qkv, attention, MLP) B*T tokens over P ranks; fused attention
+    // keeps one log-sum-exp per (b, head, t) where matmul keeps the (T, T) probabilities
     int r = a->recompute;
     bool split = sp_splits(a->sp, run->P, a->B, a->T);
     ShardPlan s;
     shard_plan_init(&s, c, run->P, 0);
-    double per_layer = 4.0 * acts_floats_per_layer(c, &s, a->B, a->T, split, r);
-    double total = 4.0 * acts_floats(c, &s, a->B, a->T, split, r);
-    printf("  activations per layer: N*(%dC + 4) + B*T*%dC/P%s floats, N = %s tokens per rank: %.2f MB x %d layers,\n"
-           "  plus %.2f MB outside the layers\n", r >= 2 ? 2 : 4, r >= 1 ? 8 : 12, r >= 3 ? "" : " + B*NH*T*T/P",
-           split ? "B*T/P" : "B*T", per_layer / 1e6, c->L, (total - c->L * per_layer) / 1e6);
+    double per_layer = 4.0 * acts_floats_per_layer(c, &s, a->B, a->T, split, r, fused);
+    double total = 4.0 * acts_floats(c, &s, a->B, a->T, split, r, fused);
+    printf("  activations per layer (%s attention): N*(%dC + 4) + B*T*%dC/P%s floats, N = %s tokens per rank: %.2f MB x %d layers,\n"
+           "  plus %.2f MB outside the layers\n", fused ? "fused" : "matmul", r >= 2 ? 2 : 4, r >= 1 ? 8 : 12,
+           fused ? " + B*NH*T/P" : r >= 3 ? "" : " + B*NH*T*T/P", split ? "B*T/P" : "B*T", per_layer / 1e6, c->L,
+           (total - c->L * per_layer) / 1e6);
 }
 
 // The DP group's part of the communication: once per step, whatever the micro-steps.

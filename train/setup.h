@@ -39,7 +39,8 @@ struct RankMemory {
     double params, grads, moments, acts;
 };
 
-static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute) {
+// fused: --attention fused (else matmul)
+static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused) {
     ShardPlan s;
     shard_plan_init(&s, c, P, 0);
     long n = 0;
@@ -49,7 +50,7 @@ static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B,
     mem.params = 4.0 * npad;
     mem.grads = 4.0 * npad;
     mem.moments = 2 * 4.0 * (zero ? npad / D : n);
-    mem.acts = 4.0 * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute);
+    mem.acts = 4.0 * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute, fused);
     return mem;
 }
 
@@ -62,7 +63,7 @@ static double memory_total(const RankMemory* m) { return m->params + m->grads + 
 static void dp_step_floats(const GPTConfig* c, int P, int D, int zero, double out[COMM_KINDS]) {
     for (int k = 0; k < COMM_KINDS; k++) out[k] = 0;
     if (D == 1) return;
-    double shard = rank_memory(c, P, D, zero, 1, 1, false, 0).params / 4;
+    double shard = rank_memory(c, P, D, zero, 1, 1, false, 0, true).params / 4;
     if (!zero) out[KIND_ALLREDUCE] = shard;
     else {
         out[KIND_REDUCESCATTER] = out[KIND_ALLGATHER] = shard;
@@ -129,7 +130,7 @@ static MemoryEstimate memory_estimate(const Run* run, int P, int D) {
     const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
     int B = run->sample_only ? 1 : a->B;  // sampling runs one sequence at a time
-    RankMemory rm = rank_memory(c, P, run->Dg / run->D * D, a->zero, B, a->T, a->sp, a->recompute);
+    RankMemory rm = rank_memory(c, P, run->Dg / run->D * D, a->zero, B, a->T, a->sp, a->recompute, a->attention != 0);
     double full = 4.0 * gpt_num_params(c);
     // the host's own copies: the full weights (initial or loaded, and gathered into for checkpoints),
     // AdamW's full m and v to save checkpoints and from a resumed state file, the embedded corpus

@@ -88,7 +88,7 @@ static void sweep(Run* run) {
             if (base == 0) { base = ms; units1 = used; }  // P = 1, D = 1, unless it did not fit
             double speedup = base / ms * D, eff = speedup / ((double)used / units1);
             double share = time.comm_seconds / time.seconds, dp_share = time.dp_seconds / time.seconds;
-            RankMemory m = rank_memory(c, P, D, a->zero, a->B, a->T, a->sp, a->recompute);
+            RankMemory m = rank_memory(c, P, D, a->zero, a->B, a->T, a->sp, a->recompute, a->attention != 0);
             double mb = memory_total(&m) / 1e6, comm_mb = time.sent / time.steps / 1e6, dp_mb = time.dp_sent / time.steps / 1e6;
             double pred = plan_predict_ms(run, &pm, P, D);
             printf("%4d %4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %8.1f %9.2f %9.2f %12.1f %10.1f\n", P, D, run->threads, ms, tps, speedup,
