@@ -115,8 +115,12 @@ static void gemm_pack_b_cpu(float* Bp, const float* B, long b_rs, long b_cs, int
         if (b_cs == 1) {
             for (int k = 0; k < K; k++) {
                 float* d = dst + (size_t)k * GEMM_NR;
-                memcpy(d, B + k * b_rs + n0, nc * sizeof(float));
-                for (int c = nc; c < GEMM_NR; c++) d[c] = 0.0f;
+                const float* s = B + k * b_rs + n0;
+                if (nc == GEMM_NR) {
+                    memcpy(d, s, GEMM_NR * sizeof(float));  // a constant size: two vector moves, no call
+                    continue;
+                }
+                for (int c = 0; c < GEMM_NR; c++) d[c] = c < nc ? s[c] : 0.0f;
             }
             return;
         }
@@ -199,11 +203,17 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
                     vecf acc[GEMM_MR][2];
                     if (kb == 0)
                         for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vecf{}; acc[r][1] = vecf{}; }
-                    else
-                        memcpy(acc, s, sizeof(acc));
+                    else  // vector by vector: a memcpy of the whole tile would be a library call
+                        for (int r = 0; r < GEMM_MR; r++) {
+                            memcpy(&acc[r][0], s + r * GEMM_NR, sizeof(vecf));
+                            memcpy(&acc[r][1], s + r * GEMM_NR + GEMM_VL, sizeof(vecf));
+                        }
                     gemm_tile_cpu(acc, ar, pack_a ? GEMM_MR : a_cs, b, kc);
                     if (kb < nk - 1) {
-                        memcpy(s, acc, sizeof(acc));
+                        for (int r = 0; r < GEMM_MR; r++) {
+                            memcpy(s + r * GEMM_NR, &acc[r][0], sizeof(vecf));
+                            memcpy(s + r * GEMM_NR + GEMM_VL, &acc[r][1], sizeof(vecf));
+                        }
                         continue;
                     }
                     // the last K block: bias, then accumulate, into C
