@@ -50,14 +50,16 @@ static inline float exp_fast(float x_in) {
 // ----------------------------------------------------------------------------
 // GEMM: C (M x N) = or += A (M x K) . B (K x N), the engine behind every matmul.
 // Both operands are addressed through two strides, so a matrix and its transpose are passed alike:
-// a(m,k) = A[m*a_rs + k*a_cs], b(k,n) = B[k*b_rs + n*b_cs]. Both are packed into contiguous panels first (MR rows of
-// A, NR columns of B, zero-padded at the edges) so the register-tiled micro-kernel streams memory
-// and every C element is owned by one tile: deterministic and thread-count independent.
-
+// a(m,k) = A[m*a_rs + k*a_cs], b(k,n) = B[k*b_rs + n*b_cs].
+//
+// Each C element is one fma chain over k in increasing order, starting from 0, then + bias, then (with
+// accumulate) added to the old C: whatever the blocking, the tile shape or the threads, so results are
+// bit-identical for any thread count and any block size (the blocks below only choose where the running
+// sums wait between K blocks, never the order of the sums).
+//
 // The tile is MR rows by NR = 2 vectors of the widest registers the build targets: 8 x 32 with AVX-512
 // (16 accumulators + 2 B vectors of its 32 registers), 6 x 16 with AVX2 (12 + 2 + a broadcast of 16), 4 x 8
 // otherwise. A vector wider than the registers makes GCC keep the accumulators on the stack (a 10x loss).
-// The tile shape changes no result: each C element is one fma chain over k in order, whatever the tile.
 #if defined(__AVX512F__)
 #define GEMM_MR 8
 #define GEMM_VL 16
@@ -69,82 +71,220 @@ static inline float exp_fast(float x_in) {
 #define GEMM_VL 4
 #endif
 #define GEMM_NR (2 * GEMM_VL)
+// Cache blocking (BLIS's loops, sized for 32-48 KB of L1 and 512 KB-2 MB of L2 per core):
+// - KC: a K block. A B panel of KC x NR floats is 16 KB, half of L1, so it stays there while the MR-row
+//   slices of A stream past it (256 k with AVX2, 128 with AVX-512's 32 columns, 512 with 4-wide vectors).
+// - a unit of work is GEMM_MT tiles of rows by GEMM_NT panels of columns (96 x 256 with AVX2): its A rows
+//   over one K block (96 KB at KC 256) and the running sums of its tiles (96 KB) stay in L2 while its B
+//   panels go by, one at a time, each read from L1 by all the unit's row tiles.
+#ifndef GEMM_KC
+#define GEMM_KC (16384 / (GEMM_NR * (int)sizeof(float)))
+#endif
+#ifndef GEMM_MT
+#define GEMM_MT 16
+#define GEMM_NT 16
+#endif
 typedef float vecf __attribute__((vector_size(GEMM_VL * sizeof(float))));  // one register of floats
 
-static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
-                     long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
-    const int MB = (M + GEMM_MR - 1) / GEMM_MR, NB = (N + GEMM_NR - 1) / GEMM_NR;
-    // packing buffers belong to the calling (rank) thread and only grow, so a step allocates nothing
-    static thread_local std::vector<float> packA, packB;
-    if (packA.size() < (size_t)MB * GEMM_MR * K) packA.resize((size_t)MB * GEMM_MR * K);
-    if (packB.size() < (size_t)NB * GEMM_NR * K) packB.resize((size_t)NB * GEMM_NR * K);
-    float* Ap = packA.data();
-    float* Bp = packB.data();
-    // the panels of A, then those of B, as one parallel loop: Ap[mb][k][r] = a(mb*MR + r, k),
-    // Bp[nb][k][c] = b(k, nb*NR + c)
-    cpu_for(MB + NB, [&](long i) {
-        if (i < MB) {
-            int mb = (int)i;
-            float* dst = Ap + (size_t)mb * GEMM_MR * K;
-            for (int k = 0; k < K; k++)
-                for (int r = 0; r < GEMM_MR; r++) {
-                    int m = mb * GEMM_MR + r;
-                    dst[(size_t)k * GEMM_MR + r] = m < M ? A[m * a_rs + k * a_cs] : 0.0f;
-                }
-            return;
+// The micro-kernel: acc (MR x NR) += a (MR rows, kc) . b (kc x NR). Row r of A is read in place at
+// ar[r][k * a_cs] (no packing: a row of A, or a column when A is a transpose, is read where it lies, and
+// the tile's MR broadcasts a k come from MR pointers); the B panel is packed, b[k * NR + c].
+__attribute__((always_inline)) static inline void gemm_tile_cpu(vecf acc[GEMM_MR][2], const float* const* ar, long a_cs,
+                                                                const float* b, int kc) {
+    for (int k = 0; k < kc; k++) {
+        vecf b0, b1;
+        memcpy(&b0, b + (size_t)k * GEMM_NR, sizeof(vecf));
+        memcpy(&b1, b + (size_t)k * GEMM_NR + GEMM_VL, sizeof(vecf));
+        long o = k * a_cs;
+        for (int r = 0; r < GEMM_MR; r++) {
+            float a = ar[r][o];
+            acc[r][0] += a * b0;
+            acc[r][1] += a * b1;
         }
-        int nb = (int)(i - MB);
+    }
+}
+
+// Bp (NB panels of K x NR) = the columns [nb*NR, nb*NR + NR) of B, zero past N: Bp[nb][k][c] = b(k, nb*NR + c).
+// Read in the order B lies in memory: row by row when its rows are contiguous (b_cs == 1), column by
+// column when it is a transpose (b_rs == 1, a weight in the forward): either way one pass of loads.
+static void gemm_pack_b_cpu(float* Bp, const float* B, long b_rs, long b_cs, int K, int N) {
+    const int NB = (N + GEMM_NR - 1) / GEMM_NR;
+    cpu_for(NB, [&](long nb) {
         float* dst = Bp + (size_t)nb * GEMM_NR * K;
-        int n0 = nb * GEMM_NR, nc = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
-        for (int k = 0; k < K; k++) {
-            float* d = dst + (size_t)k * GEMM_NR;
-            for (int c = 0; c < nc; c++) d[c] = B[k * b_rs + (n0 + c) * b_cs];
-            for (int c = nc; c < GEMM_NR; c++) d[c] = 0.0f;
-        }
-    });
-    // one MR x NR tile per iteration; nb outer so a B panel stays in cache while A panels stream
-    cpu_for((long)MB * NB, [&](long tile) {
-        int nb = (int)(tile / MB), mb = (int)(tile % MB);
-        const float* a = Ap + (size_t)mb * GEMM_MR * K;
-        const float* b = Bp + (size_t)nb * GEMM_NR * K;
-        vecf acc[GEMM_MR][2];
-        for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vecf{}; acc[r][1] = vecf{}; }
-        for (int k = 0; k < K; k++) {
-            vecf b0, b1;
-            memcpy(&b0, b + (size_t)k * GEMM_NR, sizeof(vecf));
-            memcpy(&b1, b + (size_t)k * GEMM_NR + GEMM_VL, sizeof(vecf));
-            const float* ak = a + (size_t)k * GEMM_MR;
-            for (int r = 0; r < GEMM_MR; r++) { acc[r][0] += ak[r] * b0; acc[r][1] += ak[r] * b1; }
-        }
-        int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
-        if (n0 + GEMM_NR <= N) {
-            // a full-width tile: whole vectors (this path matters when K is small, e.g. attention's hs)
-            vecf b0 = {}, b1 = {};
-            if (bias) { memcpy(&b0, bias + n0, sizeof(vecf)); memcpy(&b1, bias + n0 + GEMM_VL, sizeof(vecf)); }
-            for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
-                float* c = Cm + (size_t)(m0 + r) * ldc + n0;
-                vecf v0 = acc[r][0] + b0, v1 = acc[r][1] + b1;
-                if (accumulate) {
-                    vecf c0, c1;
-                    memcpy(&c0, c, sizeof(vecf));
-                    memcpy(&c1, c + GEMM_VL, sizeof(vecf));
-                    v0 = c0 + v0;
-                    v1 = c1 + v1;
+        int n0 = (int)nb * GEMM_NR, nc = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
+        if (b_cs == 1) {
+            for (int k = 0; k < K; k++) {
+                float* d = dst + (size_t)k * GEMM_NR;
+                const float* s = B + k * b_rs + n0;
+                if (nc == GEMM_NR) {
+                    memcpy(d, s, GEMM_NR * sizeof(float));  // a constant size: two vector moves, no call
+                    continue;
                 }
-                memcpy(c, &v0, sizeof(vecf));
-                memcpy(c + GEMM_VL, &v1, sizeof(vecf));
+                for (int c = 0; c < GEMM_NR; c++) d[c] = c < nc ? s[c] : 0.0f;
             }
             return;
         }
-        for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
-            float row[GEMM_NR];
-            memcpy(row, &acc[r][0], sizeof(vecf));
-            memcpy(row + GEMM_VL, &acc[r][1], sizeof(vecf));
-            float* c = Cm + (size_t)(m0 + r) * ldc + n0;
-            for (int j = 0; j < GEMM_NR && n0 + j < N; j++) {
-                float v = row[j];
-                if (bias) v += bias[n0 + j];
-                c[j] = accumulate ? c[j] + v : v;
+#if GEMM_VL == 8
+        // a transpose with full panels: 8 x 8 blocks turned in registers (unpack, shuffle, swap of the
+        // 128-bit halves: the AVX transpose), 8 contiguous loads and 8 contiguous stores per 64 floats
+        // instead of 64 single stores a panel row apart
+        if (b_rs == 1 && nc == GEMM_NR) {
+            int k = 0;
+            for (; k + 8 <= K; k += 8)
+                for (int h = 0; h < GEMM_NR; h += 8) {
+                    vecf r0, r1, r2, r3, r4, r5, r6, r7;
+                    const float* s = B + (long)(n0 + h) * b_cs + k;
+                    memcpy(&r0, s, sizeof(vecf)); memcpy(&r1, s + b_cs, sizeof(vecf));
+                    memcpy(&r2, s + 2 * b_cs, sizeof(vecf)); memcpy(&r3, s + 3 * b_cs, sizeof(vecf));
+                    memcpy(&r4, s + 4 * b_cs, sizeof(vecf)); memcpy(&r5, s + 5 * b_cs, sizeof(vecf));
+                    memcpy(&r6, s + 6 * b_cs, sizeof(vecf)); memcpy(&r7, s + 7 * b_cs, sizeof(vecf));
+                    typedef int veci __attribute__((vector_size(32)));
+                    const veci lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+                    const veci lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+                    const veci lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+                    vecf t0 = __builtin_shuffle(r0, r1, lo), t1 = __builtin_shuffle(r0, r1, hi);
+                    vecf t2 = __builtin_shuffle(r2, r3, lo), t3 = __builtin_shuffle(r2, r3, hi);
+                    vecf t4 = __builtin_shuffle(r4, r5, lo), t5 = __builtin_shuffle(r4, r5, hi);
+                    vecf t6 = __builtin_shuffle(r6, r7, lo), t7 = __builtin_shuffle(r6, r7, hi);
+                    vecf u0 = __builtin_shuffle(t0, t2, lo2), u1 = __builtin_shuffle(t0, t2, hi2);
+                    vecf u2 = __builtin_shuffle(t1, t3, lo2), u3 = __builtin_shuffle(t1, t3, hi2);
+                    vecf u4 = __builtin_shuffle(t4, t6, lo2), u5 = __builtin_shuffle(t4, t6, hi2);
+                    vecf u6 = __builtin_shuffle(t5, t7, lo2), u7 = __builtin_shuffle(t5, t7, hi2);
+                    vecf o[8] = {__builtin_shuffle(u0, u4, lo4), __builtin_shuffle(u1, u5, lo4),
+                                 __builtin_shuffle(u2, u6, lo4), __builtin_shuffle(u3, u7, lo4),
+                                 __builtin_shuffle(u0, u4, hi4), __builtin_shuffle(u1, u5, hi4),
+                                 __builtin_shuffle(u2, u6, hi4), __builtin_shuffle(u3, u7, hi4)};
+                    for (int j = 0; j < 8; j++) memcpy(dst + (size_t)(k + j) * GEMM_NR + h, &o[j], sizeof(vecf));
+                }
+            for (; k < K; k++)
+                for (int c = 0; c < GEMM_NR; c++) dst[(size_t)k * GEMM_NR + c] = B[(long)(n0 + c) * b_cs + k];
+            return;
+        }
+#endif
+        for (int c = 0; c < GEMM_NR; c++) {
+            if (c >= nc) {
+                for (int k = 0; k < K; k++) dst[(size_t)k * GEMM_NR + c] = 0.0f;
+                continue;
+            }
+            const float* s = B + (n0 + c) * b_cs;
+            if (b_rs == 1)
+                for (int k = 0; k < K; k++) dst[(size_t)k * GEMM_NR + c] = s[k];
+            else
+                for (int k = 0; k < K; k++) dst[(size_t)k * GEMM_NR + c] = s[k * b_rs];
+        }
+    });
+}
+
+// C (M x N, row stride ldc) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B through their strides.
+// Loops: K blocks outermost inside a unit of tiles (the sums of a tile wait in `sums` between blocks),
+// then the unit's B panels, then its row tiles, which share the B panel in L1.
+static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
+                     long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+    if (M <= 0 || N <= 0) return;
+    const int MB = (M + GEMM_MR - 1) / GEMM_MR, NB = (N + GEMM_NR - 1) / GEMM_NR;
+    // the packed B belongs to the calling (rank) thread and only grows, so a step allocates nothing
+    static thread_local std::vector<float> packB;
+    if (packB.size() < (size_t)NB * GEMM_NR * K) packB.resize((size_t)NB * GEMM_NR * K);
+    float* Bp = packB.data();
+    gemm_pack_b_cpu(Bp, B, b_rs, b_cs, K, N);
+    // K in nk blocks of at most KC, of equal size (384 = 2 x 192 rather than 256 + 128)
+    const int nk = K > GEMM_KC ? (K + GEMM_KC - 1) / GEMM_KC : 1;
+    const int kcb = K > 0 ? (K + nk - 1) / nk : 0;
+    // units of mt x nt tiles; smaller ones when there are too few to keep every thread busy (the unit
+    // size moves no sum: it only decides which thread computes a tile)
+    int mt = GEMM_MT, nt = GEMM_NT;
+    const int threads = cpu_pool_threads();
+    const long want = threads > 1 ? 4L * threads : 1;
+    while ((long)((MB + mt - 1) / mt) * ((NB + nt - 1) / nt) < want && (mt > 1 || nt > 1)) {
+        if (mt >= nt && mt > 1) mt /= 2; else nt /= 2;
+    }
+    const int UM = (MB + mt - 1) / mt, UN = (NB + nt - 1) / nt;
+    cpu_for((long)UM * UN, [&](long u) {
+        const int mb0 = (int)(u % UM) * mt, nb0 = (int)(u / UM) * nt;
+        const int mb1 = mb0 + mt < MB ? mb0 + mt : MB, nb1 = nb0 + nt < NB ? nb0 + nt : NB;
+        // the running sums of this unit's tiles between K blocks (only when K has more than one)
+        static thread_local std::vector<float> sums;
+        const size_t tile = (size_t)GEMM_MR * GEMM_NR;
+        if (nk > 1 && sums.size() < (size_t)mt * nt * tile) sums.resize((size_t)mt * nt * tile);
+        // A as a transpose (a_rs == 1: a column of it is a tile's k) is copied into MR x kc panels first:
+        // read in place, a tile's kc columns are kc cache lines a stride of a_cs apart, which for a_cs a
+        // multiple of 512 bytes fall into a few L1 sets and evict the B panel
+        static thread_local std::vector<float> packA;
+        const bool pack_a = a_rs == 1 && a_cs != 1;
+        if (pack_a && packA.size() < (size_t)mt * GEMM_MR * kcb) packA.resize((size_t)mt * GEMM_MR * kcb);
+        for (int kb = 0; kb < nk; kb++) {
+            const int k0 = kb * kcb, kc = K - k0 < kcb ? K - k0 : kcb;
+            if (pack_a) {
+                // packA[mb - mb0][k][r] = a(mb*MR + r, k0 + k), rows past M zero; row k of the transpose is
+                // contiguous, so each k is one run of (mb1 - mb0) * MR floats
+                const int m0 = mb0 * GEMM_MR, mc = (M < mb1 * GEMM_MR ? M : mb1 * GEMM_MR) - m0;
+                for (int k = 0; k < kc; k++) {
+                    const float* s = A + m0 + (long)(k0 + k) * a_cs;
+                    float* d = packA.data() + (size_t)k * GEMM_MR;
+                    int i = 0;
+                    for (; i + GEMM_MR <= mc; i += GEMM_MR, d += (size_t)kc * GEMM_MR) memcpy(d, s + i, GEMM_MR * sizeof(float));
+                    if (i < mc)  // the last tile, past M
+                        for (int r = 0; r < GEMM_MR; r++) d[r] = i + r < mc ? s[i + r] : 0.0f;
+                }
+            }
+            for (int nb = nb0; nb < nb1; nb++) {
+                const float* b = Bp + (size_t)nb * GEMM_NR * K + (size_t)k0 * GEMM_NR;
+                for (int mb = mb0; mb < mb1; mb++) {
+                    const int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
+                    // rows past M read row M-1 (in bounds; their results are not stored)
+                    const float* ar[GEMM_MR];
+                    const float* ap = packA.data() + (size_t)(mb - mb0) * kc * GEMM_MR;
+                    for (int r = 0; r < GEMM_MR; r++)
+                        ar[r] = pack_a ? ap + r : A + (long)(m0 + r < M ? m0 + r : M - 1) * a_rs + (long)k0 * a_cs;
+                    float* s = nk > 1 ? sums.data() + ((size_t)(nb - nb0) * mt + (mb - mb0)) * tile : nullptr;
+                    vecf acc[GEMM_MR][2];
+                    if (kb == 0)
+                        for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vecf{}; acc[r][1] = vecf{}; }
+                    else  // vector by vector: a memcpy of the whole tile would be a library call
+                        for (int r = 0; r < GEMM_MR; r++) {
+                            memcpy(&acc[r][0], s + r * GEMM_NR, sizeof(vecf));
+                            memcpy(&acc[r][1], s + r * GEMM_NR + GEMM_VL, sizeof(vecf));
+                        }
+                    gemm_tile_cpu(acc, ar, pack_a ? GEMM_MR : a_cs, b, kc);
+                    if (kb < nk - 1) {
+                        for (int r = 0; r < GEMM_MR; r++) {
+                            memcpy(s + r * GEMM_NR, &acc[r][0], sizeof(vecf));
+                            memcpy(s + r * GEMM_NR + GEMM_VL, &acc[r][1], sizeof(vecf));
+                        }
+                        continue;
+                    }
+                    // the last K block: bias, then accumulate, into C
+                    if (n0 + GEMM_NR <= N) {
+                        // a full-width tile: whole vectors (this path matters when K is small, e.g. attention's hs)
+                        vecf b0 = {}, b1 = {};
+                        if (bias) { memcpy(&b0, bias + n0, sizeof(vecf)); memcpy(&b1, bias + n0 + GEMM_VL, sizeof(vecf)); }
+                        for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
+                            float* c = Cm + (size_t)(m0 + r) * ldc + n0;
+                            vecf v0 = acc[r][0] + b0, v1 = acc[r][1] + b1;
+                            if (accumulate) {
+                                vecf c0, c1;
+                                memcpy(&c0, c, sizeof(vecf));
+                                memcpy(&c1, c + GEMM_VL, sizeof(vecf));
+                                v0 = c0 + v0;
+                                v1 = c1 + v1;
+                            }
+                            memcpy(c, &v0, sizeof(vecf));
+                            memcpy(c + GEMM_VL, &v1, sizeof(vecf));
+                        }
+                        continue;
+                    }
+                    for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
+                        float row[GEMM_NR];
+                        memcpy(row, &acc[r][0], sizeof(vecf));
+                        memcpy(row + GEMM_VL, &acc[r][1], sizeof(vecf));
+                        float* c = Cm + (size_t)(m0 + r) * ldc + n0;
+                        for (int j = 0; j < GEMM_NR && n0 + j < N; j++) {
+                            float v = row[j];
+                            if (bias) v += bias[n0 + j];
+                            c[j] = accumulate ? c[j] + v : v;
+                        }
+                    }
+                }
             }
         }
     });
@@ -278,17 +418,26 @@ static void layernorm_backward_cpu(float* dinp, float* dw, float* db, const floa
             di[c] += ((dnorm - dnorm_mean) - xhat * dnorm_norm_mean) * s;
         }
     });
-    // parameter gradients: parallel over channels so each sum runs over n in order
-    cpu_for(C, [&](long c_) {
-        int c = (int)c_;
-        float sw = 0.0f, sb = 0.0f;
+    // parameter gradients: parallel over blocks of 64 channels so each sum runs over n in order, with the
+    // rows read contiguously and the 64 sums side by side in vectors (channel by channel, the loads would
+    // be a row stride apart and scalar)
+    cpu_for((C + 63) / 64, [&](long blk) {
+        int c0 = (int)blk * 64, w = C - c0 < 64 ? C - c0 : 64;
+        float sw[64] = {0}, sb[64] = {0};
         for (int n = 0; n < N; n++) {
-            float d = dout[(size_t)n * C + c];
-            sw += d * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
-            sb += d;
+            const float* d = dout + (size_t)n * C + c0;
+            const float* x = inp + (size_t)n * C + c0;
+            float m = mean[n], s = rstd[n];
+            #pragma omp simd
+            for (int j = 0; j < w; j++) {
+                sw[j] += d[j] * (x[j] - m) * s;
+                sb[j] += d[j];
+            }
         }
-        dw[c] += sw;
-        db[c] += sb;
+        for (int j = 0; j < w; j++) {
+            dw[c0 + j] += sw[j];
+            db[c0 + j] += sb[j];
+        }
     });
 }
 
@@ -700,15 +849,18 @@ static void adamw_cpu(float* params, const float* grads, float* m, float* v, lon
     float norm = sqrtf(norm2[0] + norm2[1]);
     float grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
-    cpu_for(n, [&](long i_) {
-        long i = (long)i_;
-        float g = grads[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
+    // ranges, so the loop vectorises (sqrt and division are correctly rounded in vectors as in scalars)
+    cpu_for_range(n, [&](long lo, long hi) {
+        #pragma omp simd
+        for (long i = lo; i < hi; i++) {
+            float g = grads[i] * grad_scale;
+            float mi = beta1 * m[i] + (1.0f - beta1) * g;
+            float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+            m[i] = mi;
+            v[i] = vi;
+            float mhat = mi / bc1, vhat = vi / bc2;
+            params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
+        }
     });
 }
 

@@ -111,6 +111,65 @@ static void test_ops_matmul() {
     }
 }
 
+// gemm_cpu itself, C = [C +] op(A) op(B) [+ bias], against float64 at the model's shapes and at ragged
+// ones: M, N and K that are not multiples of the tile (MR x NR), of the K block (KC) or of the unit of
+// tiles, K = 1, K = 0, 1 x 1; each operand as itself and as a transpose read through its strides; with
+// bias and with accumulate. Each result is also computed at 2, 3 and 5 threads, which must give the same
+// bits: every element is one fma chain over k in order, whatever thread computes it.
+static void test_ops_gemm() {
+    OpsRng r = {303};
+    struct Case { int M, N, K; const char* what; };
+    const Case cases[] = {
+        {1024, 192, 128, "default model qkv (TP 2)"}, {192, 128, 1024, "default model qkv dweight"},
+        {1024, 128, 256, "default model fcproj"}, {128, 128, 32, "attention scores T128 hs32"},
+        {301, 1152, 384, "d6 qkv rows"}, {384, 200, 2048, "d6 dweight, 8 K blocks"},
+        {97, 257, 600, "unit edges + 1"}, {13, 17, 257, "K one past a block"}, {7, 33, 1, "K = 1"},
+        {5, 9, 0, "K = 0"}, {1, 1, 1, "1 x 1 x 1"}, {1, 70, 96, "one row"}, {70, 1, 96, "one column"},
+    };
+    long differ = 0, checked = 0;
+    for (const Case& c : cases) {
+        const int M = c.M, N = c.N, K = c.K;
+        for (int variant = 0; variant < 4; variant++) {
+            const bool ta = variant & 1, tb = variant & 2;  // A stored as (K, M), B as (N, K)
+            const bool acc = variant == 3, bias = variant == 0 || variant == 3;
+            std::vector<float> A = ops_normals(&r, (long)M * K + 1, 0, 1), B = ops_normals(&r, (long)K * N + 1, 0, 1);
+            std::vector<float> bv = ops_normals(&r, N, 0, 1), C0 = ops_normals(&r, (long)M * N, 0, 1);
+            long a_rs = ta ? 1 : K, a_cs = ta ? M : 1, b_rs = tb ? 1 : N, b_cs = tb ? K : 1;
+            std::vector<float> C = acc ? C0 : std::vector<float>((size_t)M * N, NAN);
+            gemm_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, acc, bias ? bv.data() : nullptr);
+            std::vector<double> ref((size_t)M * N), sc((size_t)M * N);
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    double s = 0, a = 0;
+                    for (int k = 0; k < K; k++) {
+                        double p = (double)A[m * a_rs + k * a_cs] * B[k * b_rs + n * b_cs];
+                        s += p;
+                        a += fabs(p);
+                    }
+                    if (bias) { s += bv[n]; a += fabs(bv[n]); }
+                    if (acc) { s += C0[(size_t)m * N + n]; a += fabs(C0[(size_t)m * N + n]); }
+                    ref[(size_t)m * N + n] = s;
+                    sc[(size_t)m * N + n] = a;
+                }
+            // K + 2 roundings at most: the fma chain, the bias, the old C
+            double e = scaled_err(C.data(), ref.data(), sc.data(), (long)M * N, 1e-30), bound = (K + 2) * OPS_U;
+            check_le(e, bound, "gemm M%d N%d K%d (%s)%s%s%s%s: max error / (sum|a b| + |bias| + |C|), bound (K+2) u", M, N, K,
+                     c.what, ta ? " A^T" : "", tb ? " B^T" : "", bias ? " +bias" : "", acc ? " +=C" : "");
+            for (int nt : {2, 3, 5}) {
+                std::vector<float> Ct = acc ? C0 : std::vector<float>((size_t)M * N, NAN);
+                std::thread rank([&]() {
+                    cpu_pool_start(nt);
+                    gemm_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Ct.data(), N, acc, bias ? bv.data() : nullptr);
+                });
+                rank.join();
+                differ += bits_differ(Ct.data(), C.data(), (long)M * N);
+                checked += (long)M * N;
+            }
+        }
+    }
+    check_le(differ, 0, "gemm, all the shapes and variants above at 2, 3 and 5 threads (%ld floats): floats differing from 1 thread", checked);
+}
+
 // ----------------------------------------------------------------------------
 // embeddings
 
@@ -719,6 +778,7 @@ static void test_ops_sumsq() {
 static void test_ops() {
     printf("CPU ops against float64 references (u = 2^-24; bounds (K + a few) u for a reduction of K terms)\n");
     test_ops_matmul();
+    test_ops_gemm();
     test_ops_embeddings();
     test_ops_layernorm();
     test_ops_residual_gelu();
