@@ -720,15 +720,20 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
             dsum[((size_t)b * NH + h) * T + t] = s;
         }
     });
+    // the operands of head h of batch row b: its q, k, v (rows C3 apart), dout rows, lse and D
+    struct Head { const float *q, *k, *v, *dO, *ls, *D; };
+    auto head_of = [&](long b, int h) {
+        const float* q = qkv + (size_t)b * T * C3 + h * hs;
+        return Head{q, q + C, q + 2 * C, dout + (size_t)b * T * C + h * hs, lse + ((size_t)b * NH + h) * T, dsum + ((size_t)b * NH + h) * T};
+    };
     // dS (nr, ATT_TILE) = P * (dP - D) * scale in place over dP, the gradient of the scaled scores
-    auto tile_grad = [&](float* P, float* dP, const float* q, const float* k, const float* v, const float* dO,
-                         const float* ls, const float* D, int i0, int nr, int j0, int nc) {
-        att_tile_probs(P, q, k, ls, i0, nr, j0, nc, hs, C3, scale);
-        att_tile_dots(dP, dO + (long)i0 * C, C, nr, v + (long)j0 * C3, C3, nc, hs);  // dP = dO v^T
+    auto tile_grad = [&](float* P, float* dP, const Head& hd, int i0, int nr, int j0, int nc) {
+        att_tile_probs(P, hd.q, hd.k, hd.ls, i0, nr, j0, nc, hs, C3, scale);
+        att_tile_dots(dP, hd.dO + (long)i0 * C, C, nr, hd.v + (long)j0 * C3, C3, nc, hs);  // dP = dO v^T
         for (int r = 0; r < nr; r++) {
             float* g = dP + (long)r * ATT_TILE;
             const float* p = P + (long)r * ATT_TILE;
-            float dr = D[i0 + r];
+            float dr = hd.D[i0 + r];
             #pragma omp simd
             for (int c = 0; c < ATT_TILE; c++) g[c] = p[c] * (g[c] - dr) * scale;
         }
@@ -736,21 +741,16 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
     // dk, dv of key tile kt: sums over the query tiles qt >= kt, in order, and rows in order
     cpu_for((long)B * NH * NT, [&](long task) {
         int kt = (int)(task % NT), h = (int)(task / NT % NH), b = (int)(task / NT / NH);
-        const float* q = qkv + (size_t)b * T * C3 + h * hs;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        const float* dO = dout + (size_t)b * T * C + h * hs;
-        const float* ls = lse + ((size_t)b * NH + h) * T;
-        const float* D = dsum + ((size_t)b * NH + h) * T;
+        Head hd = head_of(b, h);
         int j0 = kt * ATT_TILE, nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
         float P[ATT_TILE * ATT_TILE], dS[ATT_TILE * ATT_TILE], dk[ATT_TILE][ATT_HS_MAX], dv[ATT_TILE][ATT_HS_MAX];
         for (int c = 0; c < nc; c++)
             for (int d = 0; d < hs; d++) dk[c][d] = dv[c][d] = 0.0f;
         for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
             int nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
-            tile_grad(P, dS, q, k, v, dO, ls, D, i0, nr, j0, nc);
-            att_tile_gemm(dv[0], ATT_HS_MAX, nc, P, 1, ATT_TILE, nr, dO + (long)i0 * C, C, hs);   // dv += P^T dO
-            att_tile_gemm(dk[0], ATT_HS_MAX, nc, dS, 1, ATT_TILE, nr, q + (long)i0 * C3, C3, hs);  // dk += dS^T q
+            tile_grad(P, dS, hd, i0, nr, j0, nc);
+            att_tile_gemm(dv[0], ATT_HS_MAX, nc, P, 1, ATT_TILE, nr, hd.dO + (long)i0 * C, C, hs);   // dv += P^T dO
+            att_tile_gemm(dk[0], ATT_HS_MAX, nc, dS, 1, ATT_TILE, nr, hd.q + (long)i0 * C3, C3, hs);  // dk += dS^T q
         }
         for (int c = 0; c < nc; c++) {
             float* row = dqkv + ((size_t)b * T + j0 + c) * C3 + h * hs;
@@ -761,20 +761,15 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
     // dq of query tile qt: sums over the key tiles up to the diagonal, in order
     cpu_for((long)B * NH * NT, [&](long task) {
         int qt = (int)(task % NT), h = (int)(task / NT % NH), b = (int)(task / NT / NH);
-        const float* q = qkv + (size_t)b * T * C3 + h * hs;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        const float* dO = dout + (size_t)b * T * C + h * hs;
-        const float* ls = lse + ((size_t)b * NH + h) * T;
-        const float* D = dsum + ((size_t)b * NH + h) * T;
+        Head hd = head_of(b, h);
         int i0 = qt * ATT_TILE, nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
         float P[ATT_TILE * ATT_TILE], dS[ATT_TILE * ATT_TILE], dq[ATT_TILE][ATT_HS_MAX];
         for (int r = 0; r < nr; r++)
             for (int d = 0; d < hs; d++) dq[r][d] = 0.0f;
         for (int j0 = 0; j0 < i0 + nr; j0 += ATT_TILE) {
             int nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
-            tile_grad(P, dS, q, k, v, dO, ls, D, i0, nr, j0, nc);
-            att_tile_gemm(dq[0], ATT_HS_MAX, nr, dS, ATT_TILE, 1, nc, k + (long)j0 * C3, C3, hs);  // dq += dS k (dS 0 past the diagonal)
+            tile_grad(P, dS, hd, i0, nr, j0, nc);
+            att_tile_gemm(dq[0], ATT_HS_MAX, nr, dS, ATT_TILE, 1, nc, hd.k + (long)j0 * C3, C3, hs);  // dq += dS k (dS 0 past the diagonal)
         }
         for (int r = 0; r < nr; r++) memcpy(dqkv + ((size_t)b * T + i0 + r) * C3 + h * hs, dq[r], hs * sizeof(float));
     });

@@ -159,23 +159,33 @@ static const char* g_argv0 = "./test_tp";  // this binary, for the tests that ru
 static bool g_tf32 = true;
 static bool g_overlap = true;  // gpt.cu's backward overlap (GPT::overlap)
 
-// (sp: --sp 1, recompute: -r, fused: --attention fused, else matmul)
-static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, int steps, const std::vector<int>& data,
-                   int B, int T, float lr, float clip, TpResult* out, bool sp = false, int recompute = 0, bool fused = true) {
+// One thread per rank r = 0..P-1 of a new group of P, each running body(group, r), then the group is
+// gone: the scaffold of every in-process run of several ranks. nccl: the group has NCCL communicators,
+// rank r on GPU r.
+static void on_ranks(int P, bool nccl, const std::function<void(CommGroup*, int)>& body) {
     CommGroup* group = new CommGroup();
     comm_group_init(group, P, 60);
-    bool nccl = g_device == DEV_CUDA && P > 1 && g_ngpu >= P;
     if (nccl) {
         std::vector<int> gpus(P);
         for (int r = 0; r < P; r++) gpus[r] = r;
         comm_nccl_init_all(group, gpus.data());
     }
+    std::vector<std::thread> th;
+    for (int r = 0; r < P; r++) th.emplace_back(body, group, r);
+    for (auto& t : th) t.join();
+    delete group;
+}
+
+// (sp: --sp 1, recompute: -r, fused: --attention fused, else matmul)
+static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, int steps, const std::vector<int>& data,
+                   int B, int T, float lr, float clip, TpResult* out, bool sp = false, int recompute = 0, bool fused = true) {
+    bool nccl = g_device == DEV_CUDA && P > 1 && g_ngpu >= P;
     long nfull = gpt_num_params(cfg);
     out->grads_full.assign(nfull, 0.0f);
     out->params_full.assign(nfull, 0.0f);
     out->ranks.assign(P, RankOut());
     out->losses.clear();
-    auto body = [&](int r) {
+    on_ranks(P, nccl, [&](CommGroup* group, int r) {
         Rank rk;
         rank_init(&rk, group, r, g_device, nccl ? r : 0, 1);
         if (g_device == DEV_CUDA) cuda_set_tf32(&rk.cuda, g_tf32);
@@ -217,11 +227,7 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
         gpt_gather(&m, &rk, m.params_mem, out->params_full.data());
         gpt_free(&m, &rk);
         rank_free(&rk);
-    };
-    std::vector<std::thread> th;
-    for (int r = 0; r < P; r++) th.emplace_back(body, r);
-    for (auto& t : th) t.join();
-    delete group;
+    });
 }
 
 static GPTConfig make_config(int L, int NH, int C, int V, int maxT) {

@@ -227,9 +227,7 @@ static void bpe_write_logits(const std::string& model, const std::vector<int>& t
     std::vector<float> full;
     model_read(model.c_str(), &cfg, &full);
     std::vector<float> logits((size_t)B * T * cfg.V);
-    CommGroup* group = new CommGroup();
-    comm_group_init(group, P, 60);
-    auto body = [&](int r) {
+    on_ranks(P, false, [&](CommGroup* group, int r) {
         Rank rk;
         rank_init(&rk, group, r, DEV_CPU, 0, 1);
         GPT m;
@@ -243,11 +241,7 @@ static void bpe_write_logits(const std::string& model, const std::vector<int>& t
             }
         gpt_free(&m, &rk);
         rank_free(&rk);
-    };
-    std::vector<std::thread> th;
-    for (int r = 0; r < P; r++) th.emplace_back(body, r);
-    for (auto& t : th) t.join();
-    delete group;
+    });
     FILE* f = fopen(path.c_str(), "wb");
     int h[3] = {B, T, cfg.V};
     fwrite(h, sizeof(int), 3, f);

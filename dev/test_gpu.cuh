@@ -619,15 +619,9 @@ static void bench_overlap(int ndev, bool small = false) {
     int P = 2, B = small ? 2 : 4, T = small ? 32 : 1024, reps = small ? 2 : 6;
     std::vector<float> init = init_weights(&cfg, 5);
     std::vector<int> data = random_tokens((long)B * T + 1, cfg.V, 3);
-    CommGroup* group = new CommGroup();
-    comm_group_init(group, P, 60);
     bool nccl = ndev >= P;
-    if (nccl) {
-        int gpus[2] = {0, 1};
-        comm_nccl_init_all(group, gpus);
-    }
     double ms[2] = {0, 0};  // [without, with]
-    auto body = [&](int r) {
+    on_ranks(P, nccl, [&](CommGroup* group, int r) {
         Rank rk;
         rank_init(&rk, group, r, DEV_CUDA, nccl ? r : 0, 1);
         GPT m;
@@ -644,11 +638,7 @@ static void bench_overlap(int ndev, bool small = false) {
         }
         gpt_free(&m, &rk);
         rank_free(&rk);
-    };
-    std::vector<std::thread> th;
-    for (int r = 0; r < P; r++) th.emplace_back(body, r);
-    for (auto& t : th) t.join();
-    delete group;
+    });
     printf("%s: backward of %d %s layers + LM head, B=%d T=%d, TP=2 (%s): %.3f ms without overlap, %.3f ms with (%.1f%% less)\n",
            small ? "  overlap timing (no bound: an emulated GPU)" : "bench", cfg.L, small ? "tiny" : "GPT-2 124M", B, T,
            nccl ? "NCCL" : "shared GPU memory", ms[0], ms[1], 100 * (1 - ms[1] / ms[0]));

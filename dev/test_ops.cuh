@@ -376,25 +376,34 @@ static void test_ops_residual_gelu() {
 // Scores that reach +-300: q and k are small integers (scaled by 1/4 in the gentle head), so q.k is exact
 // in fp32 and so is the scale 1/sqrt(64) = 1/8; what remains is the softmax's own error, which is then
 // held to (T + 8) u. Softmax without its max subtraction clamps exp at e^88 and e^-87: probabilities off by O(1).
-static void test_ops_attention() {
-    OpsRng r = {505};
-    int B = 2, T = 48, NH = 3, hs = 64, C = NH * hs, C3 = 3 * C;
+// qkv (B, T, 3*NH*hs) of integers (over 4 for the first of every 3 heads), so that the scores are exact:
+// heads h with h % 3 = 0, 1, 2 have scores up to about 2, 30 and 300. low_row: head 2 of row 1 has every
+// score near -256, a whole row below exp's range.
+static std::vector<float> ops_attention_qkv(OpsRng* r, int B, int T, int NH, int hs, bool low_row) {
+    int C = NH * hs, C3 = 3 * C;
     std::vector<float> qkv((long)B * T * C3);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < NH; h++)
                 for (int i = 0; i < hs; i++) {
                     float* row = qkv.data() + ((long)b * T + t) * C3;
-                    int lim = h == 0 ? 2 : h == 1 ? 4 : 16;  // scores up to about 2, 30, 300
-                    float div = h == 0 ? 4.0f : 1.0f;
-                    row[h * hs + i] = ops_int(&r, -lim, lim) / div;
-                    row[C + h * hs + i] = ops_int(&r, -lim, lim) / div;
-                    row[2 * C + h * hs + i] = ops_normal(&r, 0, 1);
-                    if (b == 1 && h == 2) {  // every score near -256: all of a row below exp's range
+                    int lim = h % 3 == 0 ? 2 : h % 3 == 1 ? 4 : 16;
+                    float div = h % 3 == 0 ? 4.0f : 1.0f;
+                    row[h * hs + i] = ops_int(r, -lim, lim) / div;
+                    row[C + h * hs + i] = ops_int(r, -lim, lim) / div;
+                    row[2 * C + h * hs + i] = ops_normal(r, 0, 1);
+                    if (low_row && b == 1 && h == 2) {
                         row[h * hs + i] = -4.0f;
-                        row[C + h * hs + i] = (float)(8 + ops_int(&r, -2, 2));
+                        row[C + h * hs + i] = (float)(8 + ops_int(r, -2, 2));
                     }
                 }
+    return qkv;
+}
+
+static void test_ops_attention() {
+    OpsRng r = {505};
+    int B = 2, T = 48, NH = 3, hs = 64, C = NH * hs, C3 = 3 * C;
+    std::vector<float> qkv = ops_attention_qkv(&r, B, T, NH, hs, true);
     std::vector<float> out((long)B * T * C), att((long)B * NH * T * T), probs((long)B * NH * T * T, NAN);
     attention_forward_cpu(out.data(), att.data(), qkv.data(), B, T, NH, hs);
     attention_probs_cpu(probs.data(), qkv.data(), B, T, NH, hs);
@@ -509,18 +518,7 @@ static void test_ops_attention_fused() {
                                             {1, 64, 8, 64}, {2, 256, 4, 64}, {1, 256, 6, 16}, {1, 1024, 1, 128}, {1, 1024, 2, 16}};
     for (auto& k : cases) {
         int B = k.B, T = k.T, NH = k.NH, hs = k.hs, C = NH * hs, C3 = 3 * C, NT = (T + ATT_TILE - 1) / ATT_TILE;
-        std::vector<float> qkv((long)B * T * C3);
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++)
-                for (int h = 0; h < NH; h++)
-                    for (int i = 0; i < hs; i++) {
-                        float* row = qkv.data() + ((long)b * T + t) * C3;
-                        int lim = h % 3 == 0 ? 2 : h % 3 == 1 ? 4 : 16;
-                        float div = h % 3 == 0 ? 4.0f : 1.0f;
-                        row[h * hs + i] = ops_int(&r, -lim, lim) / div;
-                        row[C + h * hs + i] = ops_int(&r, -lim, lim) / div;
-                        row[2 * C + h * hs + i] = ops_normal(&r, 0, 1);
-                    }
+        std::vector<float> qkv = ops_attention_qkv(&r, B, T, NH, hs, false);
         long nO = (long)B * T * C, nL = (long)B * NH * T;
         std::vector<float> dout = ops_normals(&r, nO, 0, 1);
         std::vector<float> out_f(nO, NAN), lse(nL, NAN), dsum(nL, NAN), dqkv_f(qkv.size(), NAN);

@@ -25,27 +25,21 @@ static long measured_step_calls(const GPTConfig* cfg, int P, int B, int T, bool 
     std::vector<float> init = init_weights(cfg, 7);
     std::vector<int> tok((size_t)B * T);
     for (size_t i = 0; i < tok.size(); i++) tok[i] = (int)(i * 31 % cfg->V);
-    CommGroup* g = new CommGroup();
-    comm_group_init(g, P, 60);
     long calls = 0;
-    std::vector<std::thread> th;
-    for (int r = 0; r < P; r++)
-        th.emplace_back([&, r]() {
-            Rank rk;
-            rank_init(&rk, g, r, DEV_CPU, 0, 1);
-            GPT m;
-            gpt_build(&m, &rk, cfg, init.data(), 0);
-            m.sp = sp;
-            AdamW opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f};
-            long s0 = rk.tp.seq;
-            gpt_forward(&m, &rk, tok.data(), tok.data(), B, T, true);
-            gpt_backward(&m, &rk);
-            gpt_update(&m, &rk, &rk.tp, &opt);
-            if (r == 0) calls = rk.tp.seq - s0;
-            gpt_free(&m, &rk);
-        });
-    for (auto& t : th) t.join();
-    delete g;
+    on_ranks(P, false, [&](CommGroup* g, int r) {
+        Rank rk;
+        rank_init(&rk, g, r, DEV_CPU, 0, 1);
+        GPT m;
+        gpt_build(&m, &rk, cfg, init.data(), 0);
+        m.sp = sp;
+        AdamW opt = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f};
+        long s0 = rk.tp.seq;
+        gpt_forward(&m, &rk, tok.data(), tok.data(), B, T, true);
+        gpt_backward(&m, &rk);
+        gpt_update(&m, &rk, &rk.tp, &opt);
+        if (r == 0) calls = rk.tp.seq - s0;
+        gpt_free(&m, &rk);
+    });
     return calls;
 }
 
