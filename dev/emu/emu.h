@@ -157,7 +157,6 @@ uint64_t enqueue(Stream* s, const std::string& what, std::function<bool(bool)> f
 // runs s up to and including operation `upto`; true when done. block false: never waits.
 bool run_stream(Stream* s, uint64_t upto, bool block);
 uint64_t last_seq(Stream* s);
-std::vector<Stream*> device_streams(int device);  // the live streams of a device
 std::string stream_name(Stream* s);
 
 // kernels (exec.cpp)

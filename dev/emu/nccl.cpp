@@ -579,13 +579,10 @@ static bool run_coll(ncclComm* comm, uint64_t seq, const Args& a, bool block) {
     double t0 = now_s();
     while (!c->ready && !cl->aborted) {
         if (!block) return false;
-        // peers' streams may be waiting for someone to run them (one thread driving several ranks): every
-        // stream of a missing peer's device, as its collective may sit on any of them (a communication
-        // stream beside the compute stream)
+        // peers' streams may be waiting for someone to run them (one thread driving several ranks)
         std::vector<Stream*> peers;
         for (ncclComm* o : cl->comms)
-            if (o && o != comm && o->stream && !c->has[o->rank])
-                for (Stream* s : device_streams(o->device)) peers.push_back(s);
+            if (o && o != comm && o->stream && !c->has[o->rank]) peers.push_back(o->stream);
         lock.unlock();
         for (Stream* s : peers) run_stream(s, last_seq(s), false);
         lock.lock();
@@ -683,8 +680,7 @@ static bool shm_wait(ncclComm* comm, int p, const char* for_what, const Args& a,
     {
         std::lock_guard<std::mutex> lock(comm->cl->mu);
         for (ncclComm* o : comm->cl->comms)
-            if (o && o != comm && o->stream)
-                for (Stream* s : device_streams(o->device)) peers.push_back(s);
+            if (o && o != comm && o->stream) peers.push_back(o->stream);
     }
     for (Stream* s : peers) run_stream(s, last_seq(s), false);
     if (now_s() - t0 > g_cfg.hang_s)

@@ -780,15 +780,6 @@ bool run_stream(Stream* s, uint64_t upto, bool block) {
     return s->done_seq >= upto;
 }
 
-// the live streams of device d: where a peer's collective may be queued (a rank may use several streams)
-std::vector<Stream*> device_streams(int d) {
-    std::vector<Stream*> out;
-    std::lock_guard<std::mutex> lock(g_streams_mu);
-    for (Stream* s : g_streams)
-        if (!s->destroyed && s->device == d) out.push_back(s);
-    return out;
-}
-
 }  // namespace emu
 
 // runs every stream of device d (-1: all devices) to its end
