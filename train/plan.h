@@ -8,10 +8,13 @@
 //   plan_k              the closed form of its communication-over-compute ratio
 //   plan_memory         what a rank holds, fp32 (exactly rank_memory) or bf16 (a prediction)
 //   g_boxes             the named boxes and where every number comes from (the README lists them too)
-//   plan_measure        this machine: compute at each P's local shapes, collectives at each group size
+//   plan_measure        this machine: compute at each P's local shapes (on the CPU with the grid's ranks
+//                       side by side), collectives at each group size
 //   plan_run            --plan: this machine (plan_here) or a box (plan_box): the tables and the recommendation
 #pragma once
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -84,7 +87,8 @@ struct PlanCosts {
     double rest_s;    // per micro-batch: everything else of forward and backward (the replicated ops,
                       // the elementwise ops on the local slices, the loss)
     double update_s;  // per step: AdamW and the gradient norm
-    double slow;      // ranks per compute unit: >1 when the P x D ranks share cores or GPUs (time-sliced)
+    double slow;      // ranks per GPU when the P x D ranks share GPUs (time-sliced); 1 on the CPU, whose
+                      // measurement runs a grid's ranks side by side (plan_ranks_together)
     double tp_lat, tp_busbw;  // the TP group's collectives: seconds per call, bus bandwidth in bytes/s
     double dp_lat, dp_busbw;  // the DP group's
 };
@@ -111,7 +115,8 @@ struct PlanShape {
 //                                                          and attention, forward + 2x backward)
 // in split_s = F_P / F seconds at an achieved rate F, plus rest_s of work TP does not divide (layernorms,
 // residuals, the embedding, the loss: replicated on every rank unless --sp) and once per step update_s
-// (AdamW on the shard). Ranks that share a compute unit run one after another: x slow. So
+// (AdamW on the shard). Ranks that share a GPU run one after another: x slow (on the CPU the ranks that
+// share the cores are measured together, so their slicing is already in split_s and rest_s). So
 //   compute = slow (A (split_s + rest_s) + update_s).
 // Over the TP group a step issues n_k collectives of kind k carrying m_k floats (step_comm_calls,
 // step_comm_floats: an all-reduce of (4L + 2) B T C + 3 B T floats per micro-batch without SP). A ring
@@ -232,6 +237,7 @@ static PlanCosts plan_box_costs(const PlanBox* b, const GPTConfig* c, const Plan
 // the collectives of each group size.
 struct PlanCompute {
     int P, threads;
+    int together;  // the ranks that ran side by side while it was measured (plan_ranks_together)
     double split_s, rest_s, update_s;
     double cpu_s;  // the CPU time of the rank's thread for forward + backward (1 thread: the work itself)
     double flops;  // plan_rank_flops at this P: split_s's FLOPs
@@ -246,7 +252,6 @@ struct PlanComm {
 struct PlanMeasured {
     std::vector<PlanCompute> compute;
     std::vector<PlanComm> comm;
-    double units;    // the cores this process's threads actually get together (CPU; plan_parallel_units)
     double seconds;  // the measurement's own wall time
 };
 
@@ -273,121 +278,124 @@ static int plan_threads(const Run* run, int P, int D) {
     return run->args.threads ? run->args.threads : std::max(1, cpu_cores() / (P * D));
 }
 
-// The cores the threads of this process get together, in units of what one thread alone gets: `cores`
-// threads spin for 0.2 s and their CPU time is summed, against one thread's. On a quiet machine about the
-// cores; on a shared one it can be 1 whatever the threads (a container's CPU share is the process's, not
-// each thread's: this project's 2-core machine under other jobs measured 1.0).
-static double plan_parallel_units(int cores) {
-    double rate[2];
-    for (int pass = 0; pass < 2; pass++) {
-        int n = pass ? cores : 1;
-        std::vector<double> c(n);
-        std::vector<std::thread> th;
-        double w0 = comm_now();
-        for (int i = 0; i < n; i++)
-            th.emplace_back([&, i]() {
-                double c0 = plan_cpu_now(), t0 = comm_now();
-                volatile double sink = 0;
-                while (comm_now() - t0 < 0.2) sink = sink + 1;
-                c[i] = plan_cpu_now() - c0;
-            });
-        for (auto& t : th) t.join();
-        double total = 0;
-        for (double x : c) total += x;
-        rate[pass] = total / (comm_now() - w0);
-    }
-    return std::min((double)cores, std::max(1.0, rate[1] / rate[0]));
+// How many ranks of grid (P, D) run side by side while one is measured: on the CPU all P x D of them
+// (they share the cores, so their time-slicing, the caches they share and the memory bandwidth they
+// split are then in the measurement, and so is whatever else loads the machine); on CUDA one (each GPU
+// runs its own ranks' kernels; plan_slowdown counts the ranks that share a GPU).
+static int plan_ranks_together(const Run* run, int P, int D) { return run->device == DEV_CPU ? P * D : 1; }
+
+// ranks per compute unit of grid (P, D) that the measurement did not include: on CUDA the ranks per
+// GPU; on the CPU none (plan_ranks_together ran them all together).
+static double plan_slowdown(const Run* run, int P, int D) {
+    return run->device == DEV_CUDA ? std::max(1.0, (double)P * D / run->ngpu) : 1.0;
 }
 
-// ranks per compute unit of grid (P, D): on the CPU P x D ranks, each measured alone with `threads`
-// threads (min(threads, units) of the process's units), share the process's units: slowed by
-// P x D x min(threads, units) / units when that is above 1 (a quiet machine: P x D x threads / cores).
-// On CUDA ranks per GPU.
-static double plan_slowdown(const Run* run, const PlanMeasured* pm, int P, int D) {
-    if (run->device == DEV_CUDA) return std::max(1.0, (double)P * D / run->ngpu);
-    double u = pm->units > 0 ? pm->units : cpu_cores();
-    return std::max(1.0, (double)P * D * std::min((double)plan_threads(run, P, D), u) / u);
-}
-
-// The compute of rank 0 of P at the run's shapes, alone, with `threads` threads: the whole forward +
-// backward and the update through gpt.cu on a group of one rank (its collectives do nothing, so this
-// is compute only, at exactly the local shapes of a rank of P), and the matmuls and attention of the
-// recipe called directly at the same shapes. rest = forward + backward - matmuls. Medians of a few
-// repetitions within `budget` seconds.
-static void plan_measure_compute(const Run* run, int P, int threads, double budget, PlanCompute* out) {
-    const Args* a = &run->args;
-    const GPTConfig* c = &run->cfg;
-    int B = a->B, T = a->T;
-    CommGroup* g = new CommGroup();
-    comm_group_init(g, 1, a->timeout);
-    Rank rk;
-    rank_init(&rk, g, 0, run->device, 0, threads);
-    rk.P = P;  // a rank of P, on a group of one
-    GPT m;
-    gpt_build(&m, &rk, c, run->init.data(), 0);
-    m.sp = a->sp;
-    m.recompute = a->recompute;
-    m.fused = a->attention != 0;
-    std::vector<int> tok((size_t)B * T), tgt((size_t)B * T);
-    for (long i = 0; i < (long)B * T; i++) { tok[i] = (int)((i * 7919) % c->V); tgt[i] = (int)((i * 104729 + 1) % c->V); }
-    m.dloss = 1.0f / (B * T);
-    AdamW opt = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f};
-    std::vector<double> fb, up, mm, cpu;
-    double t_start = comm_now();
-    for (int rep = 0; rep < 12; rep++) {
-        double t0 = comm_now(), c0 = plan_cpu_now();
-        gpt_forward(&m, &rk, tok.data(), tgt.data(), B, T, true);
-        gpt_backward(&m, &rk);
-        plan_sync(&rk);
-        double t1 = comm_now(), c1 = plan_cpu_now();
-        gpt_update(&m, &rk, &rk.tp, &opt);
-        plan_sync(&rk);
-        double t2 = comm_now();
-        // the matmuls and attention of one layer, called as gpt.cu calls them (every token's inputs), x L,
-        // and the LM head
-        const ShardPlan* s = &m.plan;
-        Acts* x = &m.acts;
-        Params* p = &m.params;
-        Params* gr = &m.grads;
-        LayerActs la = layer_acts(&m, 0);
-        int C = c->C, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, NHl = s->NHl, hs = m.hs, BT = B * T;
-        float* in = x->lnf;  // (B, T, C): an input of every token
-        double t3 = comm_now();
-        OP(&rk, matmul_forward, la.qkv, in, p->qkvw, p->qkvb, BT, C, 3 * Cl);
-        if (m.fused) OP(&rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);
-        else OP(&rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
-        OP(&rk, matmul_forward, x->partial, la.atty, p->attprojw, nullptr, BT, Cl, C);
-        OP(&rk, matmul_forward, la.fch, in, p->fcw, p->fcb, BT, C, C4l);
-        OP(&rk, matmul_forward, x->partial, la.fch_gelu, p->fcprojw, nullptr, BT, C4l, C);
-        OP(&rk, matmul_backward, x->dfch, gr->fcprojw, gr->fcprojb, x->partial, la.fch_gelu, p->fcprojw, BT, C4l, C);
-        OP(&rk, matmul_backward, x->dln, gr->fcw, gr->fcb, x->dfch, in, p->fcw, BT, C, C4l);
-        OP(&rk, matmul_backward, x->datty, gr->attprojw, gr->attprojb, x->partial, la.atty, p->attprojw, BT, Cl, C);
-        if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
-        else OP(&rk, attention_backward, x->dqkv, x->datty, la.qkv, la.att, B, T, NHl, hs);
-        OP(&rk, matmul_backward, x->dln, gr->qkvw, gr->qkvb, x->dqkv, in, p->qkvw, BT, C, 3 * Cl);
-        plan_sync(&rk);
-        double t4 = comm_now();
-        OP(&rk, matmul_forward, x->logits, x->lnf, p->wte, nullptr, BT, C, Vl);
-        OP(&rk, matmul_backward, x->dln, gr->wte, nullptr, x->logits, x->lnf, p->wte, BT, C, Vl);
-        plan_sync(&rk);
-        double t5 = comm_now();
-        if (rep == 0) continue;  // the first warms caches and allocations
-        fb.push_back(t1 - t0);
-        cpu.push_back(c1 - c0);
-        up.push_back(t2 - t1);
-        mm.push_back((t4 - t3) * c->L + (t5 - t4));
-        if (rep >= 1 && comm_now() - t_start > budget) break;
-    }
-    out->P = P;
-    out->threads = threads;
-    out->split_s = plan_median(mm);
-    out->rest_s = std::max(0.0, plan_median(fb) - out->split_s);
-    out->update_s = plan_median(up);
-    out->cpu_s = plan_median(cpu);
-    out->flops = plan_rank_flops(c, B, T, P);
-    gpt_free(&m, &rk);
-    rank_free(&rk);
-    delete g;
+// The compute of rank 0 of P at the run's shapes with `threads` threads, while `together` - 1 more ranks
+// (threads of their own, each with `threads` threads) do the same work beside it: the whole forward +
+// backward and the update through gpt.cu on a group of one rank each (their collectives do nothing, so
+// this is compute only, at exactly the local shapes of a rank of P), and the matmuls and attention of
+// the recipe called directly at the same shapes. rest = forward + backward - matmuls. Medians of rank
+// 0's repetitions within `budget` seconds; the others keep working until rank 0 is done.
+static void plan_measure_compute(const Run* run, int P, int threads, int together, double budget, PlanCompute* out) {
+    std::atomic<int> ready{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> th;
+    for (int r = 0; r < together; r++)
+        th.emplace_back([&, r]() {
+            const Args* a = &run->args;
+            const GPTConfig* c = &run->cfg;
+            int B = a->B, T = a->T;
+            CommGroup* g = new CommGroup();
+            comm_group_init(g, 1, a->timeout);
+            Rank rk;
+            rank_init(&rk, g, 0, run->device, 0, threads);
+            rk.P = P;  // a rank of P, on a group of one
+            GPT m;
+            gpt_build(&m, &rk, c, run->init.data(), 0);
+            m.sp = a->sp;
+            m.recompute = a->recompute;
+            m.fused = a->attention != 0;
+            std::vector<int> tok((size_t)B * T), tgt((size_t)B * T);
+            for (long i = 0; i < (long)B * T; i++) { tok[i] = (int)((i * 7919) % c->V); tgt[i] = (int)((i * 104729 + 1) % c->V); }
+            m.dloss = 1.0f / (B * T);
+            AdamW opt = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f};
+            std::vector<double> fb, up, mm, ops, cpu, whole;
+            ready++;
+            while (ready.load() < together) std::this_thread::sleep_for(std::chrono::microseconds(200));
+            double t_start = comm_now();
+            // rank 0: at least 12 repetitions (the first untimed) and 0.5 s, so that the medians see the time-slicing
+            // of its neighbours, unless the budget runs out first; at most 400
+            for (int rep = 0; r == 0 ? rep < 400 : !stop.load(); rep++) {
+                double t0 = comm_now(), c0 = plan_cpu_now();
+                gpt_forward(&m, &rk, tok.data(), tgt.data(), B, T, true);
+                gpt_backward(&m, &rk);
+                plan_sync(&rk);
+                double t1 = comm_now(), c1 = plan_cpu_now();
+                gpt_update(&m, &rk, &rk.tp, &opt);
+                plan_sync(&rk);
+                double t2 = comm_now();
+                // the matmuls and attention of one layer, called as gpt.cu calls them (every token's
+                // inputs), x L, and the LM head
+                const ShardPlan* s = &m.plan;
+                Acts* x = &m.acts;
+                Params* p = &m.params;
+                Params* gr = &m.grads;
+                LayerActs la = layer_acts(&m, 0);
+                int C = c->C, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, NHl = s->NHl, hs = m.hs, BT = B * T;
+                float* in = x->lnf;  // (B, T, C): an input of every token
+                double t3 = comm_now();
+                OP(&rk, matmul_forward, la.qkv, in, p->qkvw, p->qkvb, BT, C, 3 * Cl);
+                if (m.fused) OP(&rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);
+                else OP(&rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
+                OP(&rk, matmul_forward, x->partial, la.atty, p->attprojw, nullptr, BT, Cl, C);
+                OP(&rk, matmul_forward, la.fch, in, p->fcw, p->fcb, BT, C, C4l);
+                OP(&rk, matmul_forward, x->partial, la.fch_gelu, p->fcprojw, nullptr, BT, C4l, C);
+                OP(&rk, matmul_backward, x->dfch, gr->fcprojw, gr->fcprojb, x->partial, la.fch_gelu, p->fcprojw, BT, C4l, C);
+                OP(&rk, matmul_backward, x->dln, gr->fcw, gr->fcb, x->dfch, in, p->fcw, BT, C, C4l);
+                OP(&rk, matmul_backward, x->datty, gr->attprojw, gr->attprojb, x->partial, la.atty, p->attprojw, BT, Cl, C);
+                if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
+                else OP(&rk, attention_backward, x->dqkv, x->datty, la.qkv, la.att, B, T, NHl, hs);
+                OP(&rk, matmul_backward, x->dln, gr->qkvw, gr->qkvb, x->dqkv, in, p->qkvw, BT, C, 3 * Cl);
+                plan_sync(&rk);
+                double t4 = comm_now();
+                OP(&rk, matmul_forward, x->logits, x->lnf, p->wte, nullptr, BT, C, Vl);
+                OP(&rk, matmul_backward, x->dln, gr->wte, nullptr, x->logits, x->lnf, p->wte, BT, C, Vl);
+                plan_sync(&rk);
+                double t5 = comm_now();
+                if (r != 0 || rep == 0) continue;  // the first warms caches and allocations
+                fb.push_back(t1 - t0);
+                cpu.push_back(c1 - c0);
+                up.push_back(t2 - t1);
+                mm.push_back((t4 - t3) * c->L + (t5 - t4));
+                ops.push_back(t5 - t3);
+                whole.push_back(t5 - t0);
+                double spent = comm_now() - t_start;
+                if ((rep >= 12 && spent > std::min(0.5, budget)) || spent > budget) break;
+            }
+            if (r == 0) {
+                stop.store(true);
+                out->P = P;
+                out->threads = threads;
+                out->together = together;
+                // The parts are medians (robust to a stray interruption), scaled so that together they take the
+                // mean time of a repetition: ranks that share cores are time-sliced at a few ms, longer than
+                // most parts, so a short part is timed mostly while its rank runs and its median misses the
+                // slicing that the mean over many repetitions (as a run's steps average it) contains.
+                double mean = 0;
+                for (double w : whole) mean += w / whole.size();
+                double parts = plan_median(fb) + plan_median(up) + plan_median(ops);
+                double scale = parts > 0 ? mean / parts : 1;
+                out->split_s = scale * plan_median(mm);
+                out->rest_s = std::max(0.0, scale * plan_median(fb) - out->split_s);
+                out->update_s = scale * plan_median(up);
+                out->cpu_s = plan_median(cpu);
+                out->flops = plan_rank_flops(c, B, T, P);
+            }
+            gpt_free(&m, &rk);
+            rank_free(&rk);
+            delete g;
+        });
+    for (auto& t : th) t.join();
 }
 
 // The collectives of a group of n ranks on this machine's backend (threads, as a run makes them): the
@@ -396,10 +404,10 @@ static void plan_measure_compute(const Run* run, int P, int threads, double budg
 // computes `work_cpu` seconds of CPU time between two collectives and then waits for the last to arrive,
 // and on a shared (loaded or oversubscribed) machine a partner the OS has descheduled arrives late. So
 // every rank burns work_cpu of its own CPU time before each small all-reduce, rank 0 times the whole
-// interval, and lat_step = interval - `work_wall` x the group's time-slicing (what the compute term
-// already counts), at least a. On a quiet machine with a core per rank it is about a.
-static void plan_measure_comm(const Run* run, int n, long floats, double budget, double work_cpu, double work_wall, double units,
-                              PlanComm* out) {
+// interval, and lat_step = interval - `work_wall` (the wall time of that work measured with the n ranks
+// side by side: what the compute term already counts), at least a. On a quiet machine with a core per
+// rank it is about a.
+static void plan_measure_comm(const Run* run, int n, long floats, double budget, double work_cpu, double work_wall, PlanComm* out) {
     CommGroup* g = new CommGroup();
     comm_group_init(g, n, run->args.timeout);
     std::vector<int> gpus(n);
@@ -443,8 +451,11 @@ static void plan_measure_comm(const Run* run, int n, long floats, double budget,
     out->n = n;
     out->floats = floats;
     out->lat = a;
-    double sliced = std::max(1.0, (double)n / units);  // n one-thread ranks on the process's units
-    out->lat_step = step.empty() ? a : std::max(a, plan_median(step) - sliced * work_wall);
+    // the mean, not the median: a partner descheduled for a time slice delays a few calls by milliseconds,
+    // and a step pays for those calls as its mean does (see plan_measure_compute)
+    double step_mean = 0;
+    for (double x : step) step_mean += x / step.size();
+    out->lat_step = step.empty() ? a : std::max(a, step_mean - work_wall);
     out->busbw = ring / std::max(t - a, 1e-9);
     out->nccl_busbw = ring / std::max(t, 1e-9);
 }
@@ -464,21 +475,25 @@ static std::vector<std::pair<int, int>> plan_grids(const Run* run) {
     return grids;
 }
 
-static const PlanCompute* plan_compute_of(const PlanMeasured* pm, int P, int threads) {
+static const PlanCompute* plan_compute_of(const PlanMeasured* pm, int P, int threads, int together) {
     for (const PlanCompute& c : pm->compute)
-        if (c.P == P && c.threads == threads) return &c;
+        if (c.P == P && c.threads == threads && c.together == together) return &c;
     return nullptr;
 }
 // --plan 1 and the sweep: measures what every grid of plan_grids needs, with a progress line. About
-// 20 s at most: the compute of each distinct (P, threads) gets its share of 14 s, each group size 1 s.
+// 20 s at most: the compute of each distinct (P, threads, ranks side by side) gets its share of 14 s,
+// each group size 1 s.
 static void plan_measure(const Run* run, PlanMeasured* pm, bool quiet = false) {
     double t0 = comm_now();
     std::vector<std::pair<int, int>> grids = plan_grids(run);
-    std::vector<std::pair<int, int>> configs;  // (P, threads)
-    std::vector<int> sizes;                     // group sizes, TP and DP
+    struct Config { int P, threads, together; };
+    std::vector<Config> configs;
+    std::vector<int> sizes;  // group sizes, TP and DP
     for (auto& g : grids) {
-        std::pair<int, int> k = {g.first, plan_threads(run, g.first, g.second)};
-        if (std::find(configs.begin(), configs.end(), k) == configs.end()) configs.push_back(k);
+        Config k = {g.first, plan_threads(run, g.first, g.second), plan_ranks_together(run, g.first, g.second)};
+        bool seen = false;
+        for (const Config& o : configs) seen |= o.P == k.P && o.threads == k.threads && o.together == k.together;
+        if (!seen) configs.push_back(k);
         for (int n : {g.first, g.second})
             if (n > 1 && std::find(sizes.begin(), sizes.end(), n) == sizes.end()) sizes.push_back(n);
     }
@@ -486,35 +501,32 @@ static void plan_measure(const Run* run, PlanMeasured* pm, bool quiet = false) {
     int total = (int)(configs.size() + sizes.size()), done = 0;
     pm->compute.clear();
     pm->comm.clear();
-    pm->units = run->device == DEV_CPU ? plan_parallel_units(cpu_cores()) : run->ngpu;
-    for (auto& k : configs) {
+    for (const Config& k : configs) {
         if (!quiet) {
-            printf("\rplan: measuring compute at P=%d, %d thread%s per rank (%d of %d) ...", k.first, k.second, k.second > 1 ? "s" : "",
-                   ++done, total);
+            printf("\rplan: measuring compute at P=%d, %d thread%s per rank, %d rank%s at once (%d of %d) ...", k.P, k.threads,
+                   k.threads > 1 ? "s" : "", k.together, k.together > 1 ? "s" : "", ++done, total);
             fflush(stdout);
         }
         PlanCompute pc;
-        // its own thread: the rank's OpenMP thread count belongs to it
-        std::thread t([&]() { plan_measure_compute(run, k.first, k.second, 14.0 / configs.size(), &pc); });
-        t.join();
+        plan_measure_compute(run, k.P, k.threads, k.together, 14.0 / configs.size(), &pc);
         pm->compute.push_back(pc);
     }
     for (int n : sizes) {
         if (!quiet) {
-            printf("\rplan: measuring all-reduce over %d ranks (%d of %d) ...               ", n, ++done, total);
+            printf("\rplan: measuring all-reduce over %d ranks (%d of %d) ...%30s", n, ++done, total, "");
             fflush(stdout);
         }
         // the work between two TP collectives of grid (n, 1): a micro-batch's forward + backward over its calls
         double calls[COMM_KINDS], ncalls = 0, work_cpu = 0, work_wall = 0;
         step_comm_calls(&run->cfg, sp_splits(run->args.sp, n, run->args.B, run->args.T), 1, calls);
         for (double x : calls) ncalls += x;
-        const PlanCompute* pc = plan_compute_of(pm, n, plan_threads(run, n, 1));
+        const PlanCompute* pc = plan_compute_of(pm, n, plan_threads(run, n, 1), plan_ranks_together(run, n, 1));
         if (pc) {
             work_cpu = pc->cpu_s / ncalls;
             work_wall = (pc->split_s + pc->rest_s) / ncalls;
         }
         PlanComm cm;
-        plan_measure_comm(run, n, floats, 1.0, work_cpu, work_wall, pm->units, &cm);
+        plan_measure_comm(run, n, floats, 1.0, work_cpu, work_wall, &cm);
         pm->comm.push_back(cm);
     }
     pm->seconds = comm_now() - t0;
@@ -538,13 +550,13 @@ static PlanShape plan_shape(const Run* run, int e) {
 // D threads of the same backend).
 static PlanCosts plan_costs_here(const Run* run, const PlanMeasured* pm, int P, int D) {
     PlanCosts k = {};
-    const PlanCompute* pc = plan_compute_of(pm, P, plan_threads(run, P, D));
+    const PlanCompute* pc = plan_compute_of(pm, P, plan_threads(run, P, D), plan_ranks_together(run, P, D));
     if (!pc) fatal("plan: grid P=%d D=%d was not measured", P, D);
     k.split_s = pc->split_s;
     k.rest_s = pc->rest_s;
     // ZeRO-1: each replica updates 1/D of the shard
     k.update_s = pc->update_s / (run->args.zero ? D : 1);
-    k.slow = plan_slowdown(run, pm, P, D);
+    k.slow = plan_slowdown(run, P, D);
     const PlanComm* tp = plan_comm_of(pm, P);
     const PlanComm* dp = plan_comm_of(pm, D);
     k.tp_lat = tp ? tp->lat_step : 0;
@@ -615,17 +627,14 @@ static void plan_here(Run* run) {
     printf("\nplan: predicted training steps on this machine (%s), batch %d x %d per replica%s; nothing is trained\n",
            cpu ? "CPU" : "GPU", a->B, a->T, run->accum > 1 ? ", with micro-steps" : "");
     if (cpu)
-        printf("  on the CPU the P x D ranks share the %d cores: a rank gets cores/(P x D) threads (at least 1), and when\n"
-               "  P x D x threads exceeds the cores the process gets, the ranks are time-sliced\n", cores);
+        printf("  on the CPU the P x D ranks share the %d cores: a rank gets cores/(P x D) threads (at least 1), and a\n"
+               "  grid's ranks are measured running side by side, so their time-slicing is in the measurement\n", cores);
     PlanMeasured pm;
     plan_measure(run, &pm);
-    if (cpu)
-        printf("  measured: the threads of this process get %.2f cores' worth together (%d threads against 1), so the ranks'\n"
-               "  compute is multiplied by P x D x min(threads, %.2f) / %.2f where that is above 1\n", pm.units, cores, pm.units, pm.units);
-    printf("compute of one rank per micro-batch, measured at each P's local shapes:\n");
-    printf("%4s %8s %12s %12s %12s %12s\n", "P", "threads", "matmuls ms", "GFLOP/s", "rest ms", "update ms");
+    printf("compute of one rank per micro-batch, measured at each P's local shapes%s:\n", cpu ? " with its grid's ranks beside it" : "");
+    printf("%4s %8s %8s %12s %12s %12s %12s\n", "P", "threads", "ranks", "matmuls ms", "GFLOP/s", "rest ms", "update ms");
     for (const PlanCompute& k : pm.compute)
-        printf("%4d %8d %12.2f %12.1f %12.2f %12.2f\n", k.P, k.threads, 1e3 * k.split_s, k.flops / k.split_s / 1e9,
+        printf("%4d %8d %8d %12.2f %12.1f %12.2f %12.2f\n", k.P, k.threads, k.together, 1e3 * k.split_s, k.flops / k.split_s / 1e9,
                1e3 * k.rest_s, 1e3 * k.update_s);
     if (!pm.comm.empty()) {
         printf("all-reduce over n ranks (%s), as nccl-tests reports it:\n", cpu ? "shared memory" : run->ngpu > 1 ? "NCCL" : "shared GPU memory");
