@@ -189,7 +189,7 @@ static std::string bpe_sample(const std::string& out) {
 
 static void test_bpe_run() {
     printf("bperun: a tiny BPE run trains and samples words; its folder samples on its own\n");
-    if (!bpe_python("bperun")) return;
+    if (!bpe_python("bperun") || skip_under_tsan("bperun")) return;
     std::string d = tmpdir() + "/bpe", out, err;
     int rc = bpe_prepare(d, &out);
     std::string data = " -i " + d + "/data/story_bpe512_train.bin -j " + d + "/data/story_bpe512_val.bin";
