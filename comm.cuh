@@ -230,15 +230,15 @@ static void comm_describe(const CommCall* k, char* buf, size_t n) {
 [[noreturn]] static void comm_abort(CommGroup* g, int rank, const char* why, bool recipe_bug = true) {
     fatal_begin();
     fatal_prefix();
-    fprintf(stderr, "rank %d: %s; the ranks' collectives:\n", rank, why);
+    fprintf(fatal_out(), "rank %d: %s; the ranks' collectives:\n", rank, why);
     for (int r = 0; r < g->P; r++) {
         char d[256];
         comm_describe(&g->call[r], d, sizeof(d));
-        fprintf(stderr, "  rank %d %s %s\n", g->proc * g->P + r, g->waiting[r] ? "waits in" : "last issued", d);
+        fprintf(fatal_out(), "  rank %d %s %s\n", g->proc * g->P + r, g->waiting[r] ? "waits in" : "last issued", d);
     }
     if (recipe_bug) {
         fatal_prefix();
-        fprintf(stderr, "every rank must issue the same collectives in the same order; this is a bug in the recipe\n");
+        fprintf(fatal_out(), "every rank must issue the same collectives in the same order; this is a bug in the recipe\n");
     }
     fatal_end();
 }

@@ -52,6 +52,14 @@ static const char* fatal_note() {
     return at < 0 ? nullptr : g_fatal_notes[at];
 }
 
+// Where the error report is written between fatal_begin and fatal_end: a memory stream that fatal_end
+// writes to stderr in one write(), so that under mpirun another process's output (the shell's "Killed"
+// of a peer) cannot land inside the line; stderr itself if that stream could not be opened.
+static FILE* g_fatal_out = nullptr;
+static char* g_fatal_text = nullptr;
+static size_t g_fatal_size = 0;
+static FILE* fatal_out() { return g_fatal_out ? g_fatal_out : stderr; }
+
 // The first caller returns (with stdout flushed, so the error follows what was already printed);
 // every later caller waits here until the first one ends the process.
 static void fatal_begin() {
@@ -67,16 +75,24 @@ static void fatal_begin() {
         }
     }
     fflush(stdout);
+    g_fatal_out = open_memstream(&g_fatal_text, &g_fatal_size);
 }
 
 // "error: " and, with several processes, "process p of N: ", the start of every error line
 static void fatal_prefix() {
-    fprintf(stderr, "error: ");
-    if (g_fatal_nproc > 1) fprintf(stderr, "process %d of %d: ", g_fatal_proc, g_fatal_nproc);
+    fprintf(fatal_out(), "error: ");
+    if (g_fatal_nproc > 1) fprintf(fatal_out(), "process %d of %d: ", g_fatal_proc, g_fatal_nproc);
 }
 
 [[noreturn]] static void fatal_end() {
-    if (fatal_note() && !g_fatal_note_printed) fprintf(stderr, "%s\n", fatal_note());  // after a report of several lines
+    if (fatal_note() && !g_fatal_note_printed) fprintf(fatal_out(), "%s\n", fatal_note());  // after a report of several lines
+    if (g_fatal_out && fclose(g_fatal_out) == 0) {
+        for (size_t at = 0; at < g_fatal_size;) {
+            ssize_t n = write(2, g_fatal_text + at, g_fatal_size - at);
+            if (n <= 0) break;
+            at += (size_t)n;
+        }
+    }
     fflush(stderr);
     _Exit(1);  // ranks are threads that may be blocked in a collective: there is nothing to unwind to
 }
@@ -88,10 +104,10 @@ static void fatal(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fatal_prefix();
-    vfprintf(stderr, fmt, ap);
-    if (fatal_note()) fprintf(stderr, "; %s", fatal_note());
+    vfprintf(fatal_out(), fmt, ap);
+    if (fatal_note()) fprintf(fatal_out(), "; %s", fatal_note());
     g_fatal_note_printed = true;
-    fprintf(stderr, "\n");
+    fprintf(fatal_out(), "\n");
     va_end(ap);
     fatal_end();
 }

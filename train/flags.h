@@ -258,9 +258,9 @@ static void bad_flag_hint(const char* hint, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fatal_prefix();
-    vfprintf(stderr, fmt, ap);
+    vfprintf(fatal_out(), fmt, ap);
     va_end(ap);
-    fprintf(stderr, "\n%s\n", hint);
+    fprintf(fatal_out(), "\n%s\n", hint);
     fatal_end();
 }
 #define bad_flag(...) bad_flag_hint("./tp --help lists the flags", __VA_ARGS__)
