@@ -32,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -84,6 +85,13 @@ struct CommCall {
     const float* ptr;   // the rank's buffer (input side)
 };
 
+// one point-to-point message in flight: a copy of the sender's buffer, and what it is
+struct CommMsg {
+    std::vector<float> data;
+    const char* where;
+    int tag;
+};
+
 // shared by the P ranks of a group that live in this process
 struct CommGroup {
     int P;            // ranks in this process
@@ -104,6 +112,9 @@ struct CommGroup {
     long posted[COMM_MAXP];      // how many collectives rank r has logged
     // across processes (host backend): this process's partial result and what the others sent
     std::vector<float> xsend, xrecv;
+    // point-to-point (comm_send, comm_recv): the messages rank i sent rank j and j has not received yet,
+    // in order, in box[i * P + j] (sized on the first send)
+    std::vector<std::deque<CommMsg>> box;
 #ifdef TP_MPI
     MPI_Comm mpi;  // the group's own communicator over the processes (a duplicate of MPI_COMM_WORLD)
 #endif
@@ -116,6 +127,9 @@ struct Comm {
     int local;    // among the group's ranks in this process (the index into the group's per-rank arrays)
     long seq;
     double moved[COMM_KINDS];  // floats moved through collectives (the payload, counted once per collective), by kind
+    int tp_rank;         // a pipeline group's rank: its TP rank in its stage, for the messages (-1: not one)
+    double p2p_sent;     // floats this rank sent point to point (comm_send)
+    double p2p_seconds;  // time spent in comm_recv waiting for a message: a pipeline stage's idle time
     double seconds;  // time spent inside collectives, waiting for other ranks included. COMM_CUDA: wall
                      // time after the rank's own GPU work is done. COMM_NCCL: GPU time between events
                      // around each collective, counted once a later collective or comm_sync sees it done.
@@ -163,6 +177,12 @@ static void comm_reducescatter_start(Comm* c, float* out, const float* in, long 
 static void comm_finish(Comm* c);
 // every rank arrives before any leaves; on the GPU backends the rank's queued work is finished first
 static void comm_barrier(Comm* c, const char* where);
+// Point to point, between two ranks of a group (pipeline parallelism's neighbouring stages): comm_send
+// hands rank dst a copy of buf (n) and returns at once; comm_recv waits for the next message from rank
+// src and copies it into buf (n). Messages between two ranks arrive in the order they were sent, and
+// `where` and tag (the micro-batch) must match on both sides. Host backend.
+static void comm_send(Comm* c, int dst, const float* buf, long n, const char* where, int tag);
+static void comm_recv(Comm* c, int src, float* buf, long n, const char* where, int tag);
 // waits until everything queued on the rank's stream, collectives and kernels, is done (nothing on the host)
 static void comm_sync(Comm* c);
 // Setup, in this order: comm_group_init once per group (comm_group_span under mpirun, common/comm_mpi.h),
@@ -200,6 +220,8 @@ static void comm_init(Comm* c, CommGroup* g, int local) {
     c->P = g->nproc * g->P;
     c->seq = 0;
     c->seconds = 0;
+    c->p2p_sent = c->p2p_seconds = 0;
+    c->tp_rank = -1;
     for (int k = 0; k < COMM_KINDS; k++) c->moved[k] = 0;
     c->backend = COMM_HOST;
     c->gpu = -1;
@@ -753,6 +775,61 @@ static void comm_barrier(Comm* c, const char* where) {
     shm_done(c);
     comm_begin(c, COMM_BARRIER, 0, nullptr, where, -1);
     if (c->P > 1) comm_wait_all(c, true);
+}
+
+// ----------------------------------------------------------------------------
+// point to point (host backend)
+//
+// A send never waits: it leaves a copy in the receiver's box and goes on, so any order of sends and
+// receives in which every message is eventually received completes; a schedule cannot deadlock on the
+// order of two neighbours' sends. (A pipeline keeps a few micro-batches' boundary tensors in flight, so
+// the copies are small.) The receiver waits within the timeout, and a message that does not come is
+// reported with the place the receiver waits at: the stage before it stalled, or stopped.
+
+static void comm_p2p_check(Comm* c, int peer, const char* what) {
+    if (c->backend != COMM_HOST)
+        fatal("rank %d: %s on a GPU backend: point-to-point messages are built for ranks on the CPU only", c->rank, what);
+    if (c->g->nproc > 1) fatal("rank %d: %s across processes: point-to-point messages stay inside one process", c->rank, what);
+    if (peer < 0 || peer >= c->P || peer == c->rank) fatal("rank %d: %s with rank %d of a group of %d", c->rank, what, peer, c->P);
+}
+
+static void comm_send(Comm* c, int dst, const float* buf, long n, const char* where, int tag) {
+    comm_p2p_check(c, dst, "a send");
+    CommGroup* g = c->g;
+    CommMsg msg;
+    msg.data.assign(buf, buf + n);
+    msg.where = where;
+    msg.tag = tag;
+    {
+        std::lock_guard<std::mutex> lock(g->mu);
+        if (g->box.empty()) g->box.resize((size_t)g->P * g->P);
+        g->box[(size_t)c->local * g->P + dst].push_back(std::move(msg));
+    }
+    g->cv.notify_all();
+    c->p2p_sent += n;
+}
+
+static void comm_recv(Comm* c, int src, float* buf, long n, const char* where, int tag) {
+    comm_p2p_check(c, src, "a receive");
+    CommGroup* g = c->g;
+    double t0 = comm_now();
+    std::unique_lock<std::mutex> lock(g->mu);
+    if (g->box.empty()) g->box.resize((size_t)g->P * g->P);
+    std::deque<CommMsg>* box = &g->box[(size_t)src * g->P + c->local];
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(g->timeout_s);
+    while (box->empty())
+        if (g->cv.wait_until(lock, deadline) == std::cv_status::timeout && box->empty())
+            fatal("stage %d, TP rank %d: waited %g s for %s of micro-batch %d from stage %d (--timeout): stage %d's TP rank %d "
+                  "stalled or stopped", c->rank, c->tp_rank, g->timeout_s, where, tag, src, src, c->tp_rank);
+    CommMsg msg = std::move(box->front());
+    box->pop_front();
+    lock.unlock();
+    if ((long)msg.data.size() != n || strcmp(msg.where, where) != 0 || msg.tag != tag)
+        fatal("stage %d, TP rank %d: expected %s of micro-batch %d (%ld floats) from stage %d and got %s of micro-batch %d (%zu "
+              "floats): the stages' schedules disagree; this is a bug in the schedule", c->rank, c->tp_rank, where, tag, n, src,
+              msg.where, msg.tag, msg.data.size());
+    memcpy(buf, msg.data.data(), n * sizeof(float));
+    c->p2p_seconds += comm_now() - t0;
 }
 
 // ----------------------------------------------------------------------------

@@ -75,11 +75,13 @@ static std::string tp_valid_list(const GPTConfig* c) {
 enum Split { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS, SPLIT_QKV };
 #define NUM_PARAM_TENSORS 16
 
-// one tensor kind; stacked per-layer tensors (L, rows, cols) have nl = L. Vectors have cols = 1.
+// one tensor kind; stacked per-layer tensors (L, rows, cols) have fl = L. Vectors have cols = 1.
+// With pipeline stages a rank holds layers [l0, l0 + nl) of the fl in the full tensor (nl = fl = L
+// without), and nl = 0 for a tensor its stage does not hold at all (wpe past the first stage).
 struct TensorShard {
     const char* name;
     int split;
-    int nl;
+    int fl, l0, nl;     // the full tensor's layers, the first one this rank holds, how many it holds
     long rows, cols;    // full shape of one layer's tensor
     long lrows, lcols;  // this rank's shape
     const char* how;    // the split in words, for the printed plan
@@ -88,13 +90,30 @@ struct TensorShard {
 struct ShardPlan {
     int P, rank;
     int NHl, Cl, C4l, Vl, v0;  // local heads, local head channels, local MLP width, local vocab rows, first vocab row
+    // pipeline parallelism (--pp S): this rank's stage of S, and the stage's layers [l0, l0 + L) of the
+    // model's cfg.L. The first stage holds the embedding, the last the final layernorm and the LM head;
+    // both hold wte, which the two tie (gpt_update sums its gradient between them). S = 1: every layer.
+    int S, stage, l0, L;
+    bool first, last;
     TensorShard t[NUM_PARAM_TENSORS];
 };
 
-static void shard_plan_init(ShardPlan* s, const GPTConfig* c, int P, int rank) {
+// The layers of stage s of S, as even as L allows: the first L % S stages take one more.
+static void pp_stage_layers(int L, int S, int s, int* l0, int* n) {
+    int base = L / S, extra = L % S;
+    *n = base + (s < extra ? 1 : 0);
+    *l0 = s * base + std::min(s, extra);
+}
+
+static void shard_plan_init(ShardPlan* s, const GPTConfig* c, int P, int rank, int S = 1, int stage = 0) {
     int C = c->C, L = c->L;
     s->P = P;
     s->rank = rank;
+    s->S = S;
+    s->stage = stage;
+    s->first = stage == 0;
+    s->last = stage == S - 1;
+    pp_stage_layers(L, S, stage, &s->l0, &s->L);
     s->NHl = c->NH / P;
     s->Cl = C / P;
     s->C4l = 4 * C / P;
@@ -123,7 +142,13 @@ static void shard_plan_init(ShardPlan* s, const GPTConfig* c, int P, int rank) {
         TensorShard* t = &s->t[i];
         t->name = d[i].name;
         t->split = d[i].split;
-        t->nl = d[i].nl;
+        bool layered = i >= 2 && i <= 13;  // ln1w .. fcprojb
+        t->fl = d[i].nl;
+        t->l0 = layered ? s->l0 : 0;
+        t->nl = layered ? s->L : 1;  // the stage's layers, and the tensors outside the layers:
+        if (i == 0) t->nl = s->first || s->last ? 1 : 0;  // wte: the lookup and the LM head
+        if (i == 1) t->nl = s->first ? 1 : 0;               // wpe: the lookup
+        if (i >= 14) t->nl = s->last ? 1 : 0;               // lnfw, lnfb: before the LM head
         t->rows = d[i].rows;
         t->cols = d[i].cols;
         t->how = d[i].how;
@@ -132,7 +157,7 @@ static void shard_plan_init(ShardPlan* s, const GPTConfig* c, int P, int rank) {
     }
 }
 
-static long shard_full_size(const TensorShard* t) { return t->nl * t->rows * t->cols; }
+static long shard_full_size(const TensorShard* t) { return t->fl * t->rows * t->cols; }
 static long shard_local_size(const TensorShard* t) { return t->nl * t->lrows * t->lcols; }
 
 // The length of a rank's flat shard of n floats as it is allocated: with ZeRO-1 (zero) padded to a
@@ -140,7 +165,7 @@ static long shard_local_size(const TensorShard* t) { return t->nl * t->lrows * t
 static long shard_padded(long n, int zero, int D) { return zero ? (n + 32L * D - 1) / (32L * D) * (32L * D) : n; }
 
 // Copies between a full tensor (all layers) and this rank's shard of it, in either direction.
-// Local row lr of one layer comes from full row:
+// Local layer l is the full tensor's layer l0 + l (its stage's); local row lr of one layer comes from full row:
 //   rows: rank*lrows + lr;  qkv: the same within each of the q, k, v thirds;  cols and none: lr;
 // and its columns start at rank*lcols for a column split, else 0.
 static void shard_copy(const TensorShard* t, int rank, float* full, float* local, bool to_local) {
@@ -151,7 +176,7 @@ static void shard_copy(const TensorShard* t, int rank, float* full, float* local
             if (t->split == SPLIT_ROWS) fr = rank * t->lrows + lr;
             if (t->split == SPLIT_QKV) fr = (lr / third) * (t->rows / 3) + rank * third + lr % third;
             long c0 = t->split == SPLIT_COLS ? rank * t->lcols : 0;
-            float* f = full + (l * t->rows + fr) * t->cols + c0;
+            float* f = full + ((t->l0 + l) * t->rows + fr) * t->cols + c0;
             float* p = local + (l * t->lrows + lr) * t->lcols;
             if (to_local) memcpy(p, f, t->lcols * sizeof(float));
             else memcpy(f, p, t->lcols * sizeof(float));
@@ -168,6 +193,10 @@ struct Rank {
     Comm tp;       // the tensor-parallel group: every collective of the layers goes through it
     Comm dp;       // the data-parallel group: TP rank `rank` of every replica (dp.rank: the replica, dp.P: the
                    // replicas). One replica and no group (dp.g null) until rank_join_dp.
+    int stage, S;  // pipeline parallelism: this rank's stage of S (0 of 1 until rank_join_pp)
+    Comm pp;       // the pipeline group: TP rank `rank` of every stage of the replica (pp.rank: the stage); the
+                   // boundary activations and their gradients go between neighbours (comm_send, comm_recv)
+    Comm emb;      // the first and the last stage's TP rank `rank` (S > 1): the tied wte's gradient sum
     CudaCtx cuda;  // DEV_CUDA: the rank's stream, cuBLAS handles and scratch
 };
 
@@ -177,6 +206,11 @@ struct Rank {
 static void rank_init(Rank* rk, CommGroup* tp_group, int r, int device, int gpu, int threads) {
     memset(&rk->dp, 0, sizeof(rk->dp));
     rk->dp.P = 1;
+    memset(&rk->pp, 0, sizeof(rk->pp));
+    memset(&rk->emb, 0, sizeof(rk->emb));
+    rk->pp.P = 1;
+    rk->stage = 0;
+    rk->S = 1;
     rk->rank = r;
     rk->P = tp_group->P;
     rk->device = device;
@@ -192,6 +226,17 @@ static void rank_init(Rank* rk, CommGroup* tp_group, int r, int device, int gpu,
 static void rank_join_dp(Rank* rk, CommGroup* dp_group, int local) {
     comm_init(&rk->dp, dp_group, local);
     if (rk->device == DEV_CUDA) comm_bind_cuda(&rk->dp, rk->gpu, rk->cuda.stream);
+}
+
+// Makes the rank stage `stage` of its replica's pipeline: a member of the pipeline group (its stages) and,
+// with more than one stage, on the first and last stage, of the tied embedding's group (emb: the first
+// stage is its member 0). Call after rank_init, before gpt_build.
+static void rank_join_pp(Rank* rk, CommGroup* pp_group, CommGroup* emb_group, int stage) {
+    comm_init(&rk->pp, pp_group, stage);
+    rk->pp.tp_rank = rk->rank;
+    rk->stage = stage;
+    rk->S = pp_group->P;
+    if (emb_group && (stage == 0 || stage == rk->S - 1)) comm_init(&rk->emb, emb_group, stage == 0 ? 0 : 1);
 }
 
 static void rank_free(Rank* rk) {
@@ -354,7 +399,7 @@ static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
     ActsLayout lay;
     acts_layout(c, s, B, T, split, recompute, fused, &lay);
     long n = 0;
-    for (int i = 0; i < NUM_ACTS; i++) n += lay.size[i] * act_copies(&lay, i, c->L);
+    for (int i = 0; i < NUM_ACTS; i++) n += lay.size[i] * act_copies(&lay, i, s->L);
     return n;
 }
 
@@ -378,6 +423,13 @@ struct LayerActs {
     float* residual;  // (N, C) the layer's input: encoded for layer 0, else the previous layer's residual3
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *lse, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
+};
+
+// one micro-batch's activations, kept from its forward to its backward (pipeline parallelism: gpt_select_slot)
+struct ActsSlot {
+    float* mem;
+    Acts acts;
+    int *tokens, *targets;
 };
 
 struct GPT {
@@ -410,6 +462,11 @@ struct GPT {
     int *tokens, *targets;  // (B, T) on the rank's device
     int t;                  // AdamW steps taken
     float* row;             // (Vp) one position's gathered logits, for sampling
+    // Pipeline parallelism keeps several micro-batches between their forward and their backward: one
+    // activation set each, in slots. acts_mem, acts, tokens and targets are the current slot's;
+    // gpt_select_slot swaps another one in (allocated on first use). No slots (nslots 0): just the one.
+    ActsSlot* slots;
+    int nslots, slot;
 };
 
 // layer l's buffer `name` of Acts: its own copy when the layer keeps one, else the one every layer reuses
@@ -482,7 +539,7 @@ static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full,
     m->cfg = *cfg;
     m->hs = cfg->C / cfg->NH;
     m->fused = true;
-    shard_plan_init(&m->plan, cfg, rk->P, rk->rank);
+    shard_plan_init(&m->plan, cfg, rk->P, rk->rank, rk->S, rk->stage);
     m->nparams = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) m->nparams += shard_local_size(&m->plan.t[i]);
     m->zero = zero;
@@ -519,7 +576,8 @@ static void gpt_gather(GPT* m, Rank* rk, const float* local_mem, float* full) {
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         const TensorShard* t = &m->plan.t[i];
         long n = shard_local_size(t);
-        if (t->split != SPLIT_NONE || rk->rank == 0) {
+        bool writes = (t->split != SPLIT_NONE || rk->rank == 0) && (i != 0 || m->plan.first);  // wte: the first stage's copy
+        if (writes && n > 0) {
             local.resize(n);
             dev_download(rk, local.data(), local_mem + loff, n * sizeof(float));
             shard_copy(t, rk->rank, full + off, local.data(), false);
@@ -543,24 +601,61 @@ static void gpt_gather_moments(GPT* m, Rank* rk, const float* mom, float* full) 
     dev_free(rk, shard);
 }
 
+// Makes slot k (0 <= k) the current activations, keeping the current ones in their slot. A slot not used
+// yet starts empty, and the next gpt_alloc_acts allocates it.
+static void gpt_select_slot(GPT* m, int k) {
+    if (k >= m->nslots) {
+        ActsSlot* grown = new ActsSlot[k + 1]();
+        for (int i = 0; i < m->nslots; i++) grown[i] = m->slots[i];
+        delete[] m->slots;
+        m->slots = grown;
+        m->nslots = k + 1;
+    }
+    m->slots[m->slot] = {m->acts_mem, m->acts, m->tokens, m->targets};
+    m->slot = k;
+    m->acts_mem = m->slots[k].mem;
+    m->acts = m->slots[k].acts;
+    m->tokens = m->slots[k].tokens;
+    m->targets = m->slots[k].targets;
+}
+
+static void gpt_free_slot_mem(GPT* m, Rank* rk) {
+    if (m->acts_mem) dev_free(rk, m->acts_mem);
+    if (m->tokens) dev_free(rk, m->tokens);
+    if (m->targets) dev_free(rk, m->targets);
+    m->acts_mem = nullptr;
+    m->tokens = m->targets = nullptr;
+}
+
 static void gpt_free(GPT* m, Rank* rk) {
     dev_free(rk, m->params_mem);
     dev_free(rk, m->grads_mem);
     dev_free(rk, m->m_mem);
     dev_free(rk, m->v_mem);
     dev_free(rk, m->norm2);
-    if (m->acts_mem) dev_free(rk, m->acts_mem);
+    for (int k = 0; k < m->nslots; k++) {
+        gpt_select_slot(m, k);
+        gpt_free_slot_mem(m, rk);
+    }
+    gpt_free_slot_mem(m, rk);
+    delete[] m->slots;
     if (m->row) dev_free(rk, m->row);
-    if (m->tokens) dev_free(rk, m->tokens);
-    if (m->targets) dev_free(rk, m->targets);
 }
 
 // (Re)allocates the activations for batches of (B, T).
 static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
     bool split = sp_splits(m->sp, rk->P, B, T);
-    if (m->acts_mem && m->B == B && m->T == T && m->split == split) return;
-    if (m->acts_mem) dev_free(rk, m->acts_mem);
-    if (m->tokens) { dev_free(rk, m->tokens); dev_free(rk, m->targets); }
+    bool same = m->B == B && m->T == T && m->split == split;
+    if (m->acts_mem && same) return;
+    if (!same && m->nslots) {  // a new shape: every slot's activations are of the old one
+        int k = m->slot;
+        for (int i = 0; i < m->nslots; i++) {
+            gpt_select_slot(m, i);
+            gpt_free_slot_mem(m, rk);
+        }
+        gpt_select_slot(m, k);
+    }
+    gpt_free_slot_mem(m, rk);
     // (setup refuses these from the command line with the flags to change; this guards the other callers)
     if (m->fused && m->hs > ATT_HS_MAX)
         fatal("fused attention takes head sizes up to %d, this model's is %d: use --attention matmul", ATT_HS_MAX, m->hs);
@@ -572,7 +667,7 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
     float* p = m->acts_mem;
     for (int i = 0; i < NUM_ACTS; i++) {
         ptrs[i] = p;
-        p += m->layout.size[i] * act_copies(&m->layout, i, m->cfg.L);
+        p += m->layout.size[i] * act_copies(&m->layout, i, m->plan.L);
     }
     m->tokens = (int*)dev_alloc(rk, (long)B * T);
     m->targets = (int*)dev_alloc(rk, (long)B * T);
@@ -655,7 +750,7 @@ static void kv_alloc(KVCache* kv, GPT* m, Rank* rk, int B, int Tmax) {
     memset(kv, 0, sizeof(*kv));
     kv->B = B;
     kv->Tmax = Tmax;
-    kv->L = m->cfg.L;
+    kv->L = m->plan.L;
     kv->NHl = m->plan.NHl;
     kv->hs = m->hs;
     kv->lstride = (long)B * kv->NHl * Tmax * kv->hs;
@@ -703,13 +798,14 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     int B = m->B, T = m->T, C = c->C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, hs = m->hs;
     int BT = B * T, N = m->ntok;
     LayerActs la = layer_acts(m, l);
+    int lg = s->l0 + l;  // the layer's index in the model (l is the stage's), for the collectives' labels
 
     // attention block. ln1 is replicated: every rank normalises the same residual stream (with SP,
     // its own tokens of it).
     OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
-    float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 fwd", l);
+    float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 fwd", lg);
     OP(rk, matmul_forward, la.qkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
     // heads are independent, so attention needs nothing from the other ranks; nor does the cache,
     // which holds this rank's heads only
@@ -721,46 +817,51 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
     // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
     OP(rk, matmul_forward, a->partial, la.atty, p->attprojw + (long)l * C * Cl, nullptr, BT, Cl, C);
-    float* attn_out = my_tokens_summed(m, rk, a->partial, "attproj fwd", l);
+    float* attn_out = my_tokens_summed(m, rk, a->partial, "attproj fwd", lg);
     OP(rk, residual_forward, la.residual2, la.residual, attn_out, p->attprojb + l * C, N, C);  // bias once, after the sum
 
     // MLP block: fc is column-parallel (this rank's 4C/P hidden units), GELU is elementwise on them,
     // fcproj is row-parallel over the same units: again a partial sum, again g.
     OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
-    float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 fwd", l);
+    float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 fwd", lg);
     OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l);
     OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
     OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C);
-    float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", l);
+    float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", lg);
     OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
 }
 
 // The embedding, the layers and the LM head on the tokens already in m->tokens (B, T): logits (B, T, Vl).
 // Positions: training and prefill, token t of each row at position t; decode, row b at kv->pos[b].
+// A pipeline stage runs its part: the embedding on the first stage only (on the others the previous
+// stage's output is in acts.encoded already), its layers, and the LM head on the last stage only (the
+// others leave their output in the last layer's residual3, gpt_stage_output).
 static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode) {
-    const GPTConfig* c = &m->cfg;
     const ShardPlan* s = &m->plan;
     Acts* a = &m->acts;
     Params* p = &m->params;
     Comm* tp = &rk->tp;
-    int B = m->B, T = m->T, L = c->L, C = c->C, Vl = s->Vl;
+    int B = m->B, T = m->T, L = s->L, C = m->cfg.C, Vl = s->Vl;
     int BT = B * T, N = m->ntok;
+    if (s->first) {
 
-    // Vocab-parallel embedding: each rank holds wte rows [v0, v0+Vl) and looks up only the tokens it
-    // owns, writing zeros for the rest. Summing over ranks puts every token's row in place (the other
-    // ranks add exact zeros, so this is bit-identical to TP=1): g, an all-reduce; with SP a
-    // reduce-scatter, which leaves each rank its own tokens. Then the replicated wpe is added.
-    if (!m->split) {
-        OP(rk, encoder_forward, a->encoded, m->tokens, p->wte, s->v0, Vl, BT, C);
-        comm_allreduce(tp, a->encoded, (long)BT * C, COMM_SUM, "embedding fwd", -1);
-    } else {
-        OP(rk, encoder_forward, a->partial, m->tokens, p->wte, s->v0, Vl, BT, C);
-        comm_reducescatter(tp, a->encoded, a->partial, (long)N * C, "embedding fwd", -1);
+        // Vocab-parallel embedding: each rank holds wte rows [v0, v0+Vl) and looks up only the tokens it
+        // owns, writing zeros for the rest. Summing over ranks puts every token's row in place (the other
+        // ranks add exact zeros, so this is bit-identical to TP=1): g, an all-reduce; with SP a
+        // reduce-scatter, which leaves each rank its own tokens. Then the replicated wpe is added.
+        if (!m->split) {
+            OP(rk, encoder_forward, a->encoded, m->tokens, p->wte, s->v0, Vl, BT, C);
+            comm_allreduce(tp, a->encoded, (long)BT * C, COMM_SUM, "embedding fwd", -1);
+        } else {
+            OP(rk, encoder_forward, a->partial, m->tokens, p->wte, s->v0, Vl, BT, C);
+            comm_reducescatter(tp, a->encoded, a->partial, (long)N * C, "embedding fwd", -1);
+        }
+        if (decode) OP(rk, position_rows_forward, a->encoded, p->wpe, kv->pos + m->t0, N, C);  // T = 1: token n is row n
+        else OP(rk, position_forward, a->encoded, p->wpe, N, m->t0, T, C);
     }
-    if (decode) OP(rk, position_rows_forward, a->encoded, p->wpe, kv->pos + m->t0, N, C);  // T = 1: token n is row n
-    else OP(rk, position_forward, a->encoded, p->wpe, N, m->t0, T, C);
 
     for (int l = 0; l < L; l++) gpt_layer_forward(m, rk, l, kv, decode);
+    if (!s->last) return;
 
     // final layernorm (replicated), then the LM head on this rank's vocab slice: logits (B, T, Vl).
     // The full (B, T, Vp) logits never exist on one rank. The head needs every token: with SP the
@@ -785,7 +886,7 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     dev_upload(rk, m->tokens, tokens, BT * sizeof(int));
     if (targets) dev_upload(rk, m->targets, targets, BT * sizeof(int));
     gpt_forward_logits(m, rk, nullptr, false);
-    if (!targets) return;
+    if (!targets || !s->last) return;  // the loss is the last stage's
 
     // Vocab-parallel cross-entropy. softmax needs the max and the sum of exps over the whole vocab:
     // all-reduce(max) of the local row maxima, then all-reduce(sum) of the local exp-sums and of the
@@ -798,6 +899,16 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     OP(rk, crossentropy_finish, a->losses, a->logits, a->ce_max, a->ce_sums, m->targets, BT, Vl, s->v0, c->V,
        training ? (m->dloss != 0.0f ? m->dloss : 1.0f / BT) : 0.0f);
 }
+
+// Pipeline parallelism: what crosses a stage boundary, the residual stream (N, C) of this rank's tokens:
+// a stage's input (the previous stage's output, received into acts.encoded before its forward), its
+// output (its last layer's residual3, sent after it), and in the backward the gradient of either, dres
+// (received before gpt_backward, sent after it). With SP each rank has its own N = B T / P tokens' rows,
+// so the TP ranks of a stage send disjoint slices, each to the same TP rank of the neighbouring stage.
+static float* gpt_stage_input(GPT* m) { return m->acts.encoded; }
+static float* gpt_stage_output(GPT* m) { return LAYER_BUF(m, residual3, m->plan.L - 1); }
+static float* gpt_stage_grad(GPT* m) { return m->acts.dres; }
+static long gpt_stage_floats(const GPT* m) { return (long)m->ntok * m->cfg.C; }
 
 // Prefill: tokens (B, T) (host memory, rows right-padded to T; causal attention makes the padding change
 // nothing before it) through the normal forward, which also writes every layer's k and v into the cache
@@ -859,37 +970,41 @@ static void gpt_zero_grad(GPT* m, Rank* rk) { dev_zero(rk, m->grads_mem, m->npad
 // Backward pass of one rank, after gpt_forward(training = true). Accumulates into the gradients (with SP
 // the replicated tensors' gradients stay partial sums over the ranks' tokens until gpt_update sums them).
 static void gpt_backward(GPT* m, Rank* rk) {
-    const GPTConfig* c = &m->cfg;
     const ShardPlan* s = &m->plan;
     Acts* a = &m->acts;
     Params* p = &m->params;
     Params* g = &m->grads;
-    int B = m->B, T = m->T, L = c->L, C = c->C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, hs = m->hs;
+    int B = m->B, T = m->T, L = s->L, C = m->cfg.C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, hs = m->hs;
     int BT = B * T, N = m->ntok;
 
-    // LM head: dlnf is a partial sum over this rank's vocab slice. lnf is replicated and feeds a
-    // vocab(column)-parallel matmul, so this is Megatron's f operator: identity forward, all-reduce
-    // backward (SP: reduce-scatter). Every rank then holds the same dlnf, and from here on the
-    // residual-stream gradient dres is identical on every rank (SP: each rank has its own tokens' rows).
-    // The input gradient comes first so that its sum can start; the weight gradient, which needs only
-    // dlogits and lnf, is computed while the sum is in flight (the same for fc and qkv below).
-    OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);
-    float* dlnf = my_tokens_summed_start(m, rk, a->dln, "lm head bwd", -1);
-    OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);  // under the sum
-    dev_zero(rk, a->dres, (long)N * C);
-    my_tokens_summed_wait(rk);
-    float* last = LAYER_BUF(m, residual3, L - 1);
-    OP(rk, layernorm_backward, a->dres, g->lnfw, g->lnfb, dlnf, last, p->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
+    // A pipeline stage before the last has the gradient of its output in dres already (received from the
+    // next stage), and one after the first leaves the gradient of its input there (to send back).
+    if (s->last) {
+        // LM head: dlnf is a partial sum over this rank's vocab slice. lnf is replicated and feeds a
+        // vocab(column)-parallel matmul, so this is Megatron's f operator: identity forward, all-reduce
+        // backward (SP: reduce-scatter). Every rank then holds the same dlnf, and from here on the
+        // residual-stream gradient dres is identical on every rank (SP: each rank has its own tokens' rows).
+        // The input gradient comes first so that its sum can start; the weight gradient, which needs only
+        // dlogits and lnf, is computed while the sum is in flight (the same for fc and qkv below).
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);
+        float* dlnf = my_tokens_summed_start(m, rk, a->dln, "lm head bwd", -1);
+        OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);  // under the sum
+        dev_zero(rk, a->dres, (long)N * C);
+        my_tokens_summed_wait(rk);
+        float* last = LAYER_BUF(m, residual3, L - 1);
+        OP(rk, layernorm_backward, a->dres, g->lnfw, g->lnfb, dlnf, last, p->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
+    }
 
     for (int l = L - 1; l >= 0; l--) {
         LayerActs la = layer_acts(m, l);
+        int lg = s->l0 + l;  // in the model, for the labels
 
         // dres is d(layer output). The residual passes it straight through to the block inputs.
         // fcproj is row-parallel: its input gradient dfch is local (this rank's hidden units), so no
         // communication (g's backward is the identity; with SP, the reduce-scatter's backward is an
         // all-gather of the output gradient). Its bias was added once after the sum, and its gradient,
         // the column sum of every token's dres, comes out the same on every rank.
-        float* dout = all_tokens(m, rk, a->dres, "fcproj bwd", l);
+        float* dout = all_tokens(m, rk, a->dres, "fcproj bwd", lg);
         if (m->recompute >= 1) OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);  // -r 1: not kept
         OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, la.fch_gelu,
            p->fcprojw + (long)l * C * C4l, BT, C4l, C);
@@ -900,9 +1015,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // (the first of SP's two extra costs: it keeps only its own tokens' rows, as Megatron does).
         if (m->recompute >= 2)  // -r 2: not kept
             OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
-        float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 bwd", l);
+        float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, p->fcw + (long)l * C4l * C, BT, C, C4l);
-        float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", l);
+        float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", lg);
         OP(rk, matmul_backward, nullptr, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_all,
            p->fcw + (long)l * C4l * C, BT, C, C4l);  // under the sum
         my_tokens_summed_wait(rk);
@@ -911,7 +1026,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
 
         // attention block, the same pattern: attproj row-parallel (no communication, SP: all-gather),
         // attention on local heads, qkv column-parallel with the f all-reduce of dln1 (SP: reduce-scatter).
-        dout = all_tokens(m, rk, a->dres, "attproj bwd", l);
+        dout = all_tokens(m, rk, a->dres, "attproj bwd", lg);
         OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout, la.atty,
            p->attprojw + (long)l * C * Cl, BT, Cl, C);
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse
@@ -922,9 +1037,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
         }
         if (m->recompute >= 2)
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
-        float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 bwd", l);
+        float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);
-        float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", l);
+        float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", lg);
         OP(rk, matmul_backward, nullptr, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_all,
            p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);  // under the sum
         my_tokens_summed_wait(rk);
@@ -932,6 +1047,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
            la.ln1_mean, la.ln1_rstd, N, C);
     }
 
+    if (!s->first) return;
     // embedding: its forward sum was a g operator, so each rank's lookup receives every token's dres
     // (SP: all-gathered) and scatters it into the wte rows it owns; wpe gets the rows of this rank's
     // tokens (all of them without SP: the same sum on every rank).
@@ -998,14 +1114,22 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
     // over the T rows a batch uses; each layernorm's weight and bias are adjacent in memory), once per
     // step, after the micro-steps' backwards have accumulated their parts (a sum of sums). The
     // row-parallel biases need nothing: their gradients came from the all-gathered gradient of every token.
-    if (m->split) {
-        long L = m->cfg.L, C = m->cfg.C;
-        Params* g = &m->grads;
-        comm_allreduce(cm, g->wpe, (long)m->T * C, COMM_SUM, "wpe grad", -1);
+    const ShardPlan* s = &m->plan;
+    Params* g = &m->grads;
+    if (m->split) {  // (a pipeline stage sums the ones it holds: wpe on the first stage, lnf on the last)
+        long L = s->L, C = m->cfg.C;
+        if (s->first) comm_allreduce(cm, g->wpe, (long)m->T * C, COMM_SUM, "wpe grad", -1);
         comm_allreduce(cm, g->ln1w, 2L * L * C, COMM_SUM, "ln1 grads", -1);
         comm_allreduce(cm, g->ln2w, 2L * L * C, COMM_SUM, "ln2 grads", -1);
-        comm_allreduce(cm, g->lnfw, 2L * C, COMM_SUM, "lnf grads", -1);
+        if (s->last) comm_allreduce(cm, g->lnfw, 2L * C, COMM_SUM, "lnf grads", -1);
     }
+    // The one collective pipeline parallelism adds. wte is tied: the first stage looks tokens up in it,
+    // the last stage's LM head multiplies by it, and each stage's gradient covers only its own use. The
+    // gradient of the tied weight is the sum of the two: an all-reduce between the two stages (the same TP
+    // rank, so the same vocab rows), once per step after every micro-batch, as Megatron does. Both then
+    // apply the same update to the same values and keep identical copies.
+    if (rk->S > 1 && (s->first || s->last))
+        comm_allreduce(&rk->emb, g->wte, shard_local_size(&s->t[0]), COMM_SUM, "wte grad (tied, first + last stage)", -1);
     if (dp->P > 1 && !m->zero) comm_allreduce(dp, m->grads_mem, m->nparams, COMM_SUM, "grad dp", -1);
     if (dp->P > 1 && m->zero) comm_reducescatter(dp, m->grads_mem + m->slice0, m->grads_mem, m->nslice, "grad dp", -1);
     // the part [lo, hi) of the flat shard this rank updates, cut by the tensors (each has its own decay)
@@ -1018,10 +1142,14 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
         off += n;
     }
     dev_zero(rk, m->norm2, 2);
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
-        if (b[i] > a[i]) OP(rk, sumsq, m->norm2 + (m->plan.t[i].split == SPLIT_NONE ? 1 : 0), m->grads_mem + a[i], b[i] - a[i]);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        bool counted = i != 0 || s->first;  // the tied wte once, on the first stage
+        if (b[i] > a[i] && counted) OP(rk, sumsq, m->norm2 + (s->t[i].split == SPLIT_NONE ? 1 : 0), m->grads_mem + a[i], b[i] - a[i]);
+    }
     if (dp->P > 1 && m->zero) comm_allreduce(dp, m->norm2, 2, COMM_SUM, "grad norm dp", -1);
     comm_allreduce(cm, m->norm2, 1, COMM_SUM, "grad norm", -1);
+    // every stage holds other parameters: the norm is the sum of the stages' squares
+    if (rk->S > 1) comm_allreduce(&rk->pp, m->norm2, 2, COMM_SUM, "grad norm pp", -1);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++)
         if (b[i] > a[i])
             OP(rk, adamw, m->params_mem + a[i], m->grads_mem + a[i], m->m_mem + (a[i] - lo), m->v_mem + (a[i] - lo), b[i] - a[i],

@@ -41,14 +41,18 @@ struct Run {
     int P;                        // tensor-parallel ranks per replica
     int D;                        // data-parallel replicas in this process (--dp)
     int Dg;                       // replicas in all processes: D x processes
+    int S = 1;                    // pipeline stages per replica (--pp): S x P ranks make a replica
+    int pp_schedule = 0;          // PP_1F1B (0) or PP_GPIPE (--pp-schedule)
     int accum;                    // micro-batches per optimizer step (-d)
     int device;                   // DEV_CPU or DEV_CUDA
     int threads;                  // OpenMP threads per rank (CPU)
     int ngpu;                     // CUDA devices visible to this process
     double peak_flops;            // dense TF32 peak of one GPU, for MFU (0: unknown)
-    CommGroup* tp_groups;         // (D) the tensor-parallel group of each local replica: its P ranks
-    CommGroup* dp_groups;         // (P) the data-parallel group of each TP rank r: rank r of every replica,
-                                  // in every process (null with one replica)
+    CommGroup* tp_groups;         // (D S) the tensor-parallel group of stage s of local replica d, [d S + s]: its P ranks
+    CommGroup* dp_groups;         // (S P) the data-parallel group of TP rank r of stage s, [s P + r]: that rank of
+                                  // every replica, in every process (null with one replica)
+    CommGroup* pp_groups;         // (D P) the pipeline group of TP rank r of local replica d, [d P + r]: its S stages
+    CommGroup* emb_groups;        // (D P) the same replica's and rank's first and last stage (null with one stage)
     CommGroup* world;             // every rank of the run, in every process: the mean loss, the decision to
                                   // stop, weight checksums, barriers
     std::vector<float> init;      // the full initial parameters: each rank slices its shard out of them,
@@ -93,10 +97,13 @@ struct StepStats {
     double comm_moved[COMM_KINDS];  // the payload of the rank's TP collectives, by kind (floats)
     double dp_seconds;    // inside the DP group's collectives
     double dp_moved[COMM_KINDS];    // the payload of its DP collectives, by kind
+    double pp_seconds;    // waiting for a neighbouring pipeline stage's activations or gradient (the bubble)
+    double pp_sent;       // floats sent to the neighbouring stages
 };
 
 #include "train/setup.h"
 #include "train/report.h"
+#include "train/pipeline.h"
 
 // ----------------------------------------------------------------------------
 // setup: run_setup takes these phases in order, from the command line to the communicator groups.
@@ -217,11 +224,12 @@ static void setup_ranks(Run* run) {
     const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
     int ngpu = device_setup(run);
+    pp_setup(run);
     int units = std::max(1, (run->device == DEV_CUDA ? ngpu : cpu_cores()) / g_procs.node_n);
     run->P = a->tp;
     if (run->P == 0) {
         run->P = 1;
-        for (int p = 1; p * run->D <= units; p++)
+        for (int p = 1; p * run->D * run->S <= units; p++)
             if (tp_valid(c, p)) run->P = p;
     }
     if (a->attention && c->C / c->NH > ATT_HS_MAX)
@@ -233,9 +241,9 @@ static void setup_ranks(Run* run) {
     if (a->sp && run->P > 1 && ((long)a->B * a->T) % run->P != 0)
         fatal("--sp 1 splits the %ld tokens of a batch (-b %d x -t %d) over the ranks, and %d ranks do not divide them: "
               "choose -b and -t with B*T a multiple of %d, or use --sp 0", (long)a->B * a->T, a->B, a->T, run->P, run->P);
-    if (run->P * run->D > COMM_MAXP)
-        fatal("--tp %d x --dp %d makes %d ranks in one process, more than the %d it can run: use fewer local replicas, and "
-              "more processes (mpirun) for more", run->P, run->D, run->P * run->D, COMM_MAXP);
+    if (run->P * run->D * run->S > COMM_MAXP)
+        fatal("--tp %d x --dp %d x --pp %d makes %d ranks in one process, more than the %d it can run: use fewer local replicas "
+              "or stages, and more processes (mpirun) for more", run->P, run->D, run->S, run->P * run->D * run->S, COMM_MAXP);
     std::string why;
     if (!memory_fits(run, run->P, run->D, &why)) fatal("%s", why.c_str());
 }
@@ -323,13 +331,16 @@ static float lr_at(const Args* a, int step) {
     return lr_min + coeff * (a->lr - lr_min);
 }
 
-// A rank's thread begins here: TP rank r of local replica d on its device, its place in the data-parallel
-// group, its shard of the initial model, its loaders (its replica's sequences).
-static void rank_run_start(RankRun* rr, Run* run, int d, int r) {
+// A rank's thread begins here: TP rank r of pipeline stage `stage` of local replica d on its device, its
+// place in the pipeline and the data-parallel group, its shard of the initial model, its loaders (its
+// replica's sequences). World rank: (d S + stage) P + r.
+static void rank_run_start(RankRun* rr, Run* run, int d, int r, int stage = 0) {
     const Args* a = &run->args;
-    rank_init(&rr->rk, &run->tp_groups[d], r, run->device, run->device == DEV_CUDA ? rank_gpu(run, d, r) : 0, run->threads);
-    if (run->dp_groups) rank_join_dp(&rr->rk, &run->dp_groups[r], d);
-    comm_init(&rr->world, run->world, d * run->P + r);
+    int S = run->S, P = run->P;
+    rank_init(&rr->rk, &run->tp_groups[d * S + stage], r, run->device, run->device == DEV_CUDA ? rank_gpu(run, d, r) : 0, run->threads);
+    rank_join_pp(&rr->rk, &run->pp_groups[d * P + r], run->emb_groups ? &run->emb_groups[d * P + r] : nullptr, stage);
+    if (run->dp_groups) rank_join_dp(&rr->rk, &run->dp_groups[stage * P + r], d);
+    comm_init(&rr->world, run->world, (d * S + stage) * P + r);
     gpt_build(&rr->m, &rr->rk, &run->cfg, run->init.data(), a->zero);
     rr->m.sp = a->sp;
     rr->m.recompute = a->recompute;
@@ -351,11 +362,13 @@ static void rank_run_end(RankRun* rr) {
     rank_free(&rr->rk);
 }
 
-// A value every replica computed for itself (the same on the TP ranks of a replica), averaged over the
-// replicas, and with it the decision to stop: one all-reduce over the world group. TP rank 0 of each
-// replica contributes; the others add exact zeros, so the sum is the replicas' sum in replica order.
+// A value every replica computed for itself (the same on the TP ranks of a replica's last stage, which
+// computes the loss), averaged over the replicas, and with it the decision to stop: one all-reduce over the
+// world group. TP rank 0 of each replica's last stage contributes; the others add exact zeros, so the sum
+// is the replicas' sum in replica order.
 static float replicas_mean(Run* run, RankRun* rr, float value, bool* stop, const char* where) {
-    float x[2] = {rr->rk.rank == 0 ? value : 0.0f, g_signal.load() != 0 ? 1.0f : 0.0f};
+    bool speaks = rr->rk.rank == 0 && rr->rk.stage == rr->rk.S - 1;
+    float x[2] = {speaks ? value : 0.0f, g_signal.load() != 0 ? 1.0f : 0.0f};
     comm_allreduce(&rr->world, x, 2, COMM_SUM, where, -1);
     if (stop) *stop = x[1] > 0;
     return x[0] / run->Dg;
@@ -378,16 +391,23 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     m->dloss = 1.0f / (float)((long)a->B * a->T * run->accum * run->Dg);
     gpt_zero_grad(m, rk);
     double loss = 0.0;
-    for (int k = 0; k < run->accum; k++) {
-        loader_next(&rr->train);
-        gpt_forward(m, rk, rr->train.inputs.data(), rr->train.targets.data(), a->B, a->T, true);
-        gpt_backward(m, rk);
-        if (k < run->accum - 1) loss += gpt_read_loss(m, rk);  // the next micro-step overwrites the losses
+    double pp0 = rk->pp.p2p_seconds, pp_sent0 = rk->pp.p2p_sent;
+    if (rk->S > 1) {
+        loss = pp_micro_steps(run, rr);  // the stages' schedule (train/pipeline.h)
+    } else {
+        for (int k = 0; k < run->accum; k++) {
+            loader_next(&rr->train);
+            gpt_forward(m, rk, rr->train.inputs.data(), rr->train.targets.data(), a->B, a->T, true);
+            gpt_backward(m, rk);
+            if (k < run->accum - 1) loss += gpt_read_loss(m, rk);  // the next micro-step overwrites the losses
+        }
     }
     st.lr = lr_at(a, step);
     AdamW opt = {st.lr, a->beta1, a->beta2, 1e-8f, a->wd, a->clip};
     gpt_update(m, rk, &rk->tp, &opt);
-    loss += gpt_read_loss(m, rk);
+    if (rk->S == 1) loss += gpt_read_loss(m, rk);
+    st.pp_seconds = rk->pp.p2p_seconds - pp0;
+    st.pp_sent = rk->pp.p2p_sent - pp_sent0;
     st.norm = gpt_read_norm(m, rk);
     st.loss = replicas_mean(run, rr, (float)(loss / run->accum), &st.stop, "step loss");
     st.seconds = comm_now() - t0;
@@ -419,16 +439,21 @@ static float evaluate(Run* run, RankRun* rr, int n) {
     for (int i = 0; i < n; i++) {
         if (stop_requested(rr)) return NAN;
         loader_next(val);
-        gpt_forward(m, &rr->rk, val->inputs.data(), val->targets.data(), val->B, val->T, false);
-        s += gpt_read_loss(m, &rr->rk);
+        if (rr->rk.S > 1) {  // through the stages; the last has the loss
+            pp_forward(rr, val->inputs.data(), val->targets.data(), val->B, val->T, false, i);
+            if (m->plan.last) s += gpt_read_loss(m, &rr->rk);
+        } else {
+            gpt_forward(m, &rr->rk, val->inputs.data(), val->targets.data(), val->B, val->T, false);
+            s += gpt_read_loss(m, &rr->rk);
+        }
     }
     if (rr->rk.rank == 0) g_phase.store(PHASE_STEP);
     return replicas_mean(run, rr, (float)(s / n), nullptr, "val loss");
 }
 
-// Replicas must hold bit-identical weights: every rank's checksum against replica 0's of the same TP
-// rank, exchanged over the world group (world rank w is TP rank w % P of replica w / P). Returns how many
-// ranks differ; every rank gets the same answer.
+// Replicas must hold bit-identical weights: every rank's checksum against replica 0's of the same stage
+// and TP rank, exchanged over the world group (world rank w is stage and TP rank w % (S P) of replica
+// w / (S P)). Returns how many ranks differ; every rank gets the same answer.
 static int replicas_differ(Run* run, RankRun* rr, uint64_t* sum0) {
     uint64_t h = gpt_checksum(&rr->m, &rr->rk);
     int W = rr->world.P;
@@ -437,7 +462,7 @@ static int replicas_differ(Run* run, RankRun* rr, uint64_t* sum0) {
     memcpy(mine, &h, sizeof(h));
     comm_allgather(&rr->world, all.data(), mine, 2, "weight checksums", -1);
     int differ = 0;
-    for (int w = 0; w < W; w++) differ += memcmp(&all[2L * w], &all[2L * (w % run->P)], sizeof(h)) != 0;
+    for (int w = 0; w < W; w++) differ += memcmp(&all[2L * w], &all[2L * (w % (run->S * run->P))], sizeof(h)) != 0;
     memcpy(sum0, all.data(), sizeof(h));
     return differ;
 }
@@ -484,11 +509,12 @@ static bool eval_step(Run* run, RankRun* rr, int step) {
     return true;
 }
 
-// One rank thread of the run: TP rank r of local replica d, from its first step to its last (or a signal).
-static void rank_main(Run* run, int d, int r) {
+// One rank thread of the run: TP rank r of pipeline stage `stage` of local replica d, from its first step
+// to its last (or a signal).
+static void rank_main(Run* run, int d, int r, int stage) {
     const Args* a = &run->args;
     RankRun rr;
-    rank_run_start(&rr, run, d, r);
+    rank_run_start(&rr, run, d, r, stage);
     if (run->sample_only) {  // -x 0, or a finished run: the sample is all there is to do (replica 0's)
         comm_barrier(&rr.world, "start");
         if (a->chat) chat(run, &rr);
@@ -546,7 +572,7 @@ static void rank_main(Run* run, int d, int r) {
     char note[96];
     check_replicas(run, &rr, a->max_steps, note, sizeof(note));
     if (lead && a->max_steps > run->start_step + 1) print_average_line(run, &total, a->max_steps - run->start_step - 1, note);
-    if (a->gen_tokens > 0) print_sample(run, &rr, a->max_steps);
+    if (a->gen_tokens > 0 && run->S == 1) print_sample(run, &rr, a->max_steps);  // (pp_setup: none through a pipeline)
     rank_run_end(&rr);
 }
 
@@ -579,7 +605,8 @@ static int tp_main(int argc, char** argv) {
     if (logs) logger_open(&run->log, run->args.outdir, run->resuming ? run->start_step : -1);
     std::vector<std::thread> threads;
     for (int d = 0; d < run->D; d++)
-        for (int r = 0; r < run->P; r++) threads.emplace_back(rank_main, run, d, r);
+        for (int stage = 0; stage < run->S; stage++)
+            for (int r = 0; r < run->P; r++) threads.emplace_back(rank_main, run, d, r, stage);
     for (auto& t : threads) t.join();
     logger_close(&run->log);
     ranks_teardown(run);

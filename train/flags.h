@@ -72,6 +72,8 @@ struct Args {
     int resume;          // -y
     int tp;              // --tp (0: as many ranks as the device allows)
     int dp;              // --dp: data-parallel replicas in each process
+    int pp;              // --pp: pipeline stages per replica
+    const char* pp_schedule;  // --pp-schedule: 1f1b or gpipe
     long total_batch;    // -d: tokens per optimizer step (0: one micro-batch of every replica)
     int zero;            // -z: ZeRO stage (0 or 1)
     int device;          // --device
@@ -129,6 +131,10 @@ static void usage(FILE* out) {
         "  --fresh 1   start a new run in an -o DIR that holds another run: deletes its checkpoints\n"
         "  --tp P      tensor-parallel ranks (0: one per core or GPU)          (default 0)\n"
         "  --dp D      data-parallel replicas in each process                   (default 1)\n"
+        "  --pp S      pipeline stages: the layers in S groups of consecutive layers, each on --tp\n"
+        "              ranks; a step's -d micro-batches flow through them            (default 1)\n"
+        "  --pp-schedule K  1f1b (at most S micro-batches in flight) or gpipe (all forward,\n"
+        "              then all backward)                                        (default 1f1b)\n"
         "  -d TOKENS   tokens per optimizer step, by gradient accumulation      (default 0: B x T x replicas)\n"
         "  -z Z        ZeRO stage: 1 splits AdamW's m and v over the replicas   (default 0)\n"
         "  --device D  auto, cpu or cuda                                        (default auto)\n"
@@ -213,6 +219,8 @@ static const FlagSpec g_flags[] = {
     {"-y", FLAG_INT, ARG(resume), 0, 1, NOT_SAVED, nullptr},
     {"--tp", FLAG_INT, ARG(tp), 0, COMM_MAXP, NOT_SAVED, nullptr},
     {"--dp", FLAG_INT, ARG(dp), 1, COMM_MAXP, NOT_SAVED, nullptr},
+    {"--pp", FLAG_INT, ARG(pp), 1, COMM_MAXP, NOT_SAVED, nullptr},
+    {"--pp-schedule", FLAG_STR, ARG(pp_schedule), 0, 0, NOT_SAVED, nullptr},
     {"-d", FLAG_LONG, ARG(total_batch), 0, (double)(1L << 50), MAY_CHANGE, nullptr},
     {"-z", FLAG_INT, ARG(zero), 0, 1, NOT_SAVED, nullptr},
     {"--device", FLAG_DEVICE, ARG(device), 0, 0, NOT_SAVED, nullptr},
@@ -424,7 +432,7 @@ static void parse_args(int argc, char** argv, Args* a) {
     a->B = 8; a->T = 128; a->lr = 6e-3f; a->warmup = 100; a->final_frac = 0.0f; a->wd = 0.0f;
     a->max_steps = 3500; a->val_every = 875; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
-    a->device = -1; a->timeout = 600; a->dp = 1;
+    a->device = -1; a->timeout = 600; a->dp = 1; a->pp = 1;
     a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8; a->kv = 1; a->attention = 1;
     for (int i = 1; i < argc; i++) {
         std::string name = argv[i];

@@ -472,22 +472,31 @@ static int rank_gpu(const Run* run, int d, int r) {
 // The communicator groups of the grid for run->P ranks x run->D local replicas, and the threads per rank.
 // Every process creates its groups in the same order (the spanning ones make MPI communicators).
 static void ranks_setup(Run* run) {
-    int ranks = run->P * run->D;
+    int S = run->S, P = run->P, D = run->D;
+    int ranks = P * D * S;
     run->threads = run->args.threads ? run->args.threads : std::max(1, cpu_cores() / (ranks * g_procs.node_n));
     double timeout = run->args.timeout;
-    run->tp_groups = new CommGroup[run->D];
-    for (int d = 0; d < run->D; d++) {
-        comm_group_init(&run->tp_groups[d], run->P, timeout);
-        // NCCL needs one GPU per rank; more ranks than GPUs share them through the shared-memory backend
-        if (run->device != DEV_CUDA || run->P == 1) continue;
-        std::vector<int> gpus(run->P);
-        for (int r = 0; r < run->P; r++) gpus[r] = rank_gpu(run, d, r);
-        if (gpus_distinct(gpus.data(), run->P)) comm_nccl_init_all(&run->tp_groups[d], gpus.data());
+    run->tp_groups = new CommGroup[D * S];
+    for (int d = 0; d < D; d++)
+        for (int s = 0; s < S; s++) {
+            comm_group_init(&run->tp_groups[d * S + s], P, timeout);
+            // NCCL needs one GPU per rank; more ranks than GPUs share them through the shared-memory backend
+            if (run->device != DEV_CUDA || P == 1) continue;
+            std::vector<int> gpus(P);
+            for (int r = 0; r < P; r++) gpus[r] = rank_gpu(run, d, r);
+            if (gpus_distinct(gpus.data(), P)) comm_nccl_init_all(&run->tp_groups[d * S + s], gpus.data());
+        }
+    // the pipeline of each TP rank of each replica, and with several stages its first and last stage
+    run->pp_groups = new CommGroup[D * P];
+    run->emb_groups = S > 1 ? new CommGroup[D * P] : nullptr;
+    for (int i = 0; i < D * P; i++) {
+        comm_group_init(&run->pp_groups[i], S, timeout);
+        if (run->emb_groups) comm_group_init(&run->emb_groups[i], 2, timeout);
     }
     run->dp_groups = nullptr;
     if (run->Dg > 1) {
-        run->dp_groups = new CommGroup[run->P];
-        for (int r = 0; r < run->P; r++) {
+        run->dp_groups = new CommGroup[S * P];
+        for (int r = 0; r < S * P; r++) {
             CommGroup* g = &run->dp_groups[r];
             comm_group_init(g, run->D, timeout);
             comm_group_span(g);
@@ -510,12 +519,14 @@ static void ranks_setup(Run* run) {
 
 // releases what ranks_setup made, in the same order on every process
 static void ranks_teardown(Run* run) {
-    for (int r = 0; run->dp_groups && r < run->P; r++) comm_group_free(&run->dp_groups[r]);
+    for (int r = 0; run->dp_groups && r < run->S * run->P; r++) comm_group_free(&run->dp_groups[r]);
     comm_group_free(run->world);
     delete[] run->tp_groups;
     delete[] run->dp_groups;
+    delete[] run->pp_groups;
+    delete[] run->emb_groups;
     delete run->world;
-    run->tp_groups = run->dp_groups = run->world = nullptr;
+    run->tp_groups = run->dp_groups = run->pp_groups = run->emb_groups = run->world = nullptr;
 }
 
 // -y 1: the newest checkpoint in dir whose files verify (whole, and matching the checksums in the state

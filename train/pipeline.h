@@ -1,0 +1,129 @@
+// train/pipeline.h (needs tp.cu's Run and RankRun): pipeline parallelism, --pp S.
+//
+// The layers are cut into S stages of consecutive layers (pp_stage_layers in gpt.cu); every stage is a
+// tensor-parallel group of P ranks, and TP rank r of stage s talks only to TP rank r of stages s - 1 and
+// s + 1. A step's micro-batches (-d) flow through the stages: stage s receives micro-batch k's residual
+// stream from stage s - 1, runs its layers, sends its output to stage s + 1; in the backward the
+// gradient goes the other way. What each stage does when is the schedule, below.
+//
+// Where the stages meet nothing is summed, so a micro-batch goes through the same ops in the same order
+// as on one stage; only the sums of a step across micro-batches and stages are taken in another order
+// (the tied embedding's gradient, the gradient norm), which is why PP=S matches PP=1 to rounding rather
+// than to the bit.
+#pragma once
+#include <algorithm>
+#include <vector>
+
+enum { PP_1F1B, PP_GPIPE };
+
+// one micro-step of a stage: the forward or the backward of micro-batch mb
+struct PipeStep {
+    bool forward;
+    int mb;
+};
+
+// The schedule: the order of stage s's micro-steps (of S stages, m micro-batches per step).
+//   GPipe (all forward, all backward): every forward, then every backward, in micro-batch order. The
+//     simplest to read; every stage keeps all m micro-batches' activations until its backwards.
+//   1F1B (one forward, one backward): stage s first runs S - s - 1 forwards (the warm-up: enough to fill
+//     the pipeline behind it), then alternates one forward and one backward, and ends with the remaining
+//     backwards. The bubble is the same as GPipe's, (S - 1) / (m + S - 1) of the step, but a stage keeps
+//     at most S - s micro-batches in flight (the first stage S), not m.
+static std::vector<PipeStep> pp_schedule(int kind, int S, int s, int m) {
+    std::vector<PipeStep> order;
+    int warmup = kind == PP_GPIPE ? m : std::min(S - s - 1, m);
+    int f = 0, b = 0;  // the next forward's and the next backward's micro-batch
+    for (; f < warmup; f++) order.push_back({true, f});
+    while (f < m) {  // the steady state: one forward, one backward
+        order.push_back({true, f++});
+        order.push_back({false, b++});
+    }
+    while (b < m) order.push_back({false, b++});  // the cool-down
+    return order;
+}
+
+// The activation sets stage s keeps at most under the schedule: micro-batch k uses slot k % slots. (Under
+// 1F1B the micro-batches in flight at a stage are consecutive, at most S - s of them, so two that share a
+// slot are never in flight together.)
+static int pp_slots(int kind, int S, int s, int m) { return kind == PP_GPIPE ? m : std::min(S - s, m); }
+
+static const char* pp_schedule_name(int kind) { return kind == PP_GPIPE ? "GPipe (all forward, all backward)" : "1F1B"; }
+
+// The bubble of either schedule: the fraction of a step a stage waits for its neighbours when every
+// micro-step of every stage takes the same time.
+static double pp_bubble(int S, int m) { return (double)(S - 1) / (m + S - 1); }
+
+// ----------------------------------------------------------------------------
+// a step's micro-batches through this rank's stage
+
+// One micro-step's forward on this rank's stage: the stage's input from the previous stage (or the
+// embedding of the tokens on the first), its layers, its output to the next stage (or the loss on the last).
+static void pp_forward(RankRun* rr, const int* tokens, const int* targets, int B, int T, bool training, int mb) {
+    Rank* rk = &rr->rk;
+    GPT* m = &rr->m;
+    gpt_alloc_acts(m, rk, B, T);
+    if (!m->plan.first) comm_recv(&rk->pp, rk->stage - 1, gpt_stage_input(m), gpt_stage_floats(m), "the activations", mb);
+    gpt_forward(m, rk, tokens, targets, B, T, training);
+    if (!m->plan.last) comm_send(&rk->pp, rk->stage + 1, gpt_stage_output(m), gpt_stage_floats(m), "the activations", mb);
+}
+
+// ... and its backward: the gradient of the stage's output from the next stage (on the last, from the
+// loss), its layers' backward, the gradient of its input to the previous stage (on the first, into the
+// embedding)
+static void pp_backward(RankRun* rr, int mb) {
+    Rank* rk = &rr->rk;
+    GPT* m = &rr->m;
+    if (!m->plan.last) comm_recv(&rk->pp, rk->stage + 1, gpt_stage_grad(m), gpt_stage_floats(m), "the gradient", mb);
+    gpt_backward(m, rk);
+    if (!m->plan.first) comm_send(&rk->pp, rk->stage - 1, gpt_stage_grad(m), gpt_stage_floats(m), "the gradient", mb);
+}
+
+// The micro-steps of one training step on this rank, in its stage's schedule order: every stage draws the
+// same micro-batches from its own loader (the first stage needs the tokens, the last the targets). Returns
+// the sum of the micro-batches' mean losses on the last stage, 0 on the others.
+static double pp_micro_steps(Run* run, RankRun* rr) {
+    const Args* a = &run->args;
+    GPT* m = &rr->m;
+    int S = rr->rk.S, s = rr->rk.stage, nmb = run->accum;
+    int slots = pp_slots(run->pp_schedule, S, s, nmb);
+    double loss = 0.0;
+    for (const PipeStep& st : pp_schedule(run->pp_schedule, S, s, nmb)) {
+        gpt_select_slot(m, st.mb % slots);
+        if (st.forward) {
+            loader_next(&rr->train);
+            pp_forward(rr, rr->train.inputs.data(), rr->train.targets.data(), a->B, a->T, true, st.mb);
+            if (m->plan.last) loss += gpt_read_loss(m, &rr->rk);
+        } else {
+            pp_backward(rr, st.mb);
+        }
+    }
+    gpt_select_slot(m, 0);
+    return loss;
+}
+
+// ----------------------------------------------------------------------------
+// setup: --pp and --pp-schedule against the model and the rest of the command line
+
+static void pp_setup(Run* run) {
+    const Args* a = &run->args;
+    const GPTConfig* c = &run->cfg;
+    run->S = a->pp;
+    const char* k = a->pp_schedule ? a->pp_schedule : "1f1b";
+    if (!strcmp(k, "1f1b")) run->pp_schedule = PP_1F1B;
+    else if (!strcmp(k, "gpipe")) run->pp_schedule = PP_GPIPE;
+    else bad_flag("--pp-schedule %s: the schedules are 1f1b and gpipe", k);
+    if (run->S == 1) return;
+    if (run->S > c->L)
+        fatal("--pp %d: a stage needs at least one layer, and the model has %d: use --pp %d or less", run->S, c->L, c->L);
+    if (run->device == DEV_CUDA)
+        fatal("--pp %d on a GPU: the stages' point-to-point messages are built for CPU ranks only so far: use --device cpu, "
+              "or --pp 1", run->S);
+    if (g_procs.n > 1)
+        fatal("--pp %d under mpirun: the stages of a replica must share one process so far: run without mpirun, or with --pp 1", run->S);
+    if (a->sweep || run->sample_only || a->chat || a->prompts || a->sample_every > 0)
+        fatal("--pp %d trains and evaluates; generation (samples, -x 0, --chat, --prompts, --sweep) does not run through a pipeline "
+              "yet: use --pp 1 for it (a checkpoint saved with --pp %d loads at --pp 1)", run->S, run->S);
+    if (a->gen_tokens > 0 && g_procs.me == 0)
+        printf("tp: --pp %d: no sample at the end (generation does not run through a pipeline yet; -x 0 -y 1 -o DIR --pp 1 "
+               "samples from the saved run)\n", run->S);
+}
