@@ -94,6 +94,7 @@ struct CommMsg {
 
 // shared by the P ranks of a group that live in this process
 struct CommGroup {
+    char label[32];   // what the group is, for the messages, e.g. "stage 1" (empty: nothing to add)
     int P;            // ranks in this process
     int nproc, proc;  // processes the group spans, and this one's index (1 and 0: one process)
     double timeout_s;
@@ -194,6 +195,7 @@ static void comm_sync(Comm* c);
 
 static void comm_group_init(CommGroup* g, int P, double timeout_s) {
     if (P < 1 || P > COMM_MAXP) fatal("a group of %d ranks is out of range: the collectives support 1 to %d ranks", P, COMM_MAXP);
+    g->label[0] = '\0';
     g->P = P;
     g->nproc = 1;
     g->proc = 0;
@@ -252,7 +254,8 @@ static void comm_describe(const CommCall* k, char* buf, size_t n) {
 [[noreturn]] static void comm_abort(CommGroup* g, int rank, const char* why, bool recipe_bug = true) {
     fatal_begin();
     fatal_prefix();
-    fprintf(fatal_out(), "rank %d: %s; the ranks' collectives:\n", rank, why);
+    if (g->label[0]) fprintf(fatal_out(), "rank %d (%s): %s; the ranks' collectives:\n", rank, g->label, why);
+    else fprintf(fatal_out(), "rank %d: %s; the ranks' collectives:\n", rank, why);
     for (int r = 0; r < g->P; r++) {
         char d[256];
         comm_describe(&g->call[r], d, sizeof(d));
@@ -819,8 +822,8 @@ static void comm_recv(Comm* c, int src, float* buf, long n, const char* where, i
     auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(g->timeout_s);
     while (box->empty())
         if (g->cv.wait_until(lock, deadline) == std::cv_status::timeout && box->empty())
-            fatal("stage %d, TP rank %d: waited %g s for %s of micro-batch %d from stage %d (--timeout): stage %d's TP rank %d "
-                  "stalled or stopped", c->rank, c->tp_rank, g->timeout_s, where, tag, src, src, c->tp_rank);
+            fatal("stage %d, TP rank %d: waited %g s for %s of micro-batch %d from stage %d (--timeout): stage %d stalled or "
+                  "stopped", c->rank, c->tp_rank, g->timeout_s, where, tag, src, src);
     CommMsg msg = std::move(box->front());
     box->pop_front();
     lock.unlock();

@@ -750,6 +750,8 @@ static void test_checkpoint() {
 struct GridResult {
     std::vector<float> losses;       // per step: the mean loss over the global batch (world rank 0)
     std::vector<float> params_full;  // replica 0's parameters after the last step, gathered
+    std::vector<float> grads_full;   // replica 0's gradients of the last step, gathered (-z 0: complete on every replica)
+    std::vector<float> norms;        // per step: the gradient norm (world rank 0)
     long mismatches;                 // (step, rank) pairs whose weight checksum differs from replica 0's rank
     long compared;                   // (step, rank) pairs compared
     long distinct;                   // distinct checksums of replica 0's TP rank 0 over the steps
@@ -763,16 +765,21 @@ struct GridResult {
 // ZeRO stage `zero`, `accum` micro-steps of -b B per replica, sequence parallelism `sp`, on `data` served
 // as the embedded corpus, on g_device (as run_tp). perturb (CPU): afterwards the last replica's TP rank 0 moves one weight by an
 // ulp and every rank asks replicas_differ.
+// S: pipeline stages (sched: PP_1F1B or PP_GPIPE).
+static double g_grid_timeout = 60;  // the grid's --timeout
 static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P, int D, int zero, int accum, int steps,
-                     const std::vector<int>& data, int B, int T, GridResult* out, bool perturb = false, int sp = 0) {
+                     const std::vector<int>& data, int B, int T, GridResult* out, bool perturb = false, int sp = 0, int S = 1,
+                     int sched = PP_1F1B) {
     Run* run = new Run();
     Args* a = &run->args;
     a->B = B; a->T = T; a->lr = 1e-3f; a->warmup = 0; a->final_frac = 1.0f; a->wd = 0.1f; a->max_steps = steps;
-    a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 0; a->zero = zero; a->timeout = 60; a->dp = D; a->threads = 1;
+    a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 0; a->zero = zero; a->timeout = g_grid_timeout; a->dp = D; a->threads = 1;
     a->sp = sp;
     run->cfg = *cfg;
     run->P = P;
     run->D = run->Dg = D;
+    run->S = S;
+    run->pp_schedule = sched;
     run->accum = accum;
     run->device = g_device;
     run->ngpu = g_device == DEV_CUDA ? g_ngpu : 0;
@@ -780,19 +787,23 @@ static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P
     run->corpus_train.assign(data.begin(), data.end());
     run->corpus_val = run->corpus_train;
     ranks_setup(run);
-    std::vector<uint64_t> sums((size_t)steps * D * P);
+    int W = D * S * P;  // world rank (d S + stage) P + r
+    std::vector<uint64_t> sums((size_t)steps * W);
     *out = GridResult();
     out->params_full.assign(init.size(), 0.0f);
-    out->detected.assign(D * P, -1);
-    auto body = [&](int d, int r) {
+    out->grads_full.assign(init.size(), 0.0f);
+    out->detected.assign(W, -1);
+    auto body = [&](int d, int stage, int r) {
         RankRun rr;
-        rank_run_start(&rr, run, d, r);
+        rank_run_start(&rr, run, d, r, stage);
+        int w = (d * S + stage) * P + r;
         if (g_device == DEV_CUDA) cuda_set_tf32(&rr.rk.cuda, g_tf32);
         for (int s = 0; s < steps; s++) {
             StepStats st = train_step(run, &rr, s);
-            sums[((size_t)s * D + d) * P + r] = gpt_checksum(&rr.m, &rr.rk);
+            sums[(size_t)s * W + w] = gpt_checksum(&rr.m, &rr.rk);
             if (rr.world.rank == 0) {
                 out->losses.push_back(st.loss);
+                out->norms.push_back(st.norm);
                 for (int k = 0; k < COMM_KINDS; k++) {
                     out->tp_moved[k] = st.comm_moved[k];
                     out->dp_moved[k] = st.dp_moved[k];
@@ -801,27 +812,29 @@ static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P
             }
         }
         if (d == 0) gpt_gather(&rr.m, &rr.rk, rr.m.params_mem, out->params_full.data());
+        if (d == 0) gpt_gather(&rr.m, &rr.rk, rr.m.grads_mem, out->grads_full.data());
         if (perturb) {
-            if (d == D - 1 && r == 0) rr.m.params_mem[0] = nextafterf(rr.m.params_mem[0], INFINITY);
+            if (d == D - 1 && r == 0 && stage == 0) rr.m.params_mem[0] = nextafterf(rr.m.params_mem[0], INFINITY);
             uint64_t sum0;
-            out->detected[d * P + r] = replicas_differ(run, &rr, &sum0);
+            out->detected[w] = replicas_differ(run, &rr, &sum0);
         }
         rank_run_end(&rr);
     };
     std::vector<std::thread> th;
     for (int d = 0; d < D; d++)
-        for (int r = 0; r < P; r++) th.emplace_back(body, d, r);
+        for (int stage = 0; stage < S; stage++)
+            for (int r = 0; r < P; r++) th.emplace_back(body, d, stage, r);
     for (auto& t : th) t.join();
     ranks_teardown(run);
     delete run;
     std::set<uint64_t> seen;
+    int R = S * P;  // the ranks of one replica
     for (int s = 0; s < steps; s++) {
-        seen.insert(sums[(size_t)s * D * P]);
-        for (int d = 0; d < D; d++)
-            for (int r = 0; r < P; r++) {
-                out->mismatches += sums[((size_t)s * D + d) * P + r] != sums[(size_t)s * D * P + r];
-                out->compared++;
-            }
+        seen.insert(sums[(size_t)s * W]);
+        for (int w = 0; w < W; w++) {
+            out->mismatches += sums[(size_t)s * W + w] != sums[(size_t)s * W + w % R];
+            out->compared++;
+        }
     }
     out->distinct = (long)seen.size();
 }
@@ -952,6 +965,7 @@ static void test_sampling() {
 #include "dev/test_bpe.cuh"
 #include "dev/test_ops.cuh"
 #include "dev/test_plan.cuh"
+#include "dev/test_pp.cuh"
 
 // ----------------------------------------------------------------------------
 
@@ -1050,6 +1064,10 @@ static const TestGroup g_groups[] = {
     {"interrupts", test_interrupts, "Ctrl-C saves and exits 0; kill -9 leaves a checkpoint that resumes"},
     {"hangs", test_hangs, "a mismatched or skipped collective is reported, not hung"},
     {"dp", test_dp, "data parallelism in one process: (P, D), -d, -z 1 against one rank; replicas bit-identical"},
+    {"pp_schedule", test_pp_schedule, "1F1B and GPipe against a simulation of the stages: order, in flight, slots, bubble"},
+    {"pp_p2p", test_pp_p2p, "point-to-point messages: bit for bit, in order, sends ahead of receives"},
+    {"pp", test_pp_grid, "--pp 2 and 3 against --pp 1: losses, gradients, norms, weights; with TP, SP, DP, -z 1; both schedules"},
+    {"pp_stall", test_pp_stall, "a stalled stage is reported within the timeout, naming the stage"},
     {"dp_resume", test_dp_resume, "resume on the same grid (bit-identical) and at another P, D, -d or -z"},
     {"dp_cli", test_dp_cli, "--dp D -b B against -b D*B from the command line, shuffled"},
     {"mpi", test_mpi, "2 processes under mpirun against 1: losses, replicas, resume, kill, stop, mismatch, bad input"},

@@ -101,9 +101,9 @@ struct StepStats {
     double pp_sent;       // floats sent to the neighbouring stages
 };
 
+#include "train/pipeline.h"
 #include "train/setup.h"
 #include "train/report.h"
-#include "train/pipeline.h"
 
 // ----------------------------------------------------------------------------
 // setup: run_setup takes these phases in order, from the command line to the communicator groups.
@@ -546,6 +546,7 @@ static void rank_main(Run* run, int d, int r, int stage) {
             total.seconds += st.seconds;
             total.comm_seconds += st.comm_seconds;
             total.dp_seconds += st.dp_seconds;
+            total.pp_seconds += st.pp_seconds;
         }
         // the bytes this rank sent, by kind, as a ring sends them: over its TP group, and over its DP group
         double sent[COMM_KINDS], dp_sent[COMM_KINDS];
@@ -571,7 +572,9 @@ static void rank_main(Run* run, int d, int r, int stage) {
     }
     char note[96];
     check_replicas(run, &rr, a->max_steps, note, sizeof(note));
-    if (lead && a->max_steps > run->start_step + 1) print_average_line(run, &total, a->max_steps - run->start_step - 1, note);
+    int timed = a->max_steps - run->start_step - 1;
+    if (lead && timed > 0) print_average_line(run, &total, timed, note);
+    if (run->S > 1) pp_report(run, &rr, total.pp_seconds, total.seconds, timed);
     if (a->gen_tokens > 0 && run->S == 1) print_sample(run, &rr, a->max_steps);  // (pp_setup: none through a pipeline)
     rank_run_end(&rr);
 }

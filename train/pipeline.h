@@ -12,6 +12,7 @@
 // than to the bit.
 #pragma once
 #include <algorithm>
+#include <unistd.h>
 #include <vector>
 
 enum { PP_1F1B, PP_GPIPE };
@@ -78,6 +79,10 @@ static void pp_backward(RankRun* rr, int mb) {
     if (!m->plan.first) comm_send(&rk->pp, rk->stage - 1, gpt_stage_grad(m), gpt_stage_floats(m), "the gradient", mb);
 }
 
+// test hook: TP rank 0 of this stage stops for good before its second micro-batch (-1: never), the
+// stalled stage the timeout must report
+static int g_pp_plant_stall = -1;
+
 // The micro-steps of one training step on this rank, in its stage's schedule order: every stage draws the
 // same micro-batches from its own loader (the first stage needs the tokens, the last the targets). Returns
 // the sum of the micro-batches' mean losses on the last stage, 0 on the others.
@@ -88,6 +93,8 @@ static double pp_micro_steps(Run* run, RankRun* rr) {
     int slots = pp_slots(run->pp_schedule, S, s, nmb);
     double loss = 0.0;
     for (const PipeStep& st : pp_schedule(run->pp_schedule, S, s, nmb)) {
+        if (g_pp_plant_stall == s && rr->rk.rank == 0 && st.mb == 1)
+            for (;;) sleep(1000);
         gpt_select_slot(m, st.mb % slots);
         if (st.forward) {
             loader_next(&rr->train);
@@ -127,3 +134,39 @@ static void pp_setup(Run* run) {
         printf("tp: --pp %d: no sample at the end (generation does not run through a pipeline yet; -x 0 -y 1 -o DIR --pp 1 "
                "samples from the saved run)\n", run->S);
 }
+
+// ----------------------------------------------------------------------------
+// the bubble, measured
+
+// After the timed steps (n of them, `seconds` in all on this rank, `wait` of it in comm_recv waiting for
+// a neighbouring stage): each stage's waiting as a fraction of its steps, printed by world rank 0 for
+// replica 0's TP rank 0 of every stage, beside the bubble of the schedule. Every rank calls it.
+static void pp_report(Run* run, RankRun* rr, double wait, double seconds, int n) {
+    int W = rr->world.P, S = run->S, P = run->P;
+    std::vector<float> all(2L * W);
+    float mine[2] = {(float)wait, (float)seconds};
+    comm_allgather(&rr->world, all.data(), mine, 2, "pipeline waits", -1);
+    if (rr->world.rank != 0 || n <= 0) return;
+    printf("pipeline: %d stages, %s, %d micro-batches per step; the bubble (S - 1) / (m + S - 1) = %.1f%%\n", S,
+           pp_schedule_name(run->pp_schedule), run->accum, 100.0 * pp_bubble(S, run->accum));
+    for (int s = 0; s < S; s++) {
+        int l0, nl;
+        pp_stage_layers(run->cfg.L, S, s, &l0, &nl);
+        double w = all[2L * (s * P)], t = all[2L * (s * P) + 1];
+        printf("  stage %d (layers %d-%d%s): waited for its neighbours %.1f%% of its steps (%.1f ms per step)\n", s, l0, l0 + nl - 1,
+               s == 0 ? ", embedding" : s == S - 1 ? ", LM head" : "", t > 0 ? 100.0 * w / t : 0.0, w / n * 1e3);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the startup lines: the stages, their memory, what crosses between them
+
+// Floats one rank sends to its neighbouring stages per step: m micro-batches' boundary tensor (N, C) of
+// its tokens (N = B T, or B T / P with SP) forward (all but the last stage) and backward (all but the first).
+static double pp_step_floats(const Run* run, int stage) {
+    const Args* a = &run->args;
+    double N = (double)a->B * a->T / (sp_splits(a->sp, run->P, a->B, a->T) ? run->P : 1);
+    int dirs = (stage < run->S - 1) + (stage > 0);
+    return dirs * run->accum * N * run->cfg.C;
+}
+

@@ -206,6 +206,32 @@ static void print_grid(const Run* run) {
            (long)a->B * a->T * run->Dg * run->accum);
 }
 
+// Pipeline parallelism: the stages, their layers and memory per rank, and what a rank sends its
+// neighbouring stages per step (pp_step_floats)
+static void pp_print_stages(const Run* run) {
+    const Args* a = &run->args;
+    const GPTConfig* c = &run->cfg;
+    int S = run->S, m = run->accum;
+    int zd = a->zero && run->Dg > 1 ? run->Dg : 1;
+    printf("pipeline: %d stages x %d TP rank%s, %s schedule, %d micro-batch%s per step: bubble (S - 1) / (m + S - 1) = %.1f%%%s\n", S,
+           run->P, run->P > 1 ? "s" : "", pp_schedule_name(run->pp_schedule), m, m > 1 ? "es" : "", 100.0 * pp_bubble(S, m),
+           m < S ? " (fewer micro-batches than stages: give -d for more)" : "");
+    printf("  %-6s %-16s %10s %10s %10s %20s %10s %14s\n", "stage", "layers", "params MB", "grads MB", "AdamW MB", "activations MB",
+           "total MB", "sent MB/step");
+    for (int s = 0; s < S; s++) {
+        int l0, nl, slots = pp_slots(run->pp_schedule, S, s, m);
+        pp_stage_layers(c->L, S, s, &l0, &nl);
+        RankMemory mem = rank_memory(c, run->P, zd, zd > 1, a->B, a->T, a->sp, a->recompute, a->attention != 0, S, s, slots);
+        char layers[48], acts[40];
+        snprintf(layers, sizeof(layers), "%d-%d%s", l0, l0 + nl - 1, s == 0 && S > 1 ? " + embed" : s == S - 1 ? " + head" : "");
+        snprintf(acts, sizeof(acts), "%d x %.1f", slots, mem.acts / slots / 1e6);
+        printf("  %-6d %-16s %10.1f %10.1f %10.1f %20s %10.1f %14.2f\n", s, layers, mem.params / 1e6, mem.grads / 1e6,
+               mem.moments / 1e6, acts, memory_total(&mem) / 1e6, 4.0 * pp_step_floats(run, s) / 1e6);
+    }
+    printf("  (per rank; activations: the micro-batches a stage keeps in flight x one micro-batch's; the stages send each\n"
+           "  other the residual stream of their tokens, point to point; the first and last stage also sum wte's gradient)\n");
+}
+
 // The startup lines (process 0 prints them): the model, the grid and which rank runs where, the shard
 // plan, the memory per rank and the communication per step, the data.
 static void print_setup(const Run* run) {
@@ -228,6 +254,9 @@ static void print_setup(const Run* run) {
     else if (run->device == DEV_CUDA)
         printf("tp: %d ranks on %d GPU%s (%s between ranks); %s\n", run->P, run->ngpu, run->ngpu > 1 ? "s" : "",
                run->tp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory", batch);
+    else if (run->S > 1)
+        printf("tp: %d pipeline stages x %d TP rank%s = %d ranks on the CPU, %d thread%s each; %s\n", run->S, run->P,
+               run->P > 1 ? "s" : "", run->S * run->P, run->threads, run->threads > 1 ? "s" : "", batch);
     else if (run->P == 1)
         printf("tp: 1 rank on the CPU with %d thread%s; %s\n", run->threads, run->threads > 1 ? "s" : "", batch);
     else
@@ -259,6 +288,7 @@ static void print_setup(const Run* run) {
         printf("  %-9s %-22s %-22s %s\n", t->name, full, local, t->how);
     }
     print_memory(run);
+    if (run->S > 1) pp_print_stages(run);
     print_communication(run);
     if (run->floor_nats > 0)
         printf("data: the embedded corpus, %zu train and %zu val bytes of sentences from a probabilistic grammar;\n"
@@ -310,12 +340,14 @@ static void print_val_line(const Run* run, float vl, const char* note) {
 static void print_step_line(const Run* run, int step, const StepStats* st, const double sent[COMM_KINDS], double dp_total) {
     const Args* a = &run->args;
     double tokens = (double)a->B * a->T * run->accum * run->Dg;
-    char util[32] = "", comm[128] = "", dp[48] = "";
+    char util[32] = "", comm[128] = "", dp[48] = "", pp[64] = "";
     if (run->peak_flops > 0) snprintf(util, sizeof(util), " | MFU %.1f%%", 100.0 * mfu(run, st->seconds));
     if (run->P > 1) comm_summary(comm, sizeof(comm), st->comm_seconds, sent);
     if (run->Dg > 1) snprintf(dp, sizeof(dp), " | dp %.1f ms, %.2f MB", st->dp_seconds * 1e3, dp_total / 1e6);
-    printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s%s%s\n", step + 1, a->max_steps, st->loss,
-           st->lr, st->norm, st->seconds * 1e3, tokens / st->seconds, util, comm, dp);
+    // pipeline: stage 0's wait for stage 1 (its bubble) and the bytes it sent it
+    if (run->S > 1) snprintf(pp, sizeof(pp), " | pp wait %.1f ms, %.2f MB", st->pp_seconds * 1e3, st->pp_sent * 4 / 1e6);
+    printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s%s%s%s\n", step + 1, a->max_steps, st->loss,
+           st->lr, st->norm, st->seconds * 1e3, tokens / st->seconds, util, comm, dp, pp);
     fflush(stdout);
 }
 

@@ -39,10 +39,12 @@ struct RankMemory {
     double params, grads, moments, acts;
 };
 
-// fused: --attention fused (else matmul)
-static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused) {
+// fused: --attention fused (else matmul). Pipeline parallelism: a rank of stage `stage` of S, keeping
+// `slots` micro-batches' activations (pp_slots).
+static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused,
+                              int S = 1, int stage = 0, int slots = 1) {
     ShardPlan s;
-    shard_plan_init(&s, c, P, 0);
+    shard_plan_init(&s, c, P, 0, S, stage);
     long n = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += shard_local_size(&s.t[i]);
     long npad = shard_padded(n, zero, D);  // as gpt_build allocates it
@@ -50,7 +52,7 @@ static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B,
     mem.params = 4.0 * npad;
     mem.grads = 4.0 * npad;
     mem.moments = 2 * 4.0 * (zero ? npad / D : n);
-    mem.acts = 4.0 * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute, fused);
+    mem.acts = 4.0 * slots * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute, fused);
     return mem;
 }
 
@@ -130,7 +132,15 @@ static MemoryEstimate memory_estimate(const Run* run, int P, int D) {
     const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
     int B = run->sample_only ? 1 : a->B;  // sampling runs one sequence at a time
-    RankMemory rm = rank_memory(c, P, run->Dg / run->D * D, a->zero, B, a->T, a->sp, a->recompute, a->attention != 0);
+    // the largest rank, and all of a replica's (with pipeline stages: each stage's rank with its activations in flight)
+    RankMemory rm = {};
+    double replica = 0;
+    for (int s = 0; s < run->S; s++) {
+        int slots = run->S > 1 ? pp_slots(run->pp_schedule, run->S, s, run->accum) : 1;
+        RankMemory m = rank_memory(c, P, run->Dg / run->D * D, a->zero, B, a->T, a->sp, a->recompute, a->attention != 0, run->S, s, slots);
+        replica += P * memory_total(&m);
+        if (memory_total(&m) > memory_total(&rm)) rm = m;
+    }
     double full = 4.0 * gpt_num_params(c);
     // the host's own copies: the full weights (initial or loaded, and gathered into for checkpoints),
     // AdamW's full m and v to save checkpoints and from a resumed state file, the embedded corpus
@@ -142,7 +152,7 @@ static MemoryEstimate memory_estimate(const Run* run, int P, int D) {
     e.rank = memory_total(&rm);
     e.acts = rm.acts;
     e.host = PROCESS_BYTES + ESTIMATE_MARGIN * host;
-    e.cpu = e.host + ESTIMATE_MARGIN * P * D * e.rank;
+    e.cpu = e.host + ESTIMATE_MARGIN * D * replica;
     return e;
 }
 
@@ -152,7 +162,7 @@ static bool memory_fits(const Run* run, int P, int D, std::string* why) {
     const Args* a = &run->args;
     int B = run->sample_only ? 1 : a->B;
     MemoryEstimate e = memory_estimate(run, P, D);
-    P *= D;  // the ranks of this process
+    P *= D * run->S;  // the ranks of this process
     double rank = e.rank, ma = e.acts, host = e.host;
     const char* lower = "lower -b or -t (the activations grow with B x T)";
     char line[1024];
@@ -480,6 +490,7 @@ static void ranks_setup(Run* run) {
     for (int d = 0; d < D; d++)
         for (int s = 0; s < S; s++) {
             comm_group_init(&run->tp_groups[d * S + s], P, timeout);
+            if (S > 1) snprintf(run->tp_groups[d * S + s].label, sizeof(run->tp_groups[0].label), "stage %d", s);
             // NCCL needs one GPU per rank; more ranks than GPUs share them through the shared-memory backend
             if (run->device != DEV_CUDA || P == 1) continue;
             std::vector<int> gpus(P);

@@ -1,0 +1,258 @@
+// dev/test_pp.cuh: pipeline parallelism (--pp, train/pipeline.h): the schedules against a simulation of
+// their order, the point-to-point messages, PP = 2 and 3 against PP = 1 on tp.cu's grid, a stalled stage,
+// and the command line (resume across (D, S, P) grids, bad flags). Part of test_tp.cu.
+#pragma once
+
+// ----------------------------------------------------------------------------
+// the schedules, run by a simulation of the stages
+
+// Runs the S stages' schedules as the pipeline runs them: in rounds, each stage that can take its next
+// micro-step takes it (a forward once the previous stage has sent that micro-batch, a backward once the
+// next stage has sent its gradient; sends never wait). Returns false on a deadlock. Fills the rounds a
+// stage was idle, and the most micro-batches a stage held between their forward and backward, and
+// counts a micro-batch whose slot (mb % pp_slots) another one in flight still uses.
+static bool pp_simulate(int kind, int S, int m, std::vector<int>* idle, std::vector<int>* most, int* rounds, long* clashes,
+                        std::string* why) {
+    std::vector<std::vector<PipeStep>> order(S);
+    for (int s = 0; s < S; s++) order[s] = pp_schedule(kind, S, s, m);
+    std::vector<std::vector<int>> fdone(S, std::vector<int>(m, 0)), bdone(S, std::vector<int>(m, 0));
+    std::vector<size_t> next(S, 0);
+    std::vector<std::set<int>> held(S);
+    idle->assign(S, 0);
+    most->assign(S, 0);
+    *rounds = 0;
+    *clashes = 0;
+    for (int s = 0; s < S; s++) {  // each micro-batch once forward and once backward, forwards in order
+        std::vector<int> nf(m, 0), nb(m, 0);
+        int last_f = -1;
+        for (const PipeStep& st : order[s]) {
+            if (st.mb < 0 || st.mb >= m) { *why = "a micro-batch out of range"; return false; }
+            if (st.forward) {
+                nf[st.mb]++;
+                if (st.mb != last_f + 1) { *why = "forwards out of order"; return false; }
+                last_f = st.mb;
+            } else {
+                if (!nf[st.mb]) { *why = "a backward before its forward"; return false; }
+                nb[st.mb]++;
+            }
+        }
+        for (int k = 0; k < m; k++)
+            if (nf[k] != 1 || nb[k] != 1) { *why = "a micro-batch not run exactly once each way"; return false; }
+    }
+    for (;;) {
+        bool all = true, any = false;
+        std::vector<std::pair<int, PipeStep>> run;  // what every stage can take this round (decided first)
+        for (int s = 0; s < S; s++) {
+            if (next[s] == order[s].size()) continue;
+            all = false;
+            PipeStep st = order[s][next[s]];
+            bool ready = st.forward ? (s == 0 || fdone[s - 1][st.mb]) : (fdone[s][st.mb] && (s == S - 1 || bdone[s + 1][st.mb]));
+            if (ready) run.push_back({s, st});
+        }
+        if (all) break;
+        for (auto& x : run) {
+            int s = x.first;
+            PipeStep st = x.second;
+            any = true;
+            next[s]++;
+            int slots = pp_slots(kind, S, s, m);
+            if (st.forward) {
+                for (int k : held[s]) *clashes += k % slots == st.mb % slots;
+                held[s].insert(st.mb);
+                (*most)[s] = std::max((*most)[s], (int)held[s].size());
+                fdone[s][st.mb] = 1;
+            } else {
+                held[s].erase(st.mb);
+                bdone[s][st.mb] = 1;
+            }
+        }
+        (*rounds)++;
+        if (!any) { *why = "deadlock: no stage can take its next micro-step"; return false; }
+    }
+    for (int s = 0; s < S; s++) (*idle)[s] = *rounds - (int)order[s].size();  // waiting, before its first or after its last too
+    return true;
+}
+
+static void test_pp_schedule() {
+    printf("pipeline schedules: every (S, m) up to 6 stages and 12 micro-batches, simulated round by round\n");
+    long bad_1f1b = 0, bad_gpipe = 0, cases = 0;
+    double worst_bubble = 0;
+    for (int kind : {PP_1F1B, PP_GPIPE})
+        for (int S = 1; S <= 6; S++)
+            for (int m = 1; m <= 12; m++) {
+                std::vector<int> idle, most;
+                int rounds;
+                long clashes;
+                std::string why;
+                bool ok = pp_simulate(kind, S, m, &idle, &most, &rounds, &clashes, &why);
+                long* bad = kind == PP_1F1B ? &bad_1f1b : &bad_gpipe;
+                cases++;
+                if (!ok) {
+                    if (!*bad) printf("    %s S=%d m=%d: %s\n", pp_schedule_name(kind), S, m, why.c_str());
+                    (*bad)++;
+                    continue;
+                }
+                for (int s = 0; s < S; s++) {
+                    int want = kind == PP_1F1B ? std::min(S - s, m) : m;  // 1F1B: at most S - s in flight; GPipe: all
+                    if (most[s] != want || most[s] > pp_slots(kind, S, s, m)) (*bad)++;
+                }
+                if (clashes) (*bad)++;
+                // unit micro-steps: a step takes 2 (m + S - 1) rounds, each stage idle 2 (S - 1) of them
+                if (rounds != 2 * (m + S - 1)) (*bad)++;
+                for (int s = 0; s < S; s++)
+                    worst_bubble = std::max(worst_bubble, fabs((double)idle[s] / rounds - pp_bubble(S, m)));
+            }
+    check(bad_1f1b == 0, "1F1B: every micro-batch forward then backward once, no deadlock, at most S - s in flight on stage s and in "
+          "distinct slots, 2 (m + S - 1) rounds (%ld cases, %ld wrong)", cases / 2, bad_1f1b);
+    check(bad_gpipe == 0, "GPipe: the same, with all m micro-batches in flight (%ld cases, %ld wrong)", cases / 2, bad_gpipe);
+    check_le(worst_bubble, 1e-12, "each stage's idle rounds in the simulation against the bubble (S - 1) / (m + S - 1): largest difference");
+    // the order itself, spelled out for one case a reader can check by hand
+    std::string got;
+    for (const PipeStep& st : pp_schedule(PP_1F1B, 3, 0, 5)) got += (st.forward ? "F" : "B") + std::to_string(st.mb) + " ";
+    check(got == "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4 ", "1F1B, stage 0 of 3, 5 micro-batches: %s", got.c_str());
+}
+
+// ----------------------------------------------------------------------------
+// point to point
+
+static void test_pp_p2p() {
+    printf("point to point (host backend): 4 ranks pass buffers along a line both ways, sends ahead of receives\n");
+    int P = 4, msgs = 7;
+    long sizes[] = {1, 333, 1 << 16};
+    CommGroup* g = new CommGroup();
+    comm_group_init(g, P, 30);
+    std::vector<long> bad(P, 0), sent(P, 0);
+    std::vector<std::thread> th;
+    auto value = [](int src, int k, long i) { return (float)(src * 1000003 + k * 7919 + i) * 0.37f + 1e-30f * (float)i; };
+    for (int r = 0; r < P; r++)
+        th.emplace_back([&, r]() {
+            Comm c;
+            comm_init(&c, g, r);
+            for (long n : sizes) {
+                std::vector<float> buf(n);
+                // every message first: a send never waits for its receiver
+                for (int k = 0; k < msgs; k++)
+                    for (int dst : {r - 1, r + 1}) {
+                        if (dst < 0 || dst >= P) continue;
+                        for (long i = 0; i < n; i++) buf[i] = value(r, k, i);
+                        comm_send(&c, dst, buf.data(), n, "test", k);
+                    }
+                for (int src : {r + 1, r - 1}) {
+                    if (src < 0 || src >= P) continue;
+                    for (int k = 0; k < msgs; k++) {  // in the order sent
+                        comm_recv(&c, src, buf.data(), n, "test", k);
+                        for (long i = 0; i < n; i++) {
+                            float want = value(src, k, i);
+                            bad[r] += memcmp(&buf[i], &want, 4) != 0;
+                        }
+                    }
+                }
+            }
+            sent[r] = (long)c.p2p_sent;
+        });
+    for (auto& t : th) t.join();
+    delete g;
+    long total_bad = 0, total_sent = 0, want = 0;
+    for (int r = 0; r < P; r++) {
+        total_bad += bad[r];
+        total_sent += sent[r];
+    }
+    for (long n : sizes) want += n * msgs * 2 * (P - 1);
+    check_le(total_bad, 0, "floats received that differ from the ones sent (bit for bit, in order, %d messages per pair and size)", msgs);
+    check(total_sent == want, "floats counted as sent: %ld (expected %ld)", total_sent, want);
+}
+
+// ----------------------------------------------------------------------------
+// PP = S against PP = 1 on tp.cu's grid
+
+static void test_pp_grid() {
+    GPTConfig cfg = make_config(3, 4, 32, 200, 32);  // NH 4, Vp 256: S up to 3, P up to 4
+    int B = 2, T = 16, steps = 10;
+    printf("pipeline parallelism in one process: L%d NH%d C%d, T%d, %d steps (lr 1e-3, wd 0.1, clip 1), in-order batches\n",
+           cfg.L, cfg.NH, cfg.C, T, steps);
+    std::vector<float> init = init_weights(&cfg, 11);
+    std::vector<int> data = random_tokens((long)steps * 16 * B * T + 1, cfg.V, 5);
+    std::map<std::pair<int, int>, GridResult> one;  // PP 1 with (P 1, D 1) and m micro-batches of -b b
+    auto reference = [&](int b, int m) -> GridResult& {
+        auto key = std::make_pair(b, m);
+        if (!one.count(key)) run_grid(&cfg, init, 1, 1, 0, m, steps, data, b, T, &one[key]);
+        return one[key];
+    };
+    struct { int S, P, D, zero, accum, sp, sched; } grids[] = {
+        {2, 1, 1, 0, 4, 0, PP_1F1B}, {2, 1, 1, 0, 4, 0, PP_GPIPE}, {3, 1, 1, 0, 4, 0, PP_1F1B}, {3, 1, 1, 0, 5, 0, PP_GPIPE},
+        {3, 1, 1, 0, 2, 0, PP_1F1B},  // fewer micro-batches than stages
+        {2, 2, 1, 0, 4, 0, PP_1F1B}, {2, 2, 1, 0, 3, 1, PP_1F1B}, {3, 2, 1, 0, 4, 1, PP_GPIPE},
+        {2, 1, 2, 0, 2, 0, PP_1F1B}, {2, 2, 2, 1, 2, 1, PP_1F1B}, {3, 1, 2, 1, 3, 0, PP_GPIPE}};
+    for (auto& g : grids) {
+        GridResult& ref = reference(B * g.D, g.accum);
+        GridResult res;
+        run_grid(&cfg, init, g.P, g.D, g.zero, g.accum, steps, data, B, T, &res, false, g.sp, g.S, g.sched);
+        char name[112];
+        snprintf(name, sizeof(name), "(S %d, P %d, D %d) %s, %d micro%s%s", g.S, g.P, g.D, g.sched == PP_GPIPE ? "GPipe" : "1F1B",
+                 g.accum, g.zero ? ", -z 1" : "", g.sp ? ", SP" : "");
+        double dl = max_abs_diff(res.losses, ref.losses);
+        check_le(dl, 1e-5, "%-36s per-step losses against PP 1 (-b %d, %d micro), largest difference", name, B * g.D, g.accum);
+        check_le(rel_err(res.params_full.data(), ref.params_full.data(), (long)ref.params_full.size()), 1e-5,
+                 "%-36s weights after %d steps against PP 1, rel err", name, steps);
+        if (!g.zero)
+            check_le(rel_err(res.grads_full.data(), ref.grads_full.data(), (long)ref.grads_full.size()), 1e-5,
+                     "%-36s gradients of step %d against PP 1, rel err", name, steps);
+        check_le(max_abs_diff(res.norms, ref.norms), 1e-5, "%-36s gradient norms against PP 1, largest difference", name);
+        check_le(res.mismatches, 0, "%-36s weight checksums differing from replica 0's same stage and rank (%ld compared)", name, res.compared);
+        check(res.distinct == steps, "%-36s the weights change at every step (%ld distinct checksums)", name, res.distinct);
+    }
+    // the first micro-batch's loss is computed by the same ops in the same order at any S: exact
+    GridResult a, b;
+    run_grid(&cfg, init, 1, 1, 0, 1, 1, data, B, T, &a);
+    run_grid(&cfg, init, 1, 1, 0, 1, 1, data, B, T, &b, false, 0, 3);
+    check(a.losses.size() == 1 && b.losses.size() == 1 && memcmp(&a.losses[0], &b.losses[0], 4) == 0,
+          "one micro-batch, one step: the loss at PP 3 is bit-identical to PP 1 (%.9g, %.9g)", a.losses[0], b.losses[0]);
+    // the check of replicas can fail under PP too: one weight of the last replica's stage 0 one ulp off
+    GridResult res;
+    run_grid(&cfg, init, 1, 2, 0, 2, 2, data, B, T, &res, true, 0, 2);
+    bool all = true;
+    for (int x : res.detected) all &= x == 1;
+    check(all, "(S 2, D 2): one weight of replica 1's stage 0 moved by one ulp: replicas_differ reports 1 differing rank on all %zu ranks",
+          res.detected.size());
+}
+
+// ----------------------------------------------------------------------------
+// a stalled stage
+
+// In a child process: stage `stall`'s TP rank 0 stops before its second micro-batch; the run must end
+// within the timeout, exit 1, and say which stage and rank it waited for.
+static void test_pp_stall() {
+    printf("a stalled pipeline stage is reported within --timeout, naming the stage and the rank\n");
+    GPTConfig cfg = make_config(3, 4, 32, 200, 32);
+    std::vector<float> init = init_weights(&cfg, 3);
+    std::vector<int> data = random_tokens(4096, cfg.V, 1);
+    for (int P : {1, 2}) {
+        std::string err = tmpdir() + "/pp_stall.err";
+        fflush(stdout);
+        double t0 = comm_now();
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (!freopen(err.c_str(), "w", stderr)) _exit(99);
+            g_pp_plant_stall = 1;
+            g_grid_timeout = 2;
+            GridResult res;
+            run_grid(&cfg, init, P, 1, 0, 4, 2, data, 2, 16, &res, false, 0, 3);
+            _exit(0);  // not reached: the timeout ends the process
+        }
+        int status = 0;
+        while (waitpid(pid, &status, WNOHANG) == 0 && comm_now() - t0 < 120) usleep(20000);
+        bool ended = waitpid(pid, &status, WNOHANG) != 0 || WIFEXITED(status);
+        if (!ended) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+        }
+        double took = comm_now() - t0;
+        std::vector<char> b = slurp_bytes(err);
+        std::string text(b.begin(), b.end());
+        std::string line = first_line_with(text, "error:");
+        bool named = text.find("stage 1") != std::string::npos;
+        check(ended && WIFEXITED(status) && WEXITSTATUS(status) == 1 && named && took < 30,
+              "P=%d: stage 1's TP rank 0 stalls (--timeout 2): exit status %d after %.1f s, and the error names stage 1: %s", P,
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1, took, line.c_str());
+    }
+}
