@@ -1068,6 +1068,7 @@ static const TestGroup g_groups[] = {
     {"pp_p2p", test_pp_p2p, "point-to-point messages: bit for bit, in order, sends ahead of receives"},
     {"pp", test_pp_grid, "--pp 2 and 3 against --pp 1: losses, gradients, norms, weights; with TP, SP, DP, -z 1; both schedules"},
     {"pp_stall", test_pp_stall, "a stalled stage is reported within the timeout, naming the stage"},
+    {"pp_cli", test_pp_cli, "--pp from the command line: against --pp 1, resume across grids both ways, Ctrl-C, bad input"},
     {"dp_resume", test_dp_resume, "resume on the same grid (bit-identical) and at another P, D, -d or -z"},
     {"dp_cli", test_dp_cli, "--dp D -b B against -b D*B from the command line, shuffled"},
     {"mpi", test_mpi, "2 processes under mpirun against 1: losses, replicas, resume, kill, stop, mismatch, bad input"},

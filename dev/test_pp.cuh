@@ -256,3 +256,84 @@ static void test_pp_stall() {
               WIFEXITED(status) ? WEXITSTATUS(status) : -1, took, line.c_str());
     }
 }
+
+// ----------------------------------------------------------------------------
+// the command line
+
+static void test_pp_cli() {
+    printf("command line: --pp against --pp 1, resume across (D, S, P) grids, Ctrl-C, bad input\n");
+    std::string base = "-e L2C64H4 -t 32 -x 8 -v 4 -m 2 -g 0 --threads 1 -c 0.1 -b 2 -d 256 ";  // 4 micro-batches per step
+    std::string out1, out2, out3;
+    int rc1 = run_cmd(base + "--tp 1", &out1, nullptr);
+    int rc2 = run_cmd(base + "--tp 2 --pp 2", &out2, nullptr);
+    int rc3 = run_cmd(base + "--tp 2 --sp 1 --pp 2 --pp-schedule gpipe", &out3, nullptr);
+    auto losses = [](const std::string& out) {
+        std::vector<float> v = grep_floats(out, "| loss "), val = grep_floats(out, "val loss ");
+        v.insert(v.end(), val.begin(), val.end());
+        return v;
+    };
+    std::vector<float> a = losses(out1), b = losses(out2), c = losses(out3);
+    check_le(rc1 == 0 && rc2 == 0 && a.size() == 11 ? max_abs_diff(a, b) : INFINITY, 1e-5,
+             "--tp 2 --pp 2 (1F1B) against --tp 1 --pp 1, 4 micro-batches: 8 step and 3 val losses, largest printed difference");
+    check_le(rc3 == 0 && a.size() == 11 ? max_abs_diff(a, c) : INFINITY, 1e-5,
+             "--tp 2 --sp 1 --pp 2 --pp-schedule gpipe against --tp 1 --pp 1: the same, largest printed difference");
+    check(out2.find("pipeline: 2 stages x 2 TP ranks, 1F1B") != std::string::npos && out2.find("| pp wait ") != std::string::npos &&
+              out2.find("stage 1 (layers 1-1, LM head): waited for its neighbours") != std::string::npos,
+          "the run prints the stage table, the pipeline wait per step and each stage's measured wait");
+    std::string out4;
+    int rc4 = run_cmd("-e L2C64H4 -t 32 -x 2 -v 0 --threads 1 -b 2 --pp 2", &out4, nullptr);
+    check(rc4 == 0 && out4.find("tp: --pp 2: no sample at the end") != std::string::npos,
+          "with -g at its default a --pp 2 run says that it prints no sample (exit %d)", rc4);
+
+    // resume across grids, (D, S, P) = (1, 2, 2) to (2, 1, 1) and back, with the global batch kept
+    std::string d = tmpdir() + "/ppresume";
+    mkdir(d.c_str(), 0755);
+    std::string run20 = "-e L2C64H4 -t 32 -x 20 -v 0 -g 0 --threads 1 -c 0.1 -b 2 -d 256 ";
+    struct { const char* name; std::string grid; } g[2] = {{"(D 1, S 2, P 2)", "--tp 2 --pp 2 "}, {"(D 2, S 1, P 1)", "--tp 1 --dp 2 "}};
+    std::vector<float> ref[2];
+    for (int i = 0; i < 2; i++) {
+        std::string dir = d + "/full" + std::to_string(i);
+        int rc = run_cmd(run20 + g[i].grid + "-n 10 -o " + dir, nullptr, nullptr);
+        ref[i] = model_params(ckpt_path(dir.c_str(), "model", 20));
+        check(rc == 0 && !ref[i].empty(), "%s saves steps 10 and 20 (exit %d)", g[i].name, rc);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            std::string dir = d + "/r" + std::to_string(i) + std::to_string(j);
+            copy_step(d + "/full" + std::to_string(i), dir, 10);
+            std::string out, err;
+            int rc = run_cmd(run20 + g[j].grid + "-y 1 -o " + dir, &out, &err);
+            std::vector<float> got = model_params(ckpt_path(dir.c_str(), "model", 20));
+            bool resumed = rc == 0 && out.find("resuming from") != std::string::npos && got.size() == ref[i].size();
+            if (i == j) check(resumed && got == ref[i], "saved at %s, resumed on the same grid from step 10: the step-20 weights are bit-identical", g[i].name);
+            else check_le(resumed ? rel_err(got.data(), ref[i].data(), (long)ref[i].size()) : INFINITY, 1e-5,
+                          "saved at %s, resumed at %s from step 10: step-20 weights rel err against the run that did not stop%s%s",
+                          g[i].name, g[j].name, err.empty() ? "" : ": ", err.c_str());
+        }
+
+    // Ctrl-C: every stage stops after the same step, the run saves and exits 0, and continues
+    std::string sig = tmpdir() + "/ppsig";
+    pid_t pid = spawn_tp("-e L2C64H4 -t 32 -v 0 -g 0 --threads 1 --tp 1 --pp 2 -b 2 -d 256 -x 1000000 -o " + sig, sig + ".txt");
+    bool started = wait_for_text(sig + ".txt", "step    5/", 60);
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    std::vector<int> steps = ckpt_steps(sig.c_str());
+    check(started && WIFEXITED(status) && WEXITSTATUS(status) == 0 && steps.size() == 1 && steps[0] >= 5,
+          "--pp 2: Ctrl-C after step 5 exits 0 and saves the step it stopped after (step %d)", steps.empty() ? -1 : steps[0]);
+
+    // bad input: one line, exit 1
+    struct { std::string args; const char* says; } bad[] = {
+        {"-e L2C64H4 --pp 3 -x 2", "a stage needs at least one layer, and the model has 2"},
+        {"-e L2C64H4 --pp 2 --pp-schedule zigzag -x 2", "the schedules are 1f1b and gpipe"},
+        {"-e L2C64H4 --pp 2 -x 0", "does not run through a pipeline"},
+        {"-e L2C64H4 --pp 2 -s 5 -x 10", "does not run through a pipeline"},
+        {"-e L2C64H4 --pp 0 -x 2", "--pp"},
+    };
+    for (auto& x : bad) {
+        std::string err;
+        int rc = run_cmd(x.args, nullptr, &err);
+        check(rc == 1 && err.rfind("error: ", 0) == 0 && err.find(x.says) != std::string::npos,
+              "%s: exit %d, %s", x.args.c_str(), rc, first_line_with(err, "error").c_str());
+    }
+}
