@@ -181,7 +181,8 @@ static void comm_barrier(Comm* c, const char* where);
 // Point to point, between two ranks of a group (pipeline parallelism's neighbouring stages): comm_send
 // hands rank dst a copy of buf (n) and returns at once; comm_recv waits for the next message from rank
 // src and copies it into buf (n). Messages between two ranks arrive in the order they were sent, and
-// `where` and tag (the micro-batch) must match on both sides. Host backend.
+// `where` and tag (the micro-batch) must match on both sides. Inside one process, on every backend: a
+// GPU rank's buffers go through host memory (a copy out of the sender's device, one into the receiver's).
 static void comm_send(Comm* c, int dst, const float* buf, long n, const char* where, int tag);
 static void comm_recv(Comm* c, int src, float* buf, long n, const char* where, int tag);
 // waits until everything queued on the rank's stream, collectives and kernels, is done (nothing on the host)
@@ -781,7 +782,7 @@ static void comm_barrier(Comm* c, const char* where) {
 }
 
 // ----------------------------------------------------------------------------
-// point to point (host backend)
+// point to point
 //
 // A send never waits: it leaves a copy in the receiver's box and goes on, so any order of sends and
 // receives in which every message is eventually received completes; a schedule cannot deadlock on the
@@ -790,8 +791,6 @@ static void comm_barrier(Comm* c, const char* where) {
 // reported with the place the receiver waits at: the stage before it stalled, or stopped.
 
 static void comm_p2p_check(Comm* c, int peer, const char* what) {
-    if (c->backend != COMM_HOST)
-        fatal("rank %d: %s on a GPU backend: point-to-point messages are built for ranks on the CPU only", c->rank, what);
     if (c->g->nproc > 1) fatal("rank %d: %s across processes: point-to-point messages stay inside one process", c->rank, what);
     if (peer < 0 || peer >= c->P || peer == c->rank) fatal("rank %d: %s with rank %d of a group of %d", c->rank, what, peer, c->P);
 }
@@ -800,7 +799,13 @@ static void comm_send(Comm* c, int dst, const float* buf, long n, const char* wh
     comm_p2p_check(c, dst, "a send");
     CommGroup* g = c->g;
     CommMsg msg;
-    msg.data.assign(buf, buf + n);
+    if (c->backend == COMM_HOST) {
+        msg.data.assign(buf, buf + n);
+    } else {  // a GPU rank: the buffer is in its device memory, written by its stream
+        msg.data.resize(n);
+        CUDA_CHECK(c->rank, cudaMemcpyAsync(msg.data.data(), buf, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+        CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));
+    }
     msg.where = where;
     msg.tag = tag;
     {
@@ -831,7 +836,12 @@ static void comm_recv(Comm* c, int src, float* buf, long n, const char* where, i
         fatal("stage %d, TP rank %d: expected %s of micro-batch %d (%ld floats) from stage %d and got %s of micro-batch %d (%zu "
               "floats): the stages' schedules disagree; this is a bug in the schedule", c->rank, c->tp_rank, where, tag, n, src,
               msg.where, msg.tag, msg.data.size());
-    memcpy(buf, msg.data.data(), n * sizeof(float));
+    if (c->backend == COMM_HOST) {
+        memcpy(buf, msg.data.data(), n * sizeof(float));
+    } else {
+        CUDA_CHECK(c->rank, cudaMemcpyAsync(buf, msg.data.data(), n * sizeof(float), cudaMemcpyHostToDevice, c->stream));
+        CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));  // before msg's memory goes
+    }
     c->p2p_seconds += comm_now() - t0;
 }
 

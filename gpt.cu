@@ -17,6 +17,8 @@
 //                   the all-reduce of the slices' norms and the all-gather of the updated parameters);
 //                   over the TP group, the all-reduce of the sharded tensors' squared gradient norm, and
 //                   with SP the all-reduce of the layernorm and wpe gradients
+//                   with pipeline stages (--pp), over the two end stages the all-reduce of the tied
+//                   wte's gradient, and over the stages the all-reduce of the squared gradient norm
 //   gpt_logits_row: an all-gather of one position's logits (sampling only, never in training)
 //   gpt_prefill:    the forward's embedding, attproj and fcproj collectives (g), no loss
 //   gpt_decode:     the same for one position of each of B rows, B*C floats each: the embedding all-reduce
@@ -28,6 +30,10 @@
 // sequence parallelism (--sp 1) each all-reduce around a layer becomes a reduce-scatter or an all-gather
 // (all_tokens and my_tokens_summed below), the backward all-gathers the layernorm outputs again, and
 // gpt_update all-reduces the layernorm and wpe gradients (step_comm_floats counts it all).
+// Pipeline parallelism cuts the layers into stages (ShardPlan's l0 and L): a stage runs the layers it holds,
+// and what crosses between two stages is not a collective but a point-to-point message of the residual
+// stream (gpt_stage_input, gpt_stage_output, gpt_stage_grad), which train/pipeline.h sends and receives
+// in its schedule's order.
 // Outside this file ranks only line up (comm_barrier: around checkpoints) and agree on scalars (the mean
 // loss, the decision to stop, weight checksums: tp.cu's world group).
 #pragma once
@@ -236,12 +242,19 @@ static void rank_join_pp(Rank* rk, CommGroup* pp_group, CommGroup* emb_group, in
     rk->pp.tp_rank = rk->rank;
     rk->stage = stage;
     rk->S = pp_group->P;
-    if (emb_group && (stage == 0 || stage == rk->S - 1)) comm_init(&rk->emb, emb_group, stage == 0 ? 0 : 1);
+    bool tied = emb_group && (stage == 0 || stage == rk->S - 1);
+    if (tied) comm_init(&rk->emb, emb_group, stage == 0 ? 0 : 1);
+    if (rk->device == DEV_CUDA && rk->S > 1) {  // the norm's and wte's sums are in device memory
+        comm_bind_cuda(&rk->pp, rk->gpu, rk->cuda.stream);
+        if (tied) comm_bind_cuda(&rk->emb, rk->gpu, rk->cuda.stream);
+    }
 }
 
 static void rank_free(Rank* rk) {
     if (rk->device != DEV_CUDA) return;
     comm_free(&rk->tp);
+    if (rk->pp.g) comm_free(&rk->pp);
+    if (rk->emb.g) comm_free(&rk->emb);
     if (rk->dp.g) comm_free(&rk->dp);
     cuda_ctx_free(&rk->cuda);
 }

@@ -337,7 +337,8 @@ static float lr_at(const Args* a, int step) {
 static void rank_run_start(RankRun* rr, Run* run, int d, int r, int stage = 0) {
     const Args* a = &run->args;
     int S = run->S, P = run->P;
-    rank_init(&rr->rk, &run->tp_groups[d * S + stage], r, run->device, run->device == DEV_CUDA ? rank_gpu(run, d, r) : 0, run->threads);
+    rank_init(&rr->rk, &run->tp_groups[d * S + stage], r, run->device, run->device == DEV_CUDA ? rank_gpu(run, d, r, stage) : 0,
+              run->threads);
     rank_join_pp(&rr->rk, &run->pp_groups[d * P + r], run->emb_groups ? &run->emb_groups[d * P + r] : nullptr, stage);
     if (run->dp_groups) rank_join_dp(&rr->rk, &run->dp_groups[stage * P + r], d);
     comm_init(&rr->world, run->world, (d * S + stage) * P + r);
@@ -552,7 +553,9 @@ static void rank_main(Run* run, int d, int r, int stage) {
         double sent[COMM_KINDS], dp_sent[COMM_KINDS];
         ring_bytes(st.comm_moved, run->P, sent);
         double dp_total = ring_bytes(st.dp_moved, run->Dg, dp_sent);
-        if (lead) logger_step(&run->log, step + 1, st.loss, rr.last_val, st.lr, st.seconds, tokens, st.comm_seconds, sent, st.dp_seconds, dp_total);
+        if (lead)
+            logger_step(&run->log, step + 1, st.loss, rr.last_val, st.lr, st.seconds, tokens, st.comm_seconds, sent, st.dp_seconds,
+                        dp_total, st.pp_seconds, 4 * st.pp_sent);
         if (lead && (print_step(a, step) || step == run->start_step)) print_step_line(run, step, &st, sent, dp_total);
         if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
             checkpoint_save(&run->ckpt, run->init.data(), &rr.m, &rr.rk, &rr.world, &rr.train, step + 1);

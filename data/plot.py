@@ -53,12 +53,15 @@ def plot_loss(plt, path, out, floor):
 def plot_sweep(plt, path, out):
     rows = read_csv(path, ["P", "tok_per_s", "comm_share", "mb_per_rank"])
     # a grid of P tensor-parallel ranks x D replicas is labelled "P x D" (sweeps before --dp had P only)
-    labels = [r["P"] + (" x " + r["D"] if "D" in r else "") for r in rows]
+    # (and with S pipeline stages "P x D x S"; sweeps before --pp had no S)
+    labels = [r["P"] + (" x " + r["D"] if "D" in r else "") + (" x " + r["S"] if r.get("S") not in (None, "", "1") else "")
+              for r in rows]
     tps = [float(r["tok_per_s"]) for r in rows]
     comm = [100 * (float(r["comm_share"]) + float(r.get("dp_share") or 0)) for r in rows]
     mb = [float(r["mb_per_rank"]) for r in rows]
     # sweeps since --plan also hold the model's prediction of every row: drawn against the measurement
-    predicted = "predicted_ms_per_step" in rows[0] and all(r.get("predicted_ms_per_step") for r in rows)
+    # (the pipeline's rows have none: the model does not cover stages; they are drawn measured only)
+    predicted = "predicted_ms_per_step" in rows[0] and any(r.get("predicted_ms_per_step") for r in rows)
     fig, axes = plt.subplots(1, 4 if predicted else 3, figsize=(14.5 if predicted else 11, 3.4))
     axes[0].bar(labels, tps, color="tab:blue")
     axes[0].set_title("tokens / s")
@@ -69,7 +72,7 @@ def plot_sweep(plt, path, out):
     if predicted:
         x = range(len(rows))
         meas = [float(r["ms_per_step"]) for r in rows]
-        pred = [float(r["predicted_ms_per_step"]) for r in rows]
+        pred = [float(r["predicted_ms_per_step"] or "nan") for r in rows]
         axes[3].bar([i - 0.2 for i in x], meas, width=0.4, color="tab:blue", label="measured")
         axes[3].bar([i + 0.2 for i in x], pred, width=0.4, color="tab:gray", label="predicted (--plan)")
         axes[3].set_xticks(list(x))
@@ -77,7 +80,7 @@ def plot_sweep(plt, path, out):
         axes[3].set_title("ms per step: measured and predicted")
         axes[3].legend(fontsize=8)
     for ax in axes:
-        ax.set_xlabel("TP ranks P x replicas D" if "D" in rows[0] else "tensor-parallel ranks P")
+        ax.set_xlabel(("TP ranks P x replicas D" + (" (x stages S)" if "S" in rows[0] else "")) if "D" in rows[0] else "tensor-parallel ranks P")
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -784,6 +784,20 @@ static void gpu_training_tests(int ndev) {
         check_le(grid.mismatches, 0, "GPU (P %d, D %d, -z %d, %s): weight checksums differing from replica 0's (%ld compared)", P, D, P - 1,
                  how, grid.compared);
     }
+    // pipeline parallelism on the GPU: 2 stages, 3 micro-batches; the boundary tensors through host memory,
+    // the stages' sums (the norm, wte's gradient) on NCCL (the two stages on two GPUs) or shared GPU memory
+    for (int P : {1, 2}) {
+        GridResult one, pp;
+        run_grid(&cfg, init, 1, 1, 0, 3, steps, data, B, T, &one);
+        run_grid(&cfg, init, P, 1, 0, 3, steps, data, B, T, &pp, false, 0, 2, P == 1 ? PP_1F1B : PP_GPIPE);
+        const char* how = ndev >= 2 ? "stages on 2 GPUs" : "stages on 1 GPU";
+        check_le(max_abs_diff(pp.losses, one.losses), 1e-5, "GPU (S 2, P %d, %s, %s) vs GPU PP 1, 3 micro-batches: losses over %d steps, "
+                 "largest difference", P, P == 1 ? "1F1B" : "GPipe", how, steps);
+        check_le(rel_err(pp.params_full.data(), one.params_full.data(), (long)one.params_full.size()), 1e-5,
+                 "GPU (S 2, P %d, %s) vs GPU PP 1: weights after %d steps rel err", P, how, steps);
+        check_le(rel_err(pp.grads_full.data(), one.grads_full.data(), (long)one.grads_full.size()), 1e-5,
+                 "GPU (S 2, P %d, %s) vs GPU PP 1: gradients of the last step rel err", P, how);
+    }
     g_device = DEV_CPU;
     g_tf32 = true;
 }

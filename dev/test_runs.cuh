@@ -219,7 +219,8 @@ static void test_logs() {
                          std::to_string(k.sp) + " -o " + dir, nullptr, nullptr);
         auto rows = read_csv(dir + "/log.csv");
         std::vector<std::string> header = {"step", "loss", "val_loss", "lr", "ms", "tok_per_s", "comm_ms", "comm_bytes",
-                                           "allreduce_bytes", "reducescatter_bytes", "allgather_bytes", "dp_ms", "dp_bytes"};
+                                           "allreduce_bytes", "reducescatter_bytes", "allgather_bytes", "dp_ms", "dp_bytes", "pp_ms",
+                                           "pp_bytes"};
         bool ok = rc == 0 && rows.size() == 8 && rows[0] == header;
         // the bytes a ring sends for the formula's floats, by kind
         double f[COMM_KINDS], e[COMM_KINDS], total = 0, worst = 0;
@@ -227,7 +228,7 @@ static void test_logs() {
         for (int q = 0; q < COMM_KINDS; q++) total += e[q] = comm_ring_bytes(q, f[q], k.P);
         for (size_t i = 1; ok && i < rows.size(); i++) {
             ok = rows[i].size() == header.size() && atoi(rows[i][0].c_str()) == (int)i && atof(rows[i][6].c_str()) >= 0 &&
-                 atof(rows[i][12].c_str()) == 0;  // one replica: no DP bytes
+                 atof(rows[i][12].c_str()) == 0 && atof(rows[i][14].c_str()) == 0;  // one replica, one stage: no DP or PP bytes
             bool has_val = (i - 1) % 3 == 0 || i == 7;  // before steps 0, 3, 6 (0-based) = rows 1, 4, 7
             ok = ok && rows[i][2].empty() != has_val;
             if (!ok) break;
@@ -236,7 +237,7 @@ static void test_logs() {
             worst = worse(worst, fabs(atof(rows[i][9].c_str()) - e[KIND_REDUCESCATTER]));
             worst = worse(worst, fabs(atof(rows[i][10].c_str()) - e[KIND_ALLGATHER]));
         }
-        check_le(ok ? worst : INFINITY, 0.5, "--tp %d --sp %d: log.csv has the 13 documented columns and 7 rows; bytes sent per "
+        check_le(ok ? worst : INFINITY, 0.5, "--tp %d --sp %d: log.csv has the 15 documented columns and 7 rows; bytes sent per "
                  "step (%.0f) against the formula, by kind, and 0 over DP: largest difference", k.P, k.sp, total);
     }
     std::string out;
@@ -248,11 +249,16 @@ static void test_logs() {
     for (int D = 2; D <= cores; D++)
         for (int P : {1, 2, 4})
             if (P * D <= cores) want.push_back({P, D});
-    std::vector<std::pair<int, int>> got;
-    double bytes_off = 0;  // the TP and DP megabytes sent per step against the formulas
+    std::vector<std::pair<int, int>> got, got_pp;
+    double bytes_off = 0;  // the TP, DP and PP megabytes sent per step against the formulas
     for (size_t i = 1; i < rows.size(); i++) {
-        if (rows[i].size() < 15) break;  // (16 since sweep.csv ends with predicted_ms_per_step)
-        int P = atoi(rows[i][0].c_str()), D = atoi(rows[i][1].c_str());
+        if (rows[i].size() < 19) break;  // (16 since sweep.csv ends with predicted_ms_per_step, 19 since S, pp_wait_share, pp_mb_per_step)
+        int P = atoi(rows[i][0].c_str()), D = atoi(rows[i][1].c_str()), S = atoi(rows[i][16].c_str());
+        if (S > 1) {  // a pipeline: (P, D) with S stages; its bytes to the next stage: 1 micro-batch of B x T x C floats forward
+            got_pp.push_back({P * D, S});
+            bytes_off = worse(bytes_off, fabs(atof(rows[i][18].c_str()) - 4.0 * B * T * cfg.C / 1e6));
+            continue;
+        }
         got.push_back({P, D});
         double f[COMM_KINDS], sent[COMM_KINDS];
         step_comm_floats(&cfg, B, T, false, 1, f);
@@ -265,6 +271,8 @@ static void test_logs() {
     check(rc == 0 && got == want && out.find("speedup") != std::string::npos,
           "--sweep 1: a table and sweep.csv with a row for each valid P and each (P, D) with P x D <= %d cores (%zu rows of %zu)", cores,
           got.size(), want.size());
+    check(cores < 2 || (!got_pp.empty() && got_pp[0] == std::make_pair(1, 2)),
+          "--sweep 1: then the pipelines, first (P 1, D 1, S 2) (%zu pipeline rows)", got_pp.size());
     check_le(got.empty() ? INFINITY : bytes_off, 1e-4, "--sweep 1: TP (in all and by kind) and DP MB sent per step against the formulas, "
              "largest difference");
     if (system("python3 -c 'import matplotlib' 2>/dev/null") != 0) {

@@ -2,7 +2,9 @@
 // runs. Columns: step, loss, val_loss (empty unless measured before that step), lr, ms, tok_per_s (all
 // replicas), comm_ms (time in the tensor-parallel collectives), comm_bytes (bytes rank 0 sent in them,
 // as a ring sends them), the same bytes by kind: allreduce_bytes, reducescatter_bytes, allgather_bytes;
-// then dp_ms and dp_bytes, the same for its data-parallel collectives (0 with one replica).
+// then dp_ms and dp_bytes, the same for its data-parallel collectives (0 with one replica); then pp_ms
+// and pp_bytes, rank 0's (the first stage's) wait for the next pipeline stage and the bytes it sent it (0
+// with one stage).
 //
 // The log survives a crash: each row reaches the file whole, in one write() to a descriptor opened for
 // appending (nothing waits in a buffer for a kill -9 to lose, no row is ever half written), and a resume
@@ -27,7 +29,7 @@ struct Logger {
     bool write_failed = false;  // warned once; training goes on
 };
 
-#define LOG_HEADER "step,loss,val_loss,lr,ms,tok_per_s,comm_ms,comm_bytes,allreduce_bytes,reducescatter_bytes,allgather_bytes,dp_ms,dp_bytes\n"
+#define LOG_HEADER "step,loss,val_loss,lr,ms,tok_per_s,comm_ms,comm_bytes,allreduce_bytes,reducescatter_bytes,allgather_bytes,dp_ms,dp_bytes,pp_ms,pp_bytes\n"
 
 // A new run starts DIR/log.csv afresh. A run resumed from step resume_step (-1: a new run) keeps the
 // header and the complete rows of steps 1..resume_step of the log that is there, and appends after them.
@@ -76,14 +78,16 @@ static void logger_row(Logger* lg, const char* fmt, ...) {
 
 // step counts from 1 (the step just taken); val_loss is NaN when none was measured; sent: TP bytes by kind
 static void logger_step(Logger* lg, int step, float loss, float val_loss, float lr, double seconds, double tokens,
-                        double comm_seconds, const double sent[COMM_KINDS], double dp_seconds, double dp_sent) {
+                        double comm_seconds, const double sent[COMM_KINDS], double dp_seconds, double dp_sent, double pp_seconds,
+                        double pp_sent) {
     if (lg->fd < 0) return;
     char val[32] = "";
     if (!std::isnan(val_loss)) snprintf(val, sizeof(val), "%f", val_loss);
     double total = 0;
     for (int k = 0; k < COMM_KINDS; k++) total += sent[k];
-    logger_row(lg, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f,%.0f,%.0f,%.0f,%.3f,%.0f\n", step, loss, val, lr, seconds * 1e3, tokens / seconds,
-               comm_seconds * 1e3, total, sent[KIND_ALLREDUCE], sent[KIND_REDUCESCATTER], sent[KIND_ALLGATHER], dp_seconds * 1e3, dp_sent);
+    logger_row(lg, "%d,%.6f,%s,%.6e,%.3f,%.1f,%.3f,%.0f,%.0f,%.0f,%.0f,%.3f,%.0f,%.3f,%.0f\n", step, loss, val, lr, seconds * 1e3,
+               tokens / seconds, comm_seconds * 1e3, total, sent[KIND_ALLREDUCE], sent[KIND_REDUCESCATTER], sent[KIND_ALLGATHER],
+               dp_seconds * 1e3, dp_sent, pp_seconds * 1e3, pp_sent);
 }
 
 static void logger_close(Logger* lg) {

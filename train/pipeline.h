@@ -122,13 +122,12 @@ static void pp_setup(Run* run) {
     if (run->S == 1) return;
     if (run->S > c->L)
         fatal("--pp %d: a stage needs at least one layer, and the model has %d: use --pp %d or less", run->S, c->L, c->L);
-    if (run->device == DEV_CUDA)
-        fatal("--pp %d on a GPU: the stages' point-to-point messages are built for CPU ranks only so far: use --device cpu, "
-              "or --pp 1", run->S);
     if (g_procs.n > 1)
         fatal("--pp %d under mpirun: the stages of a replica must share one process so far: run without mpirun, or with --pp 1", run->S);
-    if (a->sweep || run->sample_only || a->chat || a->prompts || a->sample_every > 0)
-        fatal("--pp %d trains and evaluates; generation (samples, -x 0, --chat, --prompts, --sweep) does not run through a pipeline "
+    if (a->sweep)
+        fatal("--sweep 1 times every (P, D, S) grid itself, the stages included: drop --pp");
+    if (run->sample_only || a->chat || a->prompts || a->sample_every > 0)
+        fatal("--pp %d trains and evaluates; generation (samples, -x 0, --chat, --prompts) does not run through a pipeline "
               "yet: use --pp 1 for it (a checkpoint saved with --pp %d loads at --pp 1)", run->S, run->S);
     if (a->gen_tokens > 0 && g_procs.me == 0)
         printf("tp: --pp %d: no sample at the end (generation does not run through a pipeline yet; -x 0 -y 1 -o DIR --pp 1 "

@@ -251,6 +251,10 @@ static void print_setup(const Run* run) {
         print_grid(run);
     else if (run->device == DEV_CUDA && run->P == 1)
         printf("tp: 1 rank on 1 GPU; %s\n", batch);
+    else if (run->device == DEV_CUDA && run->S > 1)
+        printf("tp: %d pipeline stages x %d TP rank%s = %d ranks on %d GPU%s (TP groups: %s; between stages: host memory); %s\n",
+               run->S, run->P, run->P > 1 ? "s" : "", run->S * run->P, run->ngpu, run->ngpu > 1 ? "s" : "",
+               run->P == 1 ? "none" : run->tp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory", batch);
     else if (run->device == DEV_CUDA)
         printf("tp: %d ranks on %d GPU%s (%s between ranks); %s\n", run->P, run->ngpu, run->ngpu > 1 ? "s" : "",
                run->tp_groups[0].nccl[0] ? "NCCL" : "shared GPU memory", batch);

@@ -474,9 +474,11 @@ static void grid_setup(Run* run) {
     if (a->total_batch) run->accum = (int)std::min(a->total_batch / micro_tokens, 1L << 30);
 }
 
-// the GPU of thread (d, r) of this process: the processes on one machine take consecutive blocks of its GPUs
-static int rank_gpu(const Run* run, int d, int r) {
-    return (g_procs.node_me * run->D * run->P + d * run->P + r) % run->ngpu;
+// the GPU of thread (d, r) (of pipeline stage `stage`) of this process: the processes on one machine take
+// consecutive blocks of its GPUs, and a replica's stages consecutive blocks of P
+static int rank_gpu(const Run* run, int d, int r, int stage = 0) {
+    int ranks = run->D * run->S * run->P;
+    return (g_procs.node_me * ranks + (d * run->S + stage) * run->P + r) % run->ngpu;
 }
 
 // The communicator groups of the grid for run->P ranks x run->D local replicas, and the threads per rank.
@@ -494,16 +496,25 @@ static void ranks_setup(Run* run) {
             // NCCL needs one GPU per rank; more ranks than GPUs share them through the shared-memory backend
             if (run->device != DEV_CUDA || P == 1) continue;
             std::vector<int> gpus(P);
-            for (int r = 0; r < P; r++) gpus[r] = rank_gpu(run, d, r);
+            for (int r = 0; r < P; r++) gpus[r] = rank_gpu(run, d, r, s);
             if (gpus_distinct(gpus.data(), P)) comm_nccl_init_all(&run->tp_groups[d * S + s], gpus.data());
         }
-    // the pipeline of each TP rank of each replica, and with several stages its first and last stage
+    // the pipeline of each TP rank of each replica, and with several stages its first and last stage: on
+    // distinct GPUs NCCL carries their sums (the gradient norm, wte's gradient)
     run->pp_groups = new CommGroup[D * P];
     run->emb_groups = S > 1 ? new CommGroup[D * P] : nullptr;
-    for (int i = 0; i < D * P; i++) {
-        comm_group_init(&run->pp_groups[i], S, timeout);
-        if (run->emb_groups) comm_group_init(&run->emb_groups[i], 2, timeout);
-    }
+    for (int d = 0; d < D; d++)
+        for (int r = 0; r < P; r++) {
+            int i = d * P + r;
+            comm_group_init(&run->pp_groups[i], S, timeout);
+            if (run->emb_groups) comm_group_init(&run->emb_groups[i], 2, timeout);
+            if (run->device != DEV_CUDA || S == 1) continue;
+            std::vector<int> gpus(S);
+            for (int s = 0; s < S; s++) gpus[s] = rank_gpu(run, d, r, s);
+            if (gpus_distinct(gpus.data(), S)) comm_nccl_init_all(&run->pp_groups[i], gpus.data());
+            int ends[2] = {gpus[0], gpus[S - 1]};
+            if (gpus_distinct(ends, 2)) comm_nccl_init_all(&run->emb_groups[i], ends);
+        }
     run->dp_groups = nullptr;
     if (run->Dg > 1) {
         run->dp_groups = new CommGroup[S * P];
@@ -513,7 +524,7 @@ static void ranks_setup(Run* run) {
             comm_group_span(g);
             if (run->device != DEV_CUDA) continue;
             std::vector<int> gpus(run->D);
-            for (int d = 0; d < run->D; d++) gpus[d] = rank_gpu(run, d, r);
+            for (int d = 0; d < run->D; d++) gpus[d] = rank_gpu(run, d, r % P, r / P);  // group r: TP rank r % P of stage r / P
 #ifdef TP_MPI
             if (g->nproc > 1) {  // across processes only NCCL (it checks that the GPUs are distinct)
                 comm_nccl_init_procs(g, gpus.data());

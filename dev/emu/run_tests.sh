@@ -4,8 +4,8 @@
 #   2. the same again with schedule seed 2 and cuBLASLt refusing every algorithm, so the plain-GEMM fallback
 #      of matmul_forward_cuda runs where the first pass used the bias epilogue;
 #   3. tp itself on 2 emulated GPUs: 4 ranks through shared GPU memory with peer access, writing a checkpoint,
-#      then 2 ranks through NCCL resuming from it, then 2 data-parallel replicas over NCCL with ZeRO-1; the
-#      losses against a CPU run of the same steps;
+#      then 2 ranks through NCCL resuming from it, then 2 data-parallel replicas over NCCL with ZeRO-1, then 2
+#      pipeline stages (a stage per GPU; and with TP=2 in each); the losses against a CPU run of the same steps;
 #   4. tp under mpirun -np 2 (tp_emu built with MPI): TP=2 inside each process on NCCL, DP across the two
 #      processes on the emulated NCCL's shared-memory communicators; with -z 1; with --sp 1; the checkpoint of
 #      2 processes resumed by 1 process with --dp 2; the losses against the CPU run; then a process that dies
@@ -73,6 +73,11 @@ check_tp "tp --device cuda --tp 2 (NCCL) resuming the TP=4 checkpoint at step 3"
 # data parallelism: 2 replicas of -b 1, one per emulated GPU, their DP group on NCCL, ZeRO-1; the same global batch as the CPU's -b 2
 timeout 300 env TP_EMU_SEED=5 "$dir/tp_emu" $args -b 1 -x 3 -g 0 --device cuda --tp 1 --dp 2 -z 1 > "$tmp/dp2.txt" 2>&1
 check_tp "tp --device cuda --dp 2 -b 1 -z 1 (a replica per emulated GPU, NCCL between them)" "$tmp/dp2.txt" $? 3 "${cpu3:-nan}"
+# pipeline parallelism: 2 stages of -b 1 micro-batches (-d 64: 2 per step, the CPU's -b 2), a stage per emulated GPU; then with TP=2 in each
+timeout 300 env TP_EMU_SEED=6 "$dir/tp_emu" $args -b 1 -d 64 -x 3 -g 0 --device cuda --tp 1 --pp 2 > "$tmp/pp2.txt" 2>&1
+check_tp "tp --device cuda --pp 2 -b 1 -d 64 (a stage per emulated GPU, 1F1B)" "$tmp/pp2.txt" $? 3 "${cpu3:-nan}"
+timeout 300 env TP_EMU_SEED=7 "$dir/tp_emu" $args -b 1 -d 64 -x 3 -g 0 --device cuda --tp 2 --pp 2 --pp-schedule gpipe > "$tmp/pp2tp2.txt" 2>&1
+check_tp "tp --device cuda --tp 2 --pp 2 -b 1 -d 64 (GPipe; each stage's TP group on NCCL)" "$tmp/pp2tp2.txt" $? 3 "${cpu3:-nan}"
 
 # tp under mpirun: the emulated NCCL across processes (nccl.cpp's shared-memory communicators)
 echo "== emu: tp under mpirun -np 2 on emulated GPUs (DP across the processes on NCCL), against the CPU"
