@@ -70,8 +70,9 @@ static double plan_rest_floats_per_token(const GPTConfig* c) { return 18.0 * c->
 // What one rank holds at P TP ranks x D replicas, in bytes, for e = 4 (fp32, what tp allocates: exactly
 // rank_memory) or e = 2 (bf16 with fp32 masters, a prediction: bf16 parameters and gradients, fp32 master
 // weights and AdamW m and v, split over the replicas with ZeRO-1, bf16 activations).
-static double plan_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused, int e) {
-    RankMemory m = rank_memory(c, P, D, zero, B, T, sp, recompute, fused);
+static double plan_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused, int e,
+                          int S = 1, int stage = 0, int slots = 1) {
+    RankMemory m = rank_memory(c, P, D, zero, B, T, sp, recompute, fused, S, stage, slots);
     if (e == 4) return memory_total(&m);
     double n = m.params / 4, slice = m.moments / 8;  // floats of the shard, and of the replica's slice
     return 2 * n + 2 * n + 4 * slice + 8 * slice + m.acts / 2;
@@ -154,6 +155,51 @@ static PlanStep plan_step(const GPTConfig* c, const PlanShape* sh, int P, int D,
         if (dm[kind] > 0) r.dp_s += k->dp_lat + comm_ring_bytes(kind, dm[kind], D) * sh->e / 4 / k->dp_busbw;
     r.total_s = r.compute_s + r.tp_s + r.dp_s;
     r.k = P > 1 && k->split_s > 0 ? bw_mb / (sh->A * k->split_s * (P - 1)) : 0;
+    return r;
+}
+
+// plan_pp_step: the same step with the layers in S pipeline stages of P ranks each (--pp S; train/pipeline.h).
+//
+// Stage s holds L_s layers, the first the embedding, the last the LM head; its share of a micro-batch's
+// matmul FLOPs is f_s = (L_s (24 C^2 + 4 T C) + [last] 2 C Vp) / (L (24 C^2 + 4 T C) + 2 C Vp), and it does
+// that share of the compute and of the TP collectives of a micro-batch (one1: plan_step's grid without
+// stages, per micro-batch compute / A and tp / A). It also sends the boundary tensor, B T C values (B T C / P
+// with SP), to each neighbour: a latency and e B T C / bw per direction, bw the NVLink bus inside a node or
+// the network when its replica's S P GPUs span nodes (pp_lat, pp_busbw). With c_s its time per micro-batch,
+// both schedules take
+//   pipe = (A - 1) max_s c_s + sum_s c_s
+// (the first micro-batch passes every stage once, the other A - 1 follow at the pace of the slowest; for
+// equal stages (A + S - 1) c, whose (S - 1) / (A + S - 1) is the bubble: exactly what an event simulation
+// of either schedule gives; for uneven stages an upper bound, up to 17% slow when they differ by up to 3x,
+// test_plan_pp); then the update of the largest
+// stage's shard, the tied wte's all-reduce between the first and the last stage (Vp C / P values, once a
+// step), and the DP exchange of a stage's shard, the largest share of one1's.
+static PlanStep plan_pp_step(const GPTConfig* c, const PlanShape* sh, int P, int D, int S, const PlanCosts* k, double pp_lat,
+                             double pp_busbw) {
+    PlanStep one1 = plan_step(c, sh, P, D, k);
+    if (S == 1) return one1;
+    double layer = 24.0 * c->C * c->C + 4.0 * sh->T * c->C, head = 2.0 * c->C * c->Vp, all = c->L * layer + head;
+    double compute_mb = k->slow * (k->split_s + k->rest_s), tp_mb = one1.tp_s / sh->A;
+    double N = (double)sh->B * sh->T / (sp_splits(sh->sp, P, sh->B, sh->T) ? P : 1);
+    double hop = pp_lat + sh->e * N * c->C / pp_busbw;
+    double cmax = 0, csum = 0, fmax = 0;
+    PlanStep r = {};
+    for (int s = 0; s < S; s++) {
+        int l0, nl;
+        pp_stage_layers(c->L, S, s, &l0, &nl);
+        double f = (nl * layer + (s == S - 1 ? head : 0)) / all;
+        double hops = (s > 0) + (s < S - 1);  // its sends: forward to the next stage, backward to the previous
+        double cs = f * (compute_mb + tp_mb) + hops * hop;
+        cmax = std::max(cmax, cs);
+        csum += cs;
+        fmax = std::max(fmax, f);
+        r.compute_s = std::max(r.compute_s, f * compute_mb);
+    }
+    double tied = pp_lat + sh->e * (double)c->Vp / P * c->C / pp_busbw;
+    r.tp_s = fmax * one1.tp_s;  // the slowest stage's, for the share printed
+    r.dp_s = fmax * one1.dp_s;
+    r.total_s = (sh->A - 1) * cmax + csum + k->slow * fmax * k->update_s + tied + r.dp_s;
+    r.k = one1.k;
     return r;
 }
 
@@ -693,6 +739,53 @@ static std::vector<PlanRow> plan_box_rows(const PlanBox* b, const GPTConfig* c, 
     return rows;
 }
 
+// The box's grids with pipeline stages (fp32): every (P, S, D) that uses all its GPUs, P inside a node,
+// S up to the layers; a replica's S P GPUs are consecutive, so its stages cross the network when S P is
+// more than a node's GPUs. With -d's A micro-batches (1F1B: the first stage keeps min(S, A) in flight).
+static void plan_box_pipelines(const PlanBox* b, const GPTConfig* c, const Run* run) {
+    const Args* a = &run->args;
+    PlanShape sh = plan_shape(run, 4);
+    int total = b->gpus * b->nodes;
+    printf("with pipeline stages (fp32, %d micro-batch%s per step: -d; the step (A - 1) max_s c_s + sum_s c_s, see plan_pp_step):\n",
+           sh.A, sh.A > 1 ? "es" : "");
+    printf("%4s %4s %4s %10s %11s %8s %8s %12s %5s %s\n", "P", "S", "D", "ms/step", "tok/s", "bubble", "comm %", "MB per rank", "fits",
+           "stages");
+    double best = 0, best_flat = 0;
+    int bP = 0, bS = 0, bD = 0;
+    for (int P = 1; P <= b->gpus; P++) {
+        if (!tp_valid(c, P)) continue;
+        for (int S = 1; S <= c->L && P * S <= total; S++) {
+            if (total % (P * S) != 0) continue;
+            int D = total / (P * S);
+            bool span = P * S > b->gpus;  // a replica's stages cross nodes
+            PlanCosts k = plan_box_costs(b, c, &sh, P, D);
+            if (S > 1 && !span && b->nodes > 1 && P * S * D > b->gpus) {  // the replicas cross nodes: DP over the network
+                k.dp_lat = b->net_lat_us * 1e-6;
+                k.dp_busbw = b->net_busbw * 1e9;
+            }
+            if (span) {  // the DP group of a stage's rank stays... each replica spans nodes, so its DP peers are a node away too
+                k.dp_lat = b->net_lat_us * 1e-6;
+                k.dp_busbw = b->net_busbw * 1e9;
+            }
+            double lat = (span ? b->net_lat_us : b->lat_us) * 1e-6, bw = (span ? b->net_busbw : b->busbw) * 1e9;
+            PlanStep st = plan_pp_step(c, &sh, P, D, S, &k, lat, bw);
+            double tps = (double)sh.B * sh.T * sh.A * D / st.total_s, mem = 0;
+            for (int s = 0; s < S; s++)
+                mem = std::max(mem, plan_memory(c, P, D, sh.zero, sh.B, sh.T, sh.sp, a->recompute, a->attention != 0, 4, S, s,
+                                                S > 1 ? pp_slots(PP_1F1B, S, s, sh.A) : 1));
+            bool fits = CUDA_CONTEXT_BYTES + ESTIMATE_MARGIN * mem <= b->mem_gb * 1e9;
+            printf("%4d %4d %4d %10.2f %11.0f %7.1f%% %7.1f%% %12.1f %5s %s\n", P, S, D, 1e3 * st.total_s, tps,
+                   S > 1 ? 100 * pp_bubble(S, sh.A) : 0.0, 100 * st.tp_s / st.total_s, mem / 1e6, fits ? "yes" : "no",
+                   S == 1 ? "-" : span ? "across nodes" : "inside a node");
+            if (fits && tps > best) { best = tps; bP = P; bS = S; bD = D; }
+            if (fits && S == 1) best_flat = std::max(best_flat, tps);
+        }
+    }
+    if (best > 0)
+        printf("recommended with stages: --tp %d --pp %d and %d replica%s (%.0f tok/s%s)\n", bP, bS, bD, bD > 1 ? "s" : "", best,
+               bS == 1 ? ": no pipeline beats TP x DP here" : best_flat > 0 ? (", " + std::to_string((int)(100 * (best / best_flat - 1) + 0.5)) + "% over the best grid without stages").c_str() : "");
+}
+
 // --plan NAME / custom: the chosen model on a box, fp32 and bf16; then where each GPT-2 size stops
 // fitting one GPU and which grid is fastest
 static void plan_box(Run* run, const PlanBox* b) {
@@ -719,6 +812,7 @@ static void plan_box(Run* run, const PlanBox* b) {
         for (const PlanRow& r : rows) plan_print_row(&r);
         plan_recommend(rows, "GPU");
     }
+    plan_box_pipelines(b, c, run);
     printf("GPT-2 sizes on %s (batch %d x %d; fp32 | bf16): the fewest TP ranks that fit one replica, and the fastest grid\n", b->name, a->B, a->T);
     for (const char* d : {"d12", "d24", "d36", "d48"}) {
         GPTConfig g;
