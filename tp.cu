@@ -97,7 +97,9 @@ struct StepStats {
     double comm_moved[COMM_KINDS];  // the payload of the rank's TP collectives, by kind (floats)
     double dp_seconds;    // inside the DP group's collectives
     double dp_moved[COMM_KINDS];    // the payload of its DP collectives, by kind
-    double pp_seconds;    // waiting for a neighbouring pipeline stage's activations or gradient (the bubble)
+    double pp_seconds;    // waiting on the other pipeline stages (the bubble): for a neighbour's activations or
+                          // gradient, and in the step's sums over the stages (the norm, the tied wte), where a
+                          // stage that finished its micro-batches first waits for the others
     double pp_sent;       // floats sent to the neighbouring stages
 };
 
@@ -392,7 +394,7 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     m->dloss = 1.0f / (float)((long)a->B * a->T * run->accum * run->Dg);
     gpt_zero_grad(m, rk);
     double loss = 0.0;
-    double pp0 = rk->pp.p2p_seconds, pp_sent0 = rk->pp.p2p_sent;
+    double pp0 = rk->pp.p2p_seconds + rk->pp.seconds + rk->emb.seconds, pp_sent0 = rk->pp.p2p_sent;
     if (rk->S > 1) {
         loss = pp_micro_steps(run, rr);  // the stages' schedule (train/pipeline.h)
     } else {
@@ -407,7 +409,7 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     AdamW opt = {st.lr, a->beta1, a->beta2, 1e-8f, a->wd, a->clip};
     gpt_update(m, rk, &rk->tp, &opt);
     if (rk->S == 1) loss += gpt_read_loss(m, rk);
-    st.pp_seconds = rk->pp.p2p_seconds - pp0;
+    st.pp_seconds = rk->pp.p2p_seconds + rk->pp.seconds + rk->emb.seconds - pp0;
     st.pp_sent = rk->pp.p2p_sent - pp_sent0;
     st.norm = gpt_read_norm(m, rk);
     st.loss = replicas_mean(run, rr, (float)(loss / run->accum), &st.stop, "step loss");

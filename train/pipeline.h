@@ -137,9 +137,10 @@ static void pp_setup(Run* run) {
 // ----------------------------------------------------------------------------
 // the bubble, measured
 
-// After the timed steps (n of them, `seconds` in all on this rank, `wait` of it in comm_recv waiting for
-// a neighbouring stage): each stage's waiting as a fraction of its steps, printed by world rank 0 for
-// replica 0's TP rank 0 of every stage, beside the bubble of the schedule. Every rank calls it.
+// After the timed steps (n of them, `seconds` in all on this rank, `wait` of it waiting on the other stages:
+// in comm_recv for a neighbour, and in the step's sums over the stages, where a stage that ran out of
+// micro-steps waits for the others): each stage's waiting as a fraction of its steps, printed by world rank
+// 0 for replica 0's TP rank 0 of every stage, beside the bubble of the schedule. Every rank calls it.
 static void pp_report(Run* run, RankRun* rr, double wait, double seconds, int n) {
     int W = rr->world.P, S = run->S, P = run->P;
     std::vector<float> all(2L * W);
