@@ -87,6 +87,17 @@ static bool wait_for_text(const std::string& path, const char* text, double seco
     return false;
 }
 
+// Starts `./tp args -o dir` in the background, sends it SIGINT once it has printed step 5, and waits for
+// it. Returns its exit status (-1: it did not exit normally); *started: step 5 came within 60 s.
+static int interrupt_at_step5(const std::string& args, const std::string& dir, bool* started) {
+    pid_t pid = spawn_tp(args + " -o " + dir, dir + ".txt");
+    *started = wait_for_text(dir + ".txt", "step    5/", 60);
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // a text file of n bytes of the corpus's sentences
 static std::string write_text(const std::string& path, size_t n, uint64_t seed) {
     std::string text;

@@ -60,18 +60,13 @@ static void test_dp_cli() {
              "per replica, so not compared), largest printed difference");
     // Ctrl-C stops every replica after the same step, saves, exits 0; the run continues on another grid
     std::string d = tmpdir() + "/dpsig";
-    pid_t pid = spawn_tp("-e L2C64H4 -t 32 -v 0 -g 0 --threads 1 --tp 1 --dp 2 -b 2 -z 1 -x 1000000 -o " + d, d + ".txt");
-    bool started = wait_for_text(d + ".txt", "step    5/", 60);
-    kill(pid, SIGINT);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    bool started;
+    int rc = interrupt_at_step5("-e L2C64H4 -t 32 -v 0 -g 0 --threads 1 --tp 1 --dp 2 -b 2 -z 1 -x 1000000", d, &started);
     std::vector<int> steps = ckpt_steps(d.c_str());
     std::string out4;
     int rc4 = steps.empty() ? -1 : run_cmd("--tp 2 -b 4 -x " + std::to_string(steps[0] + 2) + " -y 1 -o " + d, &out4, nullptr);
-    check(started && WIFEXITED(status) && WEXITSTATUS(status) == 0 && steps.size() == 1 && rc4 == 0 &&
-          out4.find("resuming from") != std::string::npos,
-          "SIGINT to --dp 2 -z 1: exit %d, saved step %d; resumed at --tp 2 -b 4 (exit %d)", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-          steps.empty() ? -1 : steps[0], rc4);
+    check(started && rc == 0 && steps.size() == 1 && rc4 == 0 && out4.find("resuming from") != std::string::npos,
+          "SIGINT to --dp 2 -z 1: exit %d, saved step %d; resumed at --tp 2 -b 4 (exit %d)", rc, steps.empty() ? -1 : steps[0], rc4);
 }
 
 // ----------------------------------------------------------------------------
