@@ -757,6 +757,7 @@ struct GridResult {
     long distinct;                   // distinct checksums of replica 0's TP rank 0 over the steps
     double tp_moved[COMM_KINDS];     // floats world rank 0's TP collectives moved in the last step, by kind
     double dp_moved[COMM_KINDS];     // and its DP collectives
+    double pp_sent;                  // floats world rank 0 (stage 0) sent to the next stage in the last step
     long moments;                    // floats of AdamW's m on world rank 0
     std::vector<int> detected;       // with perturb: what replicas_differ answers on each rank
 };
@@ -809,6 +810,7 @@ static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P
                     out->dp_moved[k] = st.dp_moved[k];
                 }
                 out->moments = rr.m.nslice;
+                out->pp_sent = st.pp_sent;
             }
         }
         if (d == 0) gpt_gather(&rr.m, &rr.rk, rr.m.params_mem, out->params_full.data());

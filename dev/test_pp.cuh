@@ -200,6 +200,8 @@ static void test_pp_grid() {
         check_le(max_abs_diff(res.norms, ref.norms), 1e-5, "%-36s gradient norms against PP 1, largest difference", name);
         check_le(res.mismatches, 0, "%-36s weight checksums differing from replica 0's same stage and rank (%ld compared)", name, res.compared);
         check(res.distinct == steps, "%-36s the weights change at every step (%ld distinct checksums)", name, res.distinct);
+        double N = (double)B * T / (g.sp ? g.P : 1), want = g.accum * N * cfg.C;  // stage 0 sends forward only
+        check(res.pp_sent == want, "%-36s floats stage 0 sent to stage 1 per step: %.0f (m x N x C = %.0f)", name, res.pp_sent, want);
     }
     // the first micro-batch's loss is computed by the same ops in the same order at any S: exact
     GridResult a, b;
@@ -283,7 +285,7 @@ static void test_pp_cli() {
           "the run prints the stage table, the pipeline wait per step and each stage's measured wait");
     std::string out4;
     int rc4 = run_cmd("-e L2C64H4 -t 32 -x 2 -v 0 --threads 1 -b 2 --pp 2", &out4, nullptr);
-    check(rc4 == 0 && out4.find("tp: --pp 2: no sample at the end") != std::string::npos,
+    check(rc4 == 0 && out4.find("no sample at the end: generation does not run through a pipeline") != std::string::npos,
           "with -g at its default a --pp 2 run says that it prints no sample (exit %d)", rc4);
 
     // resume across grids, (D, S, P) = (1, 2, 2) to (2, 1, 1) and back, with the global batch kept

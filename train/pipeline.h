@@ -129,9 +129,6 @@ static void pp_setup(Run* run) {
     if (run->sample_only || a->chat || a->prompts || a->sample_every > 0)
         fatal("--pp %d trains and evaluates; generation (samples, -x 0, --chat, --prompts) does not run through a pipeline "
               "yet: use --pp 1 for it (a checkpoint saved with --pp %d loads at --pp 1)", run->S, run->S);
-    if (a->gen_tokens > 0 && g_procs.me == 0)
-        printf("tp: --pp %d: no sample at the end (generation does not run through a pipeline yet; -x 0 -y 1 -o DIR --pp 1 "
-               "samples from the saved run)\n", run->S);
 }
 
 // ----------------------------------------------------------------------------
@@ -147,8 +144,8 @@ static void pp_report(Run* run, RankRun* rr, double wait, double seconds, int n)
     float mine[2] = {(float)wait, (float)seconds};
     comm_allgather(&rr->world, all.data(), mine, 2, "pipeline waits", -1);
     if (rr->world.rank != 0 || n <= 0) return;
-    printf("pipeline: %d stages, %s, %d micro-batches per step; the bubble (S - 1) / (m + S - 1) = %.1f%%\n", S,
-           pp_schedule_name(run->pp_schedule), run->accum, 100.0 * pp_bubble(S, run->accum));
+    printf("pipeline: %d stages, %s, %d micro-batch%s per step; the bubble (S - 1) / (m + S - 1) = %.1f%%\n", S,
+           pp_schedule_name(run->pp_schedule), run->accum, run->accum > 1 ? "es" : "", 100.0 * pp_bubble(S, run->accum));
     for (int s = 0; s < S; s++) {
         int l0, nl;
         pp_stage_layers(run->cfg.L, S, s, &l0, &nl);

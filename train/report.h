@@ -128,7 +128,8 @@ static void print_communication(const Run* run) {
         snprintf(times, sizeof(times), "A*");
     }
     if (run->P == 1)
-        printf("communication: none%s (one rank)\n", run->Dg > 1 ? " inside a replica" : "");
+        printf("communication: none%s (one rank%s)\n", run->Dg > 1 || run->S > 1 ? " inside a stage" : "",
+               run->S > 1 ? " per stage; between the stages: the pipeline table above" : "");
     else if (!split) {
         printf("communication per step%s: all-reduce of %s%s(4L+2)*B*T*C + 3*B*T%s + 1 = %.0f floats;\n", micro, times, A > 1 ? "(" : "",
                A > 1 ? ")" : "", f[KIND_ALLREDUCE]);
@@ -230,6 +231,13 @@ static void pp_print_stages(const Run* run) {
     }
     printf("  (per rank; activations: the micro-batches a stage keeps in flight x one micro-batch's; the stages send each\n"
            "  other the residual stream of their tokens, point to point; the first and last stage also sum wte's gradient)\n");
+    double N = (double)a->B * a->T / (sp_splits(a->sp, run->P, a->B, a->T) ? run->P : 1);
+    printf("  point to point per step: m x N x C = %d x %.0f x %d floats each way across each boundary (N: a rank's tokens of a\n"
+           "  micro-batch); and once a step wte's all-reduce between the first and last stage, Vp x C / P = %.0f floats\n",
+           m, N, c->C, (double)c->Vp * c->C / run->P);
+    if (a->gen_tokens > 0)
+        printf("  no sample at the end: generation does not run through a pipeline yet (-x 0 -y 1 -o DIR --pp 1 samples from a "
+               "saved run)\n");
 }
 
 // The startup lines (process 0 prints them): the model, the grid and which rank runs where, the shard
