@@ -580,7 +580,7 @@ static void rank_main(Run* run, int d, int r, int stage) {
     int timed = a->max_steps - run->start_step - 1;
     if (lead && timed > 0) print_average_line(run, &total, timed, note);
     if (run->S > 1) pp_report(run, &rr, total.pp_seconds, total.seconds, timed);
-    if (a->gen_tokens > 0 && run->S == 1) print_sample(run, &rr, a->max_steps);  // (pp_setup: none through a pipeline)
+    if (a->gen_tokens > 0) print_sample(run, &rr, a->max_steps);
     rank_run_end(&rr);
 }
 

@@ -283,10 +283,22 @@ static void test_pp_cli() {
     check(out2.find("pipeline: 2 stages x 2 TP ranks, 1F1B") != std::string::npos && out2.find("| pp wait ") != std::string::npos &&
               out2.find("stage 1 (layers 1-1, LM head): waited for its neighbours") != std::string::npos,
           "the run prints the stage table, the pipeline wait per step and each stage's measured wait");
-    std::string out4;
-    int rc4 = run_cmd("-e L2C64H4 -t 32 -x 2 -v 0 --threads 1 -b 2 --pp 2", &out4, nullptr);
-    check(rc4 == 0 && out4.find("no sample at the end: generation does not run through a pipeline") != std::string::npos,
-          "with -g at its default a --pp 2 run says that it prints no sample (exit %d)", rc4);
+    // the sample after a --pp run comes from the gathered weights: the same text as -x 0 on its checkpoint
+    std::string sd = tmpdir() + "/ppsample", out4, out5, out6;
+    int rc4 = run_cmd("-e L2C64H4 -t 32 -x 3 -v 0 --threads 1 -b 2 --tp 2 --pp 2 -s 2 -g 24 -o " + sd, &out4, nullptr);
+    int rc5 = run_cmd("-x 0 -y 1 -o " + sd + " -g 24 --tp 1", &out5, nullptr);
+    int rc6 = run_cmd("-x 0 -y 1 -o " + sd + " -g 24 --pp 2", &out6, nullptr);
+    auto sample_text = [](const std::string& out, const char* head) {
+        size_t at = out.find(head), a = at == std::string::npos ? at : out.find("---\n", at);
+        size_t b = a == std::string::npos ? a : out.find("\n---", a + 4);
+        return b == std::string::npos ? std::string() : out.substr(a + 4, b - a - 4);
+    };
+    std::string s3 = sample_text(out4, "sample after 3 steps"), s0 = sample_text(out5, "sample after 3 steps");
+    check(rc4 == 0 && rc5 == 0 && !s3.empty() && s3 == s0 && !sample_text(out4, "sample after 2 steps").empty(),
+          "--tp 2 --pp 2 -s 2: samples after steps 2 and 3, the last the text that -x 0 at --tp 1 draws from the saved step 3 "
+          "(%zu bytes; exit %d, %d)", s3.size(), rc4, rc5);
+    check(rc6 == 0 && out6.find("sampling runs without pipeline stages") != std::string::npos && sample_text(out6, "sample after 3 steps") == s0,
+          "-x 0 --pp 2 samples as --pp 1, and says so (exit %d)", rc6);
 
     // resume across grids, (D, S, P) = (1, 2, 2) to (2, 1, 1) and back, with the global batch kept
     std::string d = tmpdir() + "/ppresume";
@@ -326,8 +338,7 @@ static void test_pp_cli() {
     struct { std::string args; const char* says; } bad[] = {
         {"-e L2C64H4 --pp 3 -x 2", "a stage needs at least one layer, and the model has 2"},
         {"-e L2C64H4 --pp 2 --pp-schedule zigzag -x 2", "the schedules are 1f1b and gpipe"},
-        {"-e L2C64H4 --pp 2 -x 0", "does not run through a pipeline"},
-        {"-e L2C64H4 --pp 2 -s 5 -x 10", "does not run through a pipeline"},
+        {"-e L2C64H4 --pp 2 --sweep 1", "drop --pp"},
         {"-e L2C64H4 --pp 0 -x 2", "--pp"},
     };
     for (auto& x : bad) {

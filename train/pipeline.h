@@ -120,15 +120,17 @@ static void pp_setup(Run* run) {
     else if (!strcmp(k, "gpipe")) run->pp_schedule = PP_GPIPE;
     else bad_flag("--pp-schedule %s: the schedules are 1f1b and gpipe", k);
     if (run->S == 1) return;
+    if (run->sample_only) {  // -x 0, --chat, a finished run: one replica's ranks sample; stages would only wait on each other
+        if (g_procs.me == 0) printf("tp: --pp %d: sampling runs without pipeline stages (--pp 1)\n", run->S);
+        run->S = 1;
+        return;
+    }
     if (run->S > c->L)
         fatal("--pp %d: a stage needs at least one layer, and the model has %d: use --pp %d or less", run->S, c->L, c->L);
     if (g_procs.n > 1)
         fatal("--pp %d under mpirun: the stages of a replica must share one process so far: run without mpirun, or with --pp 1", run->S);
     if (a->sweep)
         fatal("--sweep 1 times every (P, D, S) grid itself, the stages included: drop --pp");
-    if (run->sample_only || a->chat || a->prompts || a->sample_every > 0)
-        fatal("--pp %d trains and evaluates; generation (samples, -x 0, --chat, --prompts) does not run through a pipeline "
-              "yet: use --pp 1 for it (a checkpoint saved with --pp %d loads at --pp 1)", run->S, run->S);
 }
 
 // ----------------------------------------------------------------------------

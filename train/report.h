@@ -236,8 +236,7 @@ static void pp_print_stages(const Run* run) {
            "  micro-batch); and once a step wte's all-reduce between the first and last stage, Vp x C / P = %.0f floats\n",
            m, N, c->C, (double)c->Vp * c->C / run->P);
     if (a->gen_tokens > 0)
-        printf("  no sample at the end: generation does not run through a pipeline yet (-x 0 -y 1 -o DIR --pp 1 samples from a "
-               "saved run)\n");
+        printf("  samples (-g, -s) come from the stages' weights gathered into one rank on the CPU, not through the pipeline\n");
 }
 
 // The startup lines (process 0 prints them): the model, the grid and which rank runs where, the shard

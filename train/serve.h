@@ -463,10 +463,17 @@ static void decode_sweep(Run* run) {
            2 * c->L + 1);
 }
 
+static void print_sample_gathered(Run* run, RankRun* rr, int step);
+
 // every rank of replica 0 generates (they take part in the all-gathers); world rank 0 prints. From the KV
 // cache (--kv 1), all --prompts at once; or (--kv 0) the whole forward over the last -t tokens per token.
+// With pipeline stages every rank of the run calls it, and the sample comes from the gathered weights.
 static void print_sample(Run* run, RankRun* rr, int step) {
     const Args* a = &run->args;
+    if (rr->rk.S > 1) {
+        print_sample_gathered(run, rr, step);
+        return;
+    }
     if (rr->rk.dp.rank != 0) return;  // the replicas hold the same weights: one generates
     if (rr->rk.rank == 0) g_phase.store(PHASE_SAMPLE);
     bool batch = !run->prompts.empty();
@@ -499,4 +506,30 @@ static void print_sample(Run* run, RankRun* rr, int step) {
         printf("\n---%s\n", cut ? " (interrupted)" : "");
     }
     fflush(stdout);
+}
+
+// A sample from a run with pipeline stages. Generation does not run through the stages (each holds other
+// layers); instead replica 0's ranks gather their shards into the host's full copy of the weights
+// (run->init, which checkpoints gather into as well), and one rank of its own, on the CPU in a thread of
+// its own, generates from them at TP=1 (which draws the tokens any P draws: the sampling test) while the
+// stages wait at a barrier. Every rank of the run calls it.
+static void print_sample_gathered(Run* run, RankRun* rr, int step) {
+    if (rr->rk.dp.rank == 0) gpt_gather(&rr->m, &rr->rk, rr->m.params_mem, run->init.data());
+    comm_barrier(&rr->world, "sample gathered");
+    if (rr->world.rank == 0) {
+        std::thread sampler([run, step]() {
+            CommGroup one;
+            comm_group_init(&one, 1, run->args.timeout);
+            RankRun sr;
+            rank_init(&sr.rk, &one, 0, DEV_CPU, 0, cpu_cores());
+            comm_init(&sr.world, &one, 0);
+            gpt_build(&sr.m, &sr.rk, &run->cfg, run->init.data(), 0);
+            sr.m.fused = run->args.attention != 0;
+            print_sample(run, &sr, step);
+            gpt_free(&sr.m, &sr.rk);
+            rank_free(&sr.rk);
+        });
+        sampler.join();
+    }
+    comm_barrier(&rr->world, "sample printed");
 }
