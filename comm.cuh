@@ -33,6 +33,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <list>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -92,9 +93,31 @@ struct CommMsg {
     int tag;
 };
 
+#ifdef TP_MPI
+// A point-to-point message to a rank in another process (common/comm_mpi.h): its header, which the
+// receiver checks, and the copy of its data, kept until MPI has sent both.
+struct CommWireMsg {
+    int32_t tag;
+    int64_t n;
+    char where[48];
+};
+struct CommMpiSend {
+    int dst;  // the receiving rank of the group
+    CommWireMsg head;
+    std::vector<float> data;
+    MPI_Request req[2];
+};
+#endif
+
+// A part of a full host tensor set (offset and length in floats): what one process's ranks hold when a
+// replica's pipeline stages are spread over processes (comm_procs_collect)
+struct CommSpan {
+    long off, n;
+};
+
 // shared by the P ranks of a group that live in this process
 struct CommGroup {
-    char label[32];   // what the group is, for the messages, e.g. "stage 1" (empty: nothing to add)
+    char label[48];   // what the group is, for the messages, e.g. "stage 1" (empty: nothing to add)
     int P;            // ranks in this process
     int nproc, proc;  // processes the group spans, and this one's index (1 and 0: one process)
     double timeout_s;
@@ -117,7 +140,8 @@ struct CommGroup {
     // in order, in box[i * P + j] (sized on the first send)
     std::vector<std::deque<CommMsg>> box;
 #ifdef TP_MPI
-    MPI_Comm mpi;  // the group's own communicator over the processes (a duplicate of MPI_COMM_WORLD)
+    MPI_Comm mpi;  // the group's own communicator over the processes it spans
+    std::vector<std::list<CommMpiSend>> mpi_sent;  // (P) rank r's sends to other processes still in flight
 #endif
 };
 
@@ -181,10 +205,13 @@ static void comm_barrier(Comm* c, const char* where);
 // Point to point, between two ranks of a group (pipeline parallelism's neighbouring stages): comm_send
 // hands rank dst a copy of buf (n) and returns at once; comm_recv waits for the next message from rank
 // src and copies it into buf (n). Messages between two ranks arrive in the order they were sent, and
-// `where` and tag (the micro-batch) must match on both sides. Inside one process, on every backend: a
-// GPU rank's buffers go through host memory (a copy out of the sender's device, one into the receiver's).
+// `where` and tag (the micro-batch) must match on both sides. On every backend: a GPU rank's buffers go
+// through host memory (a copy out of the sender's device, one into the receiver's); between processes MPI
+// carries the message (common/comm_mpi.h).
 static void comm_send(Comm* c, int dst, const float* buf, long n, const char* where, int tag);
 static void comm_recv(Comm* c, int src, float* buf, long n, const char* where, int tag);
+// (comm_recv's line when the message does not come within the timeout)
+[[noreturn]] static void comm_p2p_timeout(Comm* c, int src, const char* where, int tag);
 // waits until everything queued on the rank's stream, collectives and kernels, is done (nothing on the host)
 static void comm_sync(Comm* c);
 // Setup, in this order: comm_group_init once per group (comm_group_span under mpirun, common/comm_mpi.h),
@@ -788,11 +815,18 @@ static void comm_barrier(Comm* c, const char* where) {
 // receives in which every message is eventually received completes; a schedule cannot deadlock on the
 // order of two neighbours' sends. (A pipeline keeps a few micro-batches' boundary tensors in flight, so
 // the copies are small.) The receiver waits within the timeout, and a message that does not come is
-// reported with the place the receiver waits at: the stage before it stalled, or stopped.
+// reported with the place the receiver waits at: the stage before it stalled, or stopped. A message to a
+// rank of another process keeps the same promises over MPI: the copy waits in the sender's list of sends
+// in flight, not in a box (comm_mpi_send).
 
 static void comm_p2p_check(Comm* c, int peer, const char* what) {
-    if (c->g->nproc > 1) fatal("rank %d: %s across processes: point-to-point messages stay inside one process", c->rank, what);
     if (peer < 0 || peer >= c->P || peer == c->rank) fatal("rank %d: %s with rank %d of a group of %d", c->rank, what, peer, c->P);
+}
+
+// the receiver's line when a message does not come within the timeout
+[[noreturn]] static void comm_p2p_timeout(Comm* c, int src, const char* where, int tag) {
+    fatal("stage %d, TP rank %d: waited %g s for %s of micro-batch %d from stage %d (--timeout): stage %d stalled or stopped",
+          c->rank, c->tp_rank, c->g->timeout_s, where, tag, src, src);
 }
 
 static void comm_send(Comm* c, int dst, const float* buf, long n, const char* where, int tag) {
@@ -808,34 +842,47 @@ static void comm_send(Comm* c, int dst, const float* buf, long n, const char* wh
     }
     msg.where = where;
     msg.tag = tag;
+    c->p2p_sent += n;
+    if (dst / g->P != g->proc) {  // a rank of another process: over MPI (common/comm_mpi.h)
+#ifdef TP_MPI
+        comm_mpi_send(c, dst, &msg);
+#endif
+        return;
+    }
     {
         std::lock_guard<std::mutex> lock(g->mu);
         if (g->box.empty()) g->box.resize((size_t)g->P * g->P);
-        g->box[(size_t)c->local * g->P + dst].push_back(std::move(msg));
+        g->box[(size_t)c->local * g->P + dst % g->P].push_back(std::move(msg));
     }
     g->cv.notify_all();
-    c->p2p_sent += n;
 }
 
 static void comm_recv(Comm* c, int src, float* buf, long n, const char* where, int tag) {
     comm_p2p_check(c, src, "a receive");
     CommGroup* g = c->g;
     double t0 = comm_now();
-    std::unique_lock<std::mutex> lock(g->mu);
-    if (g->box.empty()) g->box.resize((size_t)g->P * g->P);
-    std::deque<CommMsg>* box = &g->box[(size_t)src * g->P + c->local];
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(g->timeout_s);
-    while (box->empty())
-        if (g->cv.wait_until(lock, deadline) == std::cv_status::timeout && box->empty())
-            fatal("stage %d, TP rank %d: waited %g s for %s of micro-batch %d from stage %d (--timeout): stage %d stalled or "
-                  "stopped", c->rank, c->tp_rank, g->timeout_s, where, tag, src, src);
-    CommMsg msg = std::move(box->front());
-    box->pop_front();
-    lock.unlock();
-    if ((long)msg.data.size() != n || strcmp(msg.where, where) != 0 || msg.tag != tag)
+    CommMsg msg;
+    char got_where[48];
+    if (src / g->P != g->proc) {  // from a rank of another process
+#ifdef TP_MPI
+        comm_mpi_recv(c, src, &msg, got_where, sizeof(got_where), where, tag);
+#endif
+    } else {
+        std::unique_lock<std::mutex> lock(g->mu);
+        if (g->box.empty()) g->box.resize((size_t)g->P * g->P);
+        std::deque<CommMsg>* box = &g->box[(size_t)(src % g->P) * g->P + c->local];
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(g->timeout_s);
+        while (box->empty())
+            if (g->cv.wait_until(lock, deadline) == std::cv_status::timeout && box->empty()) comm_p2p_timeout(c, src, where, tag);
+        msg = std::move(box->front());
+        box->pop_front();
+        lock.unlock();
+        snprintf(got_where, sizeof(got_where), "%s", msg.where);
+    }
+    if ((long)msg.data.size() != n || strncmp(got_where, where, sizeof(got_where) - 1) != 0 || msg.tag != tag)
         fatal("stage %d, TP rank %d: expected %s of micro-batch %d (%ld floats) from stage %d and got %s of micro-batch %d (%zu "
               "floats): the stages' schedules disagree; this is a bug in the schedule", c->rank, c->tp_rank, where, tag, n, src,
-              msg.where, msg.tag, msg.data.size());
+              got_where, msg.tag, msg.data.size());
     if (c->backend == COMM_HOST) {
         memcpy(buf, msg.data.data(), n * sizeof(float));
     } else {
@@ -843,6 +890,17 @@ static void comm_recv(Comm* c, int src, float* buf, long n, const char* where, i
         CUDA_CHECK(c->rank, cudaStreamSynchronize(c->stream));  // before msg's memory goes
     }
     c->p2p_seconds += comm_now() - t0;
+}
+
+// Waits until this rank's sends to other processes have left (MPI needs every request completed); the
+// messages of a step are all received within it, so this returns at once in a run that went well. Call it
+// before the rank's handle goes.
+static void comm_p2p_finish(Comm* c) {
+#ifdef TP_MPI
+    if (c->g && c->g->nproc > 1) comm_mpi_sent_finish(c);
+#else
+    (void)c;
+#endif
 }
 
 // ----------------------------------------------------------------------------

@@ -238,12 +238,12 @@ static void rank_join_dp(Rank* rk, CommGroup* dp_group, int local) {
 // with more than one stage, on the first and last stage, of the tied embedding's group (emb: the first
 // stage is its member 0). Call after rank_init, before gpt_build.
 static void rank_join_pp(Rank* rk, CommGroup* pp_group, CommGroup* emb_group, int stage) {
-    comm_init(&rk->pp, pp_group, stage);
+    comm_init(&rk->pp, pp_group, stage % pp_group->P);  // (the group's stages in this process are consecutive)
     rk->pp.tp_rank = rk->rank;
     rk->stage = stage;
-    rk->S = pp_group->P;
+    rk->S = rk->pp.P;
     bool tied = emb_group && (stage == 0 || stage == rk->S - 1);
-    if (tied) comm_init(&rk->emb, emb_group, stage == 0 ? 0 : 1);
+    if (tied) comm_init(&rk->emb, emb_group, stage == 0 ? 0 : emb_group->P - 1);  // one of two, or one per process
     if (rk->device == DEV_CUDA && rk->S > 1) {  // the norm's and wte's sums are in device memory
         comm_bind_cuda(&rk->pp, rk->gpu, rk->cuda.stream);
         if (tied) comm_bind_cuda(&rk->emb, rk->gpu, rk->cuda.stream);
@@ -251,6 +251,7 @@ static void rank_join_pp(Rank* rk, CommGroup* pp_group, CommGroup* emb_group, in
 }
 
 static void rank_free(Rank* rk) {
+    if (rk->pp.g) comm_p2p_finish(&rk->pp);  // its messages to stages in other processes have left
     if (rk->device != DEV_CUDA) return;
     comm_free(&rk->tp);
     if (rk->pp.g) comm_free(&rk->pp);
@@ -598,6 +599,26 @@ static void gpt_gather(GPT* m, Rank* rk, const float* local_mem, float* full) {
         off += shard_full_size(t);
         loff += n;
     }
+}
+
+// The parts of the full tensors (llm.c's layout; AdamW's m and v share it) that stages [s0, s0 + ns) of S
+// hold, as gpt_gather writes them: their layers of every layer tensor, wte and wpe with the first stage,
+// lnf with the last. A process that holds those stages sends them for a checkpoint (comm_procs_collect).
+static std::vector<CommSpan> gpt_stage_spans(const GPTConfig* c, int S, int s0, int ns) {
+    std::vector<CommSpan> spans;
+    ShardPlan first, last;
+    shard_plan_init(&first, c, 1, 0, S, s0);
+    shard_plan_init(&last, c, 1, 0, S, s0 + ns - 1);
+    long off = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const TensorShard* a = &first.t[i];
+        const TensorShard* b = &last.t[i];
+        long layer = a->rows * a->cols;
+        if (i >= 2 && i <= 13) spans.push_back({off + a->l0 * layer, (b->l0 + b->nl - a->l0) * layer});
+        else if ((i < 2 && first.first) || (i >= 14 && last.last)) spans.push_back({off, shard_full_size(a)});
+        off += shard_full_size(a);
+    }
+    return spans;
 }
 
 // The same for AdamW's m or v: with ZeRO-1 every replica holds one slice, so the replicas first all-gather

@@ -1074,6 +1074,7 @@ static const TestGroup g_groups[] = {
     {"dp_resume", test_dp_resume, "resume on the same grid (bit-identical) and at another P, D, -d or -z"},
     {"dp_cli", test_dp_cli, "--dp D -b B against -b D*B from the command line, shuffled"},
     {"mpi", test_mpi, "2 processes under mpirun against 1: losses, replicas, resume, kill, stop, mismatch, bad input"},
+    {"mpi_pp", test_mpi_pp, "pipeline stages in different processes under mpirun against one process, resume both ways, a stopped stage"},
     {"corpus", test_corpus, "the embedded corpus: deterministic, exact entropy"},
     {"sampling", test_sampling, "the same samples at TP = 1, 2, 4"},
     {"serve", test_serve, "the KV cache: logits against the full forward at TP = 1, 2, 4 (SP too), greedy, batches, sliding"},

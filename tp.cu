@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <numeric>
 #include <thread>
 #include "gpt.cu"
 #include "data/grammar.h"
@@ -42,16 +43,21 @@ struct Run {
     int D;                        // data-parallel replicas in this process (--dp)
     int Dg;                       // replicas in all processes: D x processes
     int S = 1;                    // pipeline stages per replica (--pp): S x P ranks make a replica
+    int Sp = 1;                   // processes one replica's stages span (under mpirun: gcd(processes, S))
+    int S0 = 0, Sl = 1;           // this process's stages: Sl consecutive ones from stage S0 (Sl = S / Sp)
+    std::vector<std::vector<CommSpan>> stage_spans;  // Sp > 1: what each process of replica 0's pipeline
+                                                     // holds of the full tensors, for checkpoints and samples
     int pp_schedule = 0;          // PP_1F1B (0) or PP_GPIPE (--pp-schedule)
     int accum;                    // micro-batches per optimizer step (-d)
     int device;                   // DEV_CPU or DEV_CUDA
     int threads;                  // OpenMP threads per rank (CPU)
     int ngpu;                     // CUDA devices visible to this process
     double peak_flops;            // dense TF32 peak of one GPU, for MFU (0: unknown)
-    CommGroup* tp_groups;         // (D S) the tensor-parallel group of stage s of local replica d, [d S + s]: its P ranks
-    CommGroup* dp_groups;         // (S P) the data-parallel group of TP rank r of stage s, [s P + r]: that rank of
+    CommGroup* tp_groups;         // (D Sl) the tensor-parallel group of local stage s of local replica d, [d Sl + s]: its P ranks
+    CommGroup* dp_groups;         // (Sl P) the data-parallel group of TP rank r of local stage s, [s P + r]: that rank of
                                   // every replica, in every process (null with one replica)
-    CommGroup* pp_groups;         // (D P) the pipeline group of TP rank r of local replica d, [d P + r]: its S stages
+    CommGroup* pp_groups;         // (D P) the pipeline group of TP rank r of local replica d, [d P + r]: its S stages,
+                                  // Sl in each of the Sp processes that hold them
     CommGroup* emb_groups;        // (D P) the same replica's and rank's first and last stage (null with one stage)
     CommGroup* world;             // every rank of the run, in every process: the mean loss, the decision to
                                   // stop, weight checksums, barriers
@@ -231,7 +237,7 @@ static void setup_ranks(Run* run) {
     run->P = a->tp;
     if (run->P == 0) {
         run->P = 1;
-        for (int p = 1; p * run->D * run->S <= units; p++)
+        for (int p = 1; p * run->D * run->Sl <= units; p++)
             if (tp_valid(c, p)) run->P = p;
     }
     if (a->attention && c->C / c->NH > ATT_HS_MAX)
@@ -243,9 +249,9 @@ static void setup_ranks(Run* run) {
     if (a->sp && run->P > 1 && ((long)a->B * a->T) % run->P != 0)
         fatal("--sp 1 splits the %ld tokens of a batch (-b %d x -t %d) over the ranks, and %d ranks do not divide them: "
               "choose -b and -t with B*T a multiple of %d, or use --sp 0", (long)a->B * a->T, a->B, a->T, run->P, run->P);
-    if (run->P * run->D * run->S > COMM_MAXP)
-        fatal("--tp %d x --dp %d x --pp %d makes %d ranks in one process, more than the %d it can run: use fewer local replicas "
-              "or stages, and more processes (mpirun) for more", run->P, run->D, run->S, run->P * run->D * run->S, COMM_MAXP);
+    if (run->P * run->D * run->Sl > COMM_MAXP)
+        fatal("--tp %d x --dp %d x %d stages makes %d ranks in one process, more than the %d it can run: use fewer local replicas "
+              "or stages, and more processes (mpirun) for more", run->P, run->D, run->Sl, run->P * run->D * run->Sl, COMM_MAXP);
     std::string why;
     if (!memory_fits(run, run->P, run->D, &why)) fatal("%s", why.c_str());
 }
@@ -284,7 +290,7 @@ static void setup_outputs(Run* run) {
         run->ckpt.dir = a->outdir;
         run->ckpt.keep = a->keep;
         run->ckpt.flags = args_saved(a);
-        if (first) {
+        if (first || g_procs.me < run->Sp) {  // process 0 writes; with stages in other processes they gather too
             run->ckpt.m.resize(run->init.size());
             run->ckpt.v.resize(run->init.size());
         }
@@ -338,12 +344,12 @@ static float lr_at(const Args* a, int step) {
 // replica's sequences). World rank: (d S + stage) P + r.
 static void rank_run_start(RankRun* rr, Run* run, int d, int r, int stage = 0) {
     const Args* a = &run->args;
-    int S = run->S, P = run->P;
-    rank_init(&rr->rk, &run->tp_groups[d * S + stage], r, run->device, run->device == DEV_CUDA ? rank_gpu(run, d, r, stage) : 0,
+    int Sl = run->Sl, sl = stage - run->S0, P = run->P;  // sl: the stage among this process's
+    rank_init(&rr->rk, &run->tp_groups[d * Sl + sl], r, run->device, run->device == DEV_CUDA ? rank_gpu(run, d, r, stage) : 0,
               run->threads);
     rank_join_pp(&rr->rk, &run->pp_groups[d * P + r], run->emb_groups ? &run->emb_groups[d * P + r] : nullptr, stage);
-    if (run->dp_groups) rank_join_dp(&rr->rk, &run->dp_groups[stage * P + r], d);
-    comm_init(&rr->world, run->world, (d * S + stage) * P + r);
+    if (run->dp_groups) rank_join_dp(&rr->rk, &run->dp_groups[sl * P + r], d);
+    comm_init(&rr->world, run->world, (d * Sl + sl) * P + r);
     gpt_build(&rr->m, &rr->rk, &run->cfg, run->init.data(), a->zero);
     rr->m.sp = a->sp;
     rr->m.recompute = a->recompute;
@@ -613,7 +619,7 @@ static int tp_main(int argc, char** argv) {
     if (logs) logger_open(&run->log, run->args.outdir, run->resuming ? run->start_step : -1);
     std::vector<std::thread> threads;
     for (int d = 0; d < run->D; d++)
-        for (int stage = 0; stage < run->S; stage++)
+        for (int stage = run->S0; stage < run->S0 + run->Sl; stage++)
             for (int r = 0; r < run->P; r++) threads.emplace_back(rank_main, run, d, r, stage);
     for (auto& t : threads) t.join();
     logger_close(&run->log);

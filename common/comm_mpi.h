@@ -56,20 +56,25 @@ static std::mutex g_mpi_mu;  // MPI_THREAD_SERIALIZED: one thread of the process
         MPI_CHECK(call);                                \
     } while (0)
 
-// Waits for a non-blocking MPI operation by polling it, so that a process that died or stopped issuing
-// collectives is reported after the timeout instead of hanging every other process with it.
-static void comm_mpi_wait(MPI_Request* req, double timeout_s, const char* what) {
-    double deadline = comm_now() + timeout_s;
+// Polls a non-blocking MPI operation until it completes (true) or the deadline (comm_now's clock) passes
+// (false), yielding, then sleeping, between tests: a waiting thread leaves the cores to the ones with work.
+static bool comm_mpi_poll(MPI_Request* req, double deadline) {
     for (int spins = 0;; spins++) {
         int done = 0;
         MPI_LOCKED(MPI_Test(req, &done, MPI_STATUS_IGNORE));
-        if (done) return;
-        if (comm_now() > deadline)
-            fatal("waited %g s (--timeout) for the other processes in %s: a process died or stopped issuing collectives",
-                  timeout_s, what);
+        if (done) return true;
+        if (comm_now() > deadline) return false;
         if (spins < 100) std::this_thread::yield();
         else std::this_thread::sleep_for(std::chrono::microseconds(spins < 10000 ? 20 : 200));
     }
+}
+
+// Waits for a non-blocking MPI operation by polling it, so that a process that died or stopped issuing
+// collectives is reported after the timeout instead of hanging every other process with it.
+static void comm_mpi_wait(MPI_Request* req, double timeout_s, const char* what) {
+    if (!comm_mpi_poll(req, comm_now() + timeout_s))
+        fatal("waited %g s (--timeout) for the other processes in %s: a process died or stopped issuing collectives",
+              timeout_s, what);
 }
 
 // MPI's counts are ints: one exchange moves at most INT_MAX floats per process
@@ -151,7 +156,38 @@ static void comm_group_span(CommGroup* g) {
     g->nproc = g_procs.n;
     g->proc = g_procs.me;
 #ifdef TP_MPI
-    if (g->nproc > 1) MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g->mpi));
+    if (g->nproc > 1) {
+        MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g->mpi));
+        g->mpi_sent.resize(g->P);
+    }
+#endif
+}
+
+// Makes the group span the processes that call it with the same color, P ranks in each, in the order of
+// their keys (a replica's pipeline over the processes that hold its stages, a stage's data-parallel group
+// over the replicas). Every process calls it for every such group in the same order, as MPI_Comm_split
+// is collective over the job; a process that holds no rank of the group passes color -1.
+static void comm_group_span_some(CommGroup* g, int color, int key) {
+#ifdef TP_MPI
+    if (g_procs.n == 1) return;
+    MPI_Comm part;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, key, &part));
+    if (part == MPI_COMM_NULL) return;
+    int n = 1, me = 0;
+    MPI_CHECK(MPI_Comm_size(part, &n));
+    MPI_CHECK(MPI_Comm_rank(part, &me));
+    if (n == 1) {  // only this process: the group stays inside it
+        MPI_CHECK(MPI_Comm_free(&part));
+        return;
+    }
+    g->nproc = n;
+    g->proc = me;
+    g->mpi = part;
+    g->mpi_sent.resize(g->P);
+#else
+    (void)g;
+    (void)color;
+    (void)key;
 #endif
 }
 
@@ -238,6 +274,8 @@ static void comm_procs_agree(Comm* c, char* what, size_t n) {
     snprintf(mine.where, sizeof(mine.where), "%s", k->where);
     std::vector<CommWire> all(g->nproc);
     comm_describe(k, what, n);
+    size_t len = strlen(what);
+    if (g->label[0] && len < n) snprintf(what + len, n - len, " between %s", g->label);  // e.g. the pipeline's two ends
     MPI_Request req;
     MPI_LOCKED(MPI_Iallgather(&mine, (int)sizeof(mine), MPI_BYTE, all.data(), (int)sizeof(mine), MPI_BYTE, g->mpi, &req));
     comm_mpi_wait(&req, g->timeout_s, what);
@@ -402,3 +440,109 @@ static void comm_procs_collective_barrier(Comm* c, const char* where) {
 }
 #endif
 
+
+#ifdef TP_MPI
+// ----------------------------------------------------------------------------
+// point to point across processes: comm_send and comm_recv between ranks of a group in different
+// processes (neighbouring pipeline stages). The header (what, micro-batch, count) and the data go as two
+// MPI messages on the pair's own tag (sender's rank x group size + receiver's), which MPI delivers in
+// order; the receiver checks the header before it takes the data, as inside a process.
+
+// forgets the sends MPI has finished
+static void comm_mpi_sent_reap(std::list<CommMpiSend>* sent) {
+    for (auto it = sent->begin(); it != sent->end();) {
+        int done = 0;
+        MPI_LOCKED(MPI_Testall(2, it->req, &done, MPI_STATUSES_IGNORE));
+        it = done ? sent->erase(it) : std::next(it);
+    }
+}
+
+// Starts the send of msg (its data moves into the rank's list of sends in flight) to group rank dst of
+// another process, and returns at once.
+static void comm_mpi_send(Comm* c, int dst, CommMsg* msg) {
+    CommGroup* g = c->g;
+    std::list<CommMpiSend>* sent = &g->mpi_sent[c->local];
+    comm_mpi_sent_reap(sent);
+    sent->emplace_back();
+    CommMpiSend* s = &sent->back();
+    s->dst = dst;
+    s->head.tag = msg->tag;
+    s->head.n = (int64_t)msg->data.size();
+    snprintf(s->head.where, sizeof(s->head.where), "%s", msg->where);
+    s->data = std::move(msg->data);
+    int peer = dst / g->P, tag = c->rank * c->P + dst;
+    MPI_LOCKED(MPI_Isend(&s->head, (int)sizeof(s->head), MPI_BYTE, peer, tag, g->mpi, &s->req[0]));
+    MPI_LOCKED(MPI_Isend(s->data.data(), comm_mpi_count((long)s->data.size()), MPI_FLOAT, peer, tag, g->mpi, &s->req[1]));
+}
+
+// Receives the next message from group rank src of another process into msg (its data and tag) and where
+// (its place), within the timeout.
+static void comm_mpi_recv(Comm* c, int src, CommMsg* msg, char* where, size_t nwhere, const char* want, int want_tag) {
+    CommGroup* g = c->g;
+    int peer = src / g->P, tag = src * c->P + c->rank;
+    double deadline = comm_now() + g->timeout_s;
+    CommWireMsg head;
+    MPI_Request req;
+    MPI_LOCKED(MPI_Irecv(&head, (int)sizeof(head), MPI_BYTE, peer, tag, g->mpi, &req));
+    if (!comm_mpi_poll(&req, deadline)) comm_p2p_timeout(c, src, want, want_tag);
+    head.where[sizeof(head.where) - 1] = '\0';
+    snprintf(where, nwhere, "%s", head.where);
+    msg->tag = head.tag;
+    msg->data.resize((size_t)std::max<int64_t>(0, head.n));
+    MPI_LOCKED(MPI_Irecv(msg->data.data(), comm_mpi_count((long)msg->data.size()), MPI_FLOAT, peer, tag, g->mpi, &req));
+    if (!comm_mpi_poll(&req, deadline + g->timeout_s)) comm_p2p_timeout(c, src, want, want_tag);
+}
+
+// waits within the timeout until every send of this rank to another process has left
+static void comm_mpi_sent_finish(Comm* c) {
+    std::list<CommMpiSend>* sent = &c->g->mpi_sent[c->local];
+    double deadline = comm_now() + c->g->timeout_s;
+    for (CommMpiSend& s : *sent)
+        for (int i = 0; i < 2; i++)
+            if (!comm_mpi_poll(&s.req[i], deadline))
+                fatal("stage %d, TP rank %d: %s of micro-batch %d was not received by stage %d within %g s (--timeout)", c->rank,
+                      c->tp_rank, s.head.where, s.head.tag, s.dst, c->g->timeout_s);
+    sent->clear();
+}
+#endif
+
+// Process 0 of group g (a group over every process, e.g. the world) receives from each process q in
+// 1 .. spans.size() - 1 the spans spans[q] of its copy of `full` and writes them into its own; those
+// processes send theirs, the others do nothing. After a gather that filled in each process only what its
+// ranks hold (a replica's pipeline stages spread over processes), process 0 then holds the whole. One
+// thread per process calls it; `what` names the tensors for the messages.
+static void comm_procs_collect(CommGroup* g, float* full, const std::vector<std::vector<CommSpan>>& spans, const char* what) {
+#ifdef TP_MPI
+    int nq = (int)spans.size();
+    if (g->nproc == 1 || g->proc >= nq) return;
+    std::vector<float> packed;
+    for (int q = g->proc == 0 ? 1 : g->proc; q < (g->proc == 0 ? nq : g->proc + 1); q++) {
+        long total = 0;
+        for (const CommSpan& sp : spans[q]) total += sp.n;
+        packed.resize((size_t)std::max(1L, total));
+        MPI_Request req;
+        if (g->proc == 0) {
+            MPI_LOCKED(MPI_Irecv(packed.data(), comm_mpi_count(total), MPI_FLOAT, q, 0, g->mpi, &req));
+            comm_mpi_wait(&req, g->timeout_s, what);
+            long at = 0;
+            for (const CommSpan& sp : spans[q]) {
+                memcpy(full + sp.off, packed.data() + at, sp.n * sizeof(float));
+                at += sp.n;
+            }
+        } else {
+            long at = 0;
+            for (const CommSpan& sp : spans[q]) {
+                memcpy(packed.data() + at, full + sp.off, sp.n * sizeof(float));
+                at += sp.n;
+            }
+            MPI_LOCKED(MPI_Isend(packed.data(), comm_mpi_count(total), MPI_FLOAT, 0, 0, g->mpi, &req));
+            comm_mpi_wait(&req, g->timeout_s, what);
+        }
+    }
+#else
+    (void)g;
+    (void)full;
+    (void)spans;
+    (void)what;
+#endif
+}

@@ -106,16 +106,17 @@ static int grid_pid(const std::string& out, int p) {
 }
 
 // A job of two processes where process 1 is killed (SIGKILL: it died) or stopped (SIGSTOP: it stopped
-// issuing collectives) after a few steps: the job must end non-zero within the timeout, saying so.
-static void expect_job_ends(int sig, std::vector<const char*> expect) {
+// issuing collectives, or sending its stage's messages) after a few steps: the job must end non-zero
+// within the timeout, saying so. `what` says what process 1 holds; `args` are the job's extra flags.
+static void expect_job_ends(int sig, std::vector<const char*> expect, const char* what = "", const std::string& args = "") {
     std::string d = tmpdir() + "/mpikill";
     mkdir(d.c_str(), 0755);
     std::string out = d + (sig == SIGKILL ? "/kill.txt" : "/stop.txt");
     double timeout = 3;
     pid_t job = fork();
     if (job == 0) {
-        std::string cmd = "exec " + mpirun(2) + " " + tp_bin() + " -e L2C64H4 -b 2 -t 32 -x 1000000 -v 0 -g 0 --threads 1 --timeout 3 >" +
-                          out + " 2>" + out + ".err </dev/null";
+        std::string cmd = "exec " + mpirun(2) + " " + tp_bin() + " -e L2C64H4 -b 2 -t 32 -x 1000000 -v 0 -g 0 --threads 1 --timeout 3 " +
+                          args + " >" + out + " 2>" + out + ".err </dev/null";
         execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
         _exit(127);
     }
@@ -138,9 +139,9 @@ static void expect_job_ends(int sig, std::vector<const char*> expect) {
     std::string line = at == std::string::npos ? err.substr(0, err.find('\n')) : err.substr(err.rfind('\n', at) + 1);
     line = line.substr(0, line.find('\n'));
     bool ok = started && victim > 0 && status != -1 && WIFEXITED(status) && WEXITSTATUS(status) != 0 && at != std::string::npos;
-    check(ok && took <= timeout + 10, "process 1 %s after 5 steps: the job ends with exit status %d after %.1f s (--timeout %g): %s",
-          sig == SIGKILL ? "killed (SIGKILL)" : "stopped (SIGSTOP)", status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1, took,
-          timeout, line.c_str());
+    check(ok && took <= timeout + 10, "process 1%s %s after 5 steps: the job ends with exit status %d after %.1f s (--timeout %g): %s",
+          what, sig == SIGKILL ? "killed (SIGKILL)" : "stopped (SIGSTOP)", status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+          took, timeout, line.c_str());
 }
 #endif
 
@@ -345,5 +346,102 @@ static void test_mpi() {
               "%-38s exit %d, %d error line: %s", b.what, rc, count_lines_with(err, "error: "),
               at == std::string::npos ? "" : err.substr(at, err.find('\n', at) - at).c_str());
     }
+#endif
+}
+
+// Pipeline stages in different processes: under mpirun a replica's stages spread over gcd(processes, S)
+// processes, and the activations and their gradients cross between them over MPI. Against the same run
+// in one process: the same losses, the same saved weights and AdamW state, the same sample; resume from
+// one to the other both ways; a stage's process that stops is named; the refusals.
+static void test_mpi_pp() {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_btl", "self,vader", 1);
+#ifndef TP_MPI
+    printf("mpi_pp: skipped, this build has no MPI (make MPI=0, or no mpicxx)\n");
+    g_skipped++;
+#else
+    if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+        printf("mpi_pp: skipped, tp has MPI but no mpirun is on the PATH (apt-get install openmpi-bin)\n");
+        g_skipped++;
+        return;
+    }
+    printf("mpi_pp: pipeline stages in different processes (MPI between them) against one process\n");
+    std::string d = tmpdir() + "/mpipp";
+    mkdir(d.c_str(), 0755);
+    std::string base = "-e L4C64H4 -t 32 -x 10 -v 1 -m 1 -g 16 --threads 1 -c 0.1 --shuffle 0 -d 256 -n 5 ";
+    std::string ref_out, err;
+    int rc = run_cmd(base + "-b 2 --tp 2 --pp 2 -o " + d + "/ref", &ref_out, &err);
+    std::vector<float> ref = grep_floats(ref_out, "| loss ");
+    std::string ref_dir = d + "/ref";
+    std::vector<float> ref_w = model_params(ckpt_path(ref_dir.c_str(), "model", 10));
+    std::vector<char> ref_state = slurp_bytes(ckpt_path(ref_dir.c_str(), "state", 10));
+    auto sample_of = [](const std::string& o) {
+        size_t a = o.find("\n---\n");
+        size_t b = a == std::string::npos ? a : o.find("\n---", a + 5);
+        return b == std::string::npos ? std::string() : o.substr(a, b - a);
+    };
+    check(rc == 0 && ref.size() == 10 && !ref_w.empty() && !sample_of(ref_out).empty(),
+          "one process, --tp 2 --pp 2 -b 2 -d 256 (4 micro-batches): exit %d, %zu step losses, a sample", rc, ref.size());
+    // the state files differ in the process count they record, and in nothing else
+    auto state_body = [](std::vector<char> b) {
+        if (b.size() > sizeof(StateHeader)) memset(b.data(), 0, sizeof(StateHeader));
+        return b;
+    };
+    struct { const char* what; int np; std::string args; bool exact; const char* layout; } jobs[] = {
+        {"2 processes x 1 stage x --tp 2", 2, "-b 2 --tp 2 --pp 2", true, "stage 1 of replica 0"},
+        {"2 processes x 1 stage, gpipe", 2, "-b 2 --tp 2 --pp 2 --pp-schedule gpipe", true, "stage 1 of replica 0"},
+        {"2 processes x 2 stages (--pp 4), --tp 1", 2, "-b 2 --tp 1 --pp 4", false, "stages 2-3 of replica 0"},
+        {"4 processes: 2 replicas x 2 stages, -z 1", 4, "-b 1 --tp 2 --pp 2 -z 1", false, "stage 1 of replica 1"},
+        {"3 processes, --pp 2: 3 replicas of 2 stages", 3, "-b 2 --tp 1 --pp 2 -d 384", false, "replica 2, all 2 stages"},
+    };
+    for (auto& j : jobs) {
+        std::string out, dir = d + "/j" + std::to_string(&j - jobs);
+        rc = run_in(mpirun(j.np), base + j.args + " -o " + dir, &out, &err);
+        std::vector<float> got = grep_floats(out, "| loss ");
+        std::vector<float> w = model_params(ckpt_path(dir.c_str(), "model", 10));
+        std::string first_err = err.substr(0, err.find('\n'));
+        bool laid_out = out.find(j.layout) != std::string::npos;
+        if (j.np == 3) {  // another global batch: only that it trains and lays out as said
+            check(rc == 0 && got.size() == 10 && laid_out && w.size() == ref_w.size(), "%-46s exit %d, %zu steps, \"%s\" in the grid%s%s",
+                  j.what, rc, got.size(), j.layout, err.empty() ? "" : ": ", first_err.c_str());
+            continue;
+        }
+        if (j.exact) {
+            check(rc == 0 && laid_out && got == ref && w == ref_w && state_body(slurp_bytes(ckpt_path(dir.c_str(), "state", 10))) ==
+                  state_body(ref_state) && sample_of(out) == sample_of(ref_out),
+                  "%-46s against one process: losses, saved weights, AdamW state and sample bit-identical%s%s", j.what,
+                  err.empty() ? "" : ": ", first_err.c_str());
+        } else {
+            double e = rc == 0 && w.size() == ref_w.size() ? rel_err(w.data(), ref_w.data(), (long)w.size()) : INFINITY;
+            check_le(rc == 0 && laid_out ? std::max(max_abs_diff(got, ref), e) : INFINITY, 1e-5,
+                     "%-46s against one process --tp 2 --pp 2: losses and step-10 weights (rel err %.1e)%s%s", j.what, e,
+                     err.empty() ? "" : ": ", first_err.c_str());
+        }
+        if (&j == jobs)
+            check(out.find("the stages span 2 processes") != std::string::npos && count_lines_with(out, "waited for its neighbours") == 2,
+                  "%-46s the grid says where the stages run, and each stage's wait is printed", j.what);
+    }
+    // resume across process counts, both ways: saved at step 5 in one layout, steps 6-10 in the other
+    struct { const char* what; std::string from, launcher; } resumes[] = {
+        {"saved by 2 processes, resumed in 1", d + "/j0", ""},
+        {"saved by 1 process, resumed by 2", d + "/ref", mpirun(2)},
+    };
+    for (auto& r : resumes) {
+        std::string dir = d + "/r" + std::to_string(&r - resumes);
+        copy_step(r.from, dir, 5);
+        rc = run_in(r.launcher, base + "-b 2 --tp 2 --pp 2 -g 0 -v 0 -y 1 -o " + dir, nullptr, &err);
+        std::vector<float> w = model_params(ckpt_path(dir.c_str(), "model", 10));
+        check(rc == 0 && w == ref_w, "%-46s: step-10 weights bit-identical to the run in one process%s%s", r.what,
+              err.empty() ? "" : ": ", err.substr(0, err.find('\n')).c_str());
+    }
+    // a stage's process that stops: the other stage waits for its messages, then says which stage it waited for
+    expect_job_ends(SIGSTOP, {"from stage 1", "between stages 0 and 1, TP rank 0"}, " (stage 1 of --pp 2)", "--pp 2 -d 256 --tp 1");
+    // refused: local replicas when the stages span processes
+    rc = run_in(mpirun(2), base + "-b 2 --tp 1 --pp 2 --dp 2 -d 512", nullptr, &err);
+    size_t at = err.find("error: ");
+    check(rc != 0 && count_lines_with(err, "error: ") == 1 && err.find("each process holds one replica's stages") != std::string::npos,
+          "--dp 2 with the stages in 2 processes: exit %d, %d error line: %s", rc, count_lines_with(err, "error: "),
+          at == std::string::npos ? "" : err.substr(at, err.find('\n', at) - at).c_str());
 #endif
 }

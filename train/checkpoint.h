@@ -405,6 +405,8 @@ struct Checkpoints {
     std::string flags;        // the run's flags, saved in every state file
     std::vector<float> m, v;  // full tensors, sized before the rank threads start (the parameters gather
                               // into a buffer the caller gives)
+    const std::vector<std::vector<CommSpan>>* spans = nullptr;  // a replica's stages in several processes:
+                                                                // what each of replica 0's holds (process 0 collects)
 };
 
 // Every rank of the run (world: all replicas, all processes) saves step `step` together: the ranks of
@@ -417,6 +419,11 @@ static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* r
     gpt_gather_moments(m, rk, m->m_mem, ck->m.data());
     gpt_gather_moments(m, rk, m->v_mem, ck->v.data());
     comm_barrier(world, "checkpoint gathered");
+    if (ck->spans && world->local == 0) {  // the stages of other processes send process 0 their layers
+        comm_procs_collect(world->g, full_params, *ck->spans, "the checkpoint's weights from the stages");
+        comm_procs_collect(world->g, ck->m.data(), *ck->spans, "the checkpoint's AdamW m from the stages");
+        comm_procs_collect(world->g, ck->v.data(), *ck->spans, "the checkpoint's AdamW v from the stages");
+    }
     if (world->rank == 0) {
         std::string model = ckpt_path(ck->dir, "model", step), state = ckpt_path(ck->dir, "state", step);
         const GPTConfig* c = &m->cfg;

@@ -119,18 +119,28 @@ static void pp_setup(Run* run) {
     if (!strcmp(k, "1f1b")) run->pp_schedule = PP_1F1B;
     else if (!strcmp(k, "gpipe")) run->pp_schedule = PP_GPIPE;
     else bad_flag("--pp-schedule %s: the schedules are 1f1b and gpipe", k);
+    run->Sl = run->S;
+    run->S0 = 0;
     if (run->S == 1) return;
     if (run->sample_only) {  // -x 0, --chat, a finished run: one replica's ranks sample; stages would only wait on each other
         if (g_procs.me == 0) printf("tp: --pp %d: sampling runs without pipeline stages (--pp 1)\n", run->S);
-        run->S = 1;
+        run->S = run->Sl = 1;
         return;
     }
     if (run->S > c->L)
         fatal("--pp %d: a stage needs at least one layer, and the model has %d: use --pp %d or less", run->S, c->L, c->L);
-    if (g_procs.n > 1)
-        fatal("--pp %d under mpirun: the stages of a replica must share one process so far: run without mpirun, or with --pp 1", run->S);
     if (a->sweep)
         fatal("--sweep 1 times every (P, D, S) grid itself, the stages included: drop --pp");
+    // under mpirun (grid_setup): each of a replica's Sp processes holds Sl consecutive stages
+    run->Sl = run->S / run->Sp;
+    run->S0 = g_procs.me % run->Sp * run->Sl;
+    if (run->Sp > 1 && run->D > 1)
+        fatal("--dp %d with the stages of a replica in %d processes: each process holds one replica's stages; start more "
+              "processes for more replicas (mpirun -np %d makes %d replicas of --pp %d), or use --dp 1", run->D, run->Sp,
+              2 * run->Sp, 2, run->S);
+    for (int q = 0; run->Sp > 1 && q < run->Sp; q++)  // what each process of replica 0 sends process 0 to save
+        run->stage_spans.push_back(gpt_stage_spans(c, run->S, q * run->Sl, run->Sl));
+    run->ckpt.spans = run->Sp > 1 ? &run->stage_spans : nullptr;
 }
 
 // ----------------------------------------------------------------------------

@@ -181,6 +181,23 @@ static std::string span_text(const char* what, int lo, int hi) {
     return b;
 }
 
+// Each process of the job: its machine, what it holds (replicas, or a replica's stages when they are spread
+// over processes) and its world ranks
+static void print_procs(const Run* run) {
+    int W = run->D * run->Sl * run->P;  // ranks per process
+    for (int p = 0; p < g_procs.n; p++) {
+        std::string what = span_text("replica", p * run->D, p * run->D + run->D - 1);
+        if (run->Sp > 1) {
+            int s0 = p % run->Sp * run->Sl;
+            what = span_text("stage", s0, s0 + run->Sl - 1) + " of replica " + std::to_string(p / run->Sp);
+        } else if (run->S > 1) {
+            what += ", all " + std::to_string(run->S) + " stages";
+        }
+        printf("tp:   process %d (%s, pid %d): %s, world ranks %d-%d\n", p, g_procs.hosts[p].c_str(), g_procs.pids[p],
+               what.c_str(), p * W, (p + 1) * W - 1);
+    }
+}
+
 // The grid, when there are several replicas: processes x local replicas x TP ranks, where each process
 // runs, which device each rank of a process uses, how the groups talk, the batch of a step.
 static void print_grid(const Run* run) {
@@ -193,9 +210,7 @@ static void print_grid(const Run* run) {
     printf("tp: grid of %d process%s x %d replica%s x %d TP rank%s: %d data-parallel replicas of the model, each split over "
            "%d tensor-parallel rank%s; TP groups: %s, DP groups: %s\n", N, N > 1 ? "es" : "", D, D > 1 ? "s" : "", P,
            P > 1 ? "s" : "", run->Dg, P, P > 1 ? "s" : "", tp_link, dp_link);
-    for (int p = 0; p < N; p++)
-        printf("tp:   process %d (%s, pid %d): %s, world ranks %d-%d\n", p, g_procs.hosts[p].c_str(), g_procs.pids[p],
-               span_text("replica", p * D, p * D + D - 1).c_str(), p * D * P, (p + 1) * D * P - 1);
+    print_procs(run);
     for (int d = 0; d < D; d++) {
         std::string where = run->device == DEV_CUDA ? "GPUs" : "the CPU";
         for (int r = 0; r < P && run->device == DEV_CUDA; r++) where += (r ? ", " : " ") + std::to_string(rank_gpu(run, d, r));
@@ -268,6 +283,10 @@ static void print_setup(const Run* run) {
     else if (run->S > 1)
         printf("tp: %d pipeline stages x %d TP rank%s = %d ranks on the CPU, %d thread%s each; %s\n", run->S, run->P,
                run->P > 1 ? "s" : "", run->S * run->P, run->threads, run->threads > 1 ? "s" : "", batch);
+    if (run->Dg == 1 && run->Sp > 1) {
+        printf("tp: the stages span %d processes, %d stage%s in each (MPI between them):\n", run->Sp, run->Sl, run->Sl > 1 ? "s" : "");
+        print_procs(run);
+    }
     else if (run->P == 1)
         printf("tp: 1 rank on the CPU with %d thread%s; %s\n", run->threads, run->threads > 1 ? "s" : "", batch);
     else

@@ -512,10 +512,13 @@ static void print_sample(Run* run, RankRun* rr, int step) {
 // layers); instead replica 0's ranks gather their shards into the host's full copy of the weights
 // (run->init, which checkpoints gather into as well), and one rank of its own, on the CPU in a thread of
 // its own, generates from them at TP=1 (which draws the tokens any P draws: the sampling test) while the
-// stages wait at a barrier. Every rank of the run calls it.
+// stages wait at a barrier; with the stages in several processes, process 0 collects theirs first. Every
+// rank of the run calls it.
 static void print_sample_gathered(Run* run, RankRun* rr, int step) {
     if (rr->rk.dp.rank == 0) gpt_gather(&rr->m, &rr->rk, rr->m.params_mem, run->init.data());
     comm_barrier(&rr->world, "sample gathered");
+    if (run->Sp > 1 && rr->world.local == 0)  // the stages of other processes send process 0 their layers
+        comm_procs_collect(run->world, run->init.data(), run->stage_spans, "the sample's weights from the stages");
     if (rr->world.rank == 0) {
         std::thread sampler([run, step]() {
             CommGroup one;

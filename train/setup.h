@@ -135,7 +135,7 @@ static MemoryEstimate memory_estimate(const Run* run, int P, int D) {
     // the largest rank, and all of a replica's (with pipeline stages: each stage's rank with its activations in flight)
     RankMemory rm = {};
     double replica = 0;
-    for (int s = 0; s < run->S; s++) {
+    for (int s = run->S0; s < run->S0 + run->Sl; s++) {  // this process's stages
         int slots = run->S > 1 ? pp_slots(run->pp_schedule, run->S, s, run->accum) : 1;
         RankMemory m = rank_memory(c, P, run->Dg / run->D * D, a->zero, B, a->T, a->sp, a->recompute, a->attention != 0, run->S, s, slots);
         replica += P * memory_total(&m);
@@ -162,7 +162,7 @@ static bool memory_fits(const Run* run, int P, int D, std::string* why) {
     const Args* a = &run->args;
     int B = run->sample_only ? 1 : a->B;
     MemoryEstimate e = memory_estimate(run, P, D);
-    P *= D * run->S;  // the ranks of this process
+    P *= D * run->Sl;  // the ranks of this process
     double rank = e.rank, ma = e.acts, host = e.host;
     const char* lower = "lower -b or -t (the activations grow with B x T)";
     char line[1024];
@@ -464,7 +464,11 @@ static int device_setup(Run* run) {
 static void grid_setup(Run* run) {
     const Args* a = &run->args;
     run->D = a->dp;
-    run->Dg = a->dp * g_procs.n;
+    // Under mpirun the processes take a replica's pipeline stages first (PP between servers): a replica
+    // spans gcd(processes, S) of them, and the processes beyond make more replicas (DP between replicas).
+    int S = run->sample_only ? 1 : std::max(1, a->pp);
+    run->Sp = std::gcd(g_procs.n, S);
+    run->Dg = a->dp * g_procs.n / run->Sp;
     long micro_tokens = (long)a->B * a->T * run->Dg;  // one micro-batch of every replica
     run->accum = 1;
     if (a->total_batch && a->total_batch % micro_tokens != 0)
@@ -477,54 +481,75 @@ static void grid_setup(Run* run) {
 // the GPU of thread (d, r) (of pipeline stage `stage`) of this process: the processes on one machine take
 // consecutive blocks of its GPUs, and a replica's stages consecutive blocks of P
 static int rank_gpu(const Run* run, int d, int r, int stage = 0) {
-    int ranks = run->D * run->S * run->P;
-    return (g_procs.node_me * ranks + (d * run->S + stage) * run->P + r) % run->ngpu;
+    int ranks = run->D * run->Sl * run->P;
+    return (g_procs.node_me * ranks + (d * run->Sl + stage - run->S0) * run->P + r) % run->ngpu;
 }
 
 // The communicator groups of the grid for run->P ranks x run->D local replicas, and the threads per rank.
 // Every process creates its groups in the same order (the spanning ones make MPI communicators).
 static void ranks_setup(Run* run) {
-    int S = run->S, P = run->P, D = run->D;
-    int ranks = P * D * S;
+    int S = run->S, Sl = run->Sl, S0 = run->S0, Sp = run->Sp, P = run->P, D = run->D;
+    int ranks = P * D * Sl;  // in this process
     run->threads = run->args.threads ? run->args.threads : std::max(1, cpu_cores() / (ranks * g_procs.node_n));
     double timeout = run->args.timeout;
-    run->tp_groups = new CommGroup[D * S];
+    run->tp_groups = new CommGroup[D * Sl];
     for (int d = 0; d < D; d++)
-        for (int s = 0; s < S; s++) {
-            comm_group_init(&run->tp_groups[d * S + s], P, timeout);
-            if (S > 1) snprintf(run->tp_groups[d * S + s].label, sizeof(run->tp_groups[0].label), "stage %d", s);
+        for (int sl = 0; sl < Sl; sl++) {
+            comm_group_init(&run->tp_groups[d * Sl + sl], P, timeout);
+            if (S > 1) snprintf(run->tp_groups[d * Sl + sl].label, sizeof(run->tp_groups[0].label), "stage %d", S0 + sl);
             // NCCL needs one GPU per rank; more ranks than GPUs share them through the shared-memory backend
             if (run->device != DEV_CUDA || P == 1) continue;
             std::vector<int> gpus(P);
-            for (int r = 0; r < P; r++) gpus[r] = rank_gpu(run, d, r, s);
-            if (gpus_distinct(gpus.data(), P)) comm_nccl_init_all(&run->tp_groups[d * S + s], gpus.data());
+            for (int r = 0; r < P; r++) gpus[r] = rank_gpu(run, d, r, S0 + sl);
+            if (gpus_distinct(gpus.data(), P)) comm_nccl_init_all(&run->tp_groups[d * Sl + sl], gpus.data());
         }
-    // the pipeline of each TP rank of each replica, and with several stages its first and last stage: on
-    // distinct GPUs NCCL carries their sums (the gradient norm, wte's gradient)
+    // The pipeline of each TP rank of each replica, and with several stages its first and last stage; on
+    // distinct GPUs NCCL carries their sums (the gradient norm, wte's gradient). When the stages are spread
+    // over processes (Sp > 1), process p holds stages (p % Sp) Sl .. + Sl - 1 of replica p / Sp: the
+    // pipeline spans the Sp processes of its replica, and the first and last stage's group the two ends.
     run->pp_groups = new CommGroup[D * P];
     run->emb_groups = S > 1 ? new CommGroup[D * P] : nullptr;
+    int sp = g_procs.me % Sp, replica = g_procs.me / Sp;
+    bool ends = sp == 0 || sp == Sp - 1;
     for (int d = 0; d < D; d++)
         for (int r = 0; r < P; r++) {
             int i = d * P + r;
-            comm_group_init(&run->pp_groups[i], S, timeout);
-            if (run->emb_groups) comm_group_init(&run->emb_groups[i], 2, timeout);
+            CommGroup *pp = &run->pp_groups[i], *emb = run->emb_groups ? &run->emb_groups[i] : nullptr;
+            comm_group_init(pp, Sl, timeout);
+            snprintf(pp->label, sizeof(pp->label), "the stages' TP rank %d", r);
+            if (emb) {
+                comm_group_init(emb, Sp > 1 ? 1 : 2, timeout);
+                snprintf(emb->label, sizeof(emb->label), "stages 0 and %d, TP rank %d", S - 1, r);
+            }
+            if (Sp > 1) {
+                comm_group_span_some(pp, replica, sp);
+                comm_group_span_some(emb, ends ? replica : -1, sp);
+            }
             if (run->device != DEV_CUDA || S == 1) continue;
-            std::vector<int> gpus(S);
-            for (int s = 0; s < S; s++) gpus[s] = rank_gpu(run, d, r, s);
-            if (gpus_distinct(gpus.data(), S)) comm_nccl_init_all(&run->pp_groups[i], gpus.data());
-            int ends[2] = {gpus[0], gpus[S - 1]};
-            if (gpus_distinct(ends, 2)) comm_nccl_init_all(&run->emb_groups[i], ends);
+            std::vector<int> gpus(Sl);
+            for (int sl = 0; sl < Sl; sl++) gpus[sl] = rank_gpu(run, d, r, S0 + sl);
+            int tied[2] = {gpus[0], gpus[Sl - 1]};  // the first and the last stage's GPUs, or this end's
+#ifdef TP_MPI
+            if (Sp > 1) {  // across processes only NCCL (it checks that the GPUs are distinct)
+                comm_nccl_init_procs(pp, gpus.data());
+                if (ends) comm_nccl_init_procs(emb, sp == 0 ? &tied[0] : &tied[1]);
+                continue;
+            }
+#endif
+            if (gpus_distinct(gpus.data(), S)) comm_nccl_init_all(pp, gpus.data());
+            if (gpus_distinct(tied, 2)) comm_nccl_init_all(emb, tied);
         }
     run->dp_groups = nullptr;
     if (run->Dg > 1) {
-        run->dp_groups = new CommGroup[S * P];
-        for (int r = 0; r < S * P; r++) {
-            CommGroup* g = &run->dp_groups[r];
+        run->dp_groups = new CommGroup[Sl * P];
+        for (int i = 0; i < Sl * P; i++) {
+            CommGroup* g = &run->dp_groups[i];
             comm_group_init(g, run->D, timeout);
-            comm_group_span(g);
+            if (Sp > 1) comm_group_span_some(g, sp, replica);  // the processes that hold the same stages
+            else comm_group_span(g);
             if (run->device != DEV_CUDA) continue;
             std::vector<int> gpus(run->D);
-            for (int d = 0; d < run->D; d++) gpus[d] = rank_gpu(run, d, r % P, r / P);  // group r: TP rank r % P of stage r / P
+            for (int d = 0; d < run->D; d++) gpus[d] = rank_gpu(run, d, i % P, S0 + i / P);  // TP rank i % P of local stage i / P
 #ifdef TP_MPI
             if (g->nproc > 1) {  // across processes only NCCL (it checks that the GPUs are distinct)
                 comm_nccl_init_procs(g, gpus.data());
@@ -541,7 +566,11 @@ static void ranks_setup(Run* run) {
 
 // releases what ranks_setup made, in the same order on every process
 static void ranks_teardown(Run* run) {
-    for (int r = 0; run->dp_groups && r < run->S * run->P; r++) comm_group_free(&run->dp_groups[r]);
+    for (int i = 0; run->Sp > 1 && i < run->D * run->P; i++) {
+        comm_group_free(&run->pp_groups[i]);
+        if (run->emb_groups) comm_group_free(&run->emb_groups[i]);
+    }
+    for (int i = 0; run->dp_groups && i < run->Sl * run->P; i++) comm_group_free(&run->dp_groups[i]);
     comm_group_free(run->world);
     delete[] run->tp_groups;
     delete[] run->dp_groups;
