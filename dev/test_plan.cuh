@@ -224,17 +224,19 @@ static double plan_sweep_set(int set, int sweeps, int* runs, size_t* grids, std:
         int rc = run_cmd("-e L2C64H4 -b 4 -t 64 --sweep 1 --sweep-steps " + std::string(sweeps > 1 ? "40" : "8") + " -o " + dir, &out, nullptr);
         auto rows = read_csv(dir + "/sweep.csv");
         if (rc != 0 || rows.size() < 2) continue;
-        int ip = -1, ims = -1, ipred = -1;
+        int ip = -1, ims = -1, ipred = -1, is = -1;
         for (size_t j = 0; j < rows[0].size(); j++) {
             if (rows[0][j] == "P") ip = (int)j;
+            if (rows[0][j] == "S") is = (int)j;
             if (rows[0][j] == "ms_per_step") ims = (int)j;
             if (rows[0][j] == "predicted_ms_per_step") ipred = (int)j;
         }
         if (ip < 0 || ims < 0 || ipred < 0) continue;
         (*runs)++;
         for (size_t r = 1; r < rows.size(); r++) {
-            if (rows[r].size() <= (size_t)ipred) continue;
+            if (rows[r].size() <= (size_t)std::max(ipred, is)) continue;
             std::string grid = "P=" + rows[r][ip] + " D=" + rows[r][ip + 1];
+            if (is >= 0 && rows[r][is] != "1") grid += " S=" + rows[r][is];  // pipeline stages
             ratio[grid].push_back(atof(rows[r][ipred].c_str()) / atof(rows[r][ims].c_str()));
         }
     }

@@ -619,6 +619,22 @@ static double plan_predict_ms(const Run* run, const PlanMeasured* pm, int P, int
     return 1e3 * plan_step(&run->cfg, &sh, P, D, &k).total_s;
 }
 
+// The same for grid (P, D, S), pipeline stages in one process (plan_pp_step). Its P D S ranks share the
+// cores as P D S ranks of replicas do, so a stage's compute is what the grid (P, D S) measured; the DP
+// group is D ranks, and a boundary hop costs what a collective of two ranks costs here (one copy out of
+// the sender's memory, one into the receiver's).
+static double plan_predict_pp_ms(const Run* run, const PlanMeasured* pm, int P, int D, int S) {
+    if (S == 1) return plan_predict_ms(run, pm, P, D);
+    PlanShape sh = plan_shape(run, 4);
+    PlanCosts k = plan_costs_here(run, pm, P, D * S);
+    k.update_s *= run->args.zero ? S : 1;  // (plan_costs_here divided the update over D S replicas)
+    const PlanComm* dp = plan_comm_of(pm, D);
+    k.dp_lat = dp ? dp->lat_step : 0;
+    k.dp_busbw = dp ? dp->busbw : 1e30;
+    const PlanComm* hop = plan_comm_of(pm, 2);
+    return 1e3 * plan_pp_step(&run->cfg, &sh, P, D, S, &k, hop ? hop->lat_step : 0, hop ? hop->busbw : 1e30).total_s;
+}
+
 // ----------------------------------------------------------------------------
 // printing
 

@@ -73,14 +73,14 @@ static void sweep(Run* run) {
                 continue;
             }
             std::string why;
-            run->S = S;  // (memory_fits counts the stages' ranks)
+            run->S = run->Sl = S;  // (memory_fits counts the stages' ranks; the sweep runs in one process)
+            run->S0 = 0;
             if (!memory_fits(run, P, D, &why)) {
                 printf("%4d %4d %4d  skipped: %s\n", P, D, S, why.c_str());
                 continue;
             }
             run->P = P;
             run->D = run->Dg = D;
-            run->S = S;
             ranks_setup(run);
             SweepTime time = {};
             std::vector<std::thread> threads;
@@ -104,13 +104,10 @@ static void sweep(Run* run) {
             }
             double comm_mb = time.sent / time.steps / 1e6, dp_mb = time.dp_sent / time.steps / 1e6, pp_mb = time.pp_sent / time.steps / 1e6;
             double pp_share = time.pp_seconds / time.seconds;
-            // the cost model (train/plan.h) has no pipeline: the stages' rows have no prediction
-            double pred = S == 1 ? plan_predict_ms(run, &pm, P, D) : NAN;
-            char pred_text[16] = "-", pred_csv[16] = "";
-            if (S == 1) {
-                snprintf(pred_text, sizeof(pred_text), "%.1f", pred);
-                snprintf(pred_csv, sizeof(pred_csv), "%.3f", pred);
-            }
+            double pred = plan_predict_pp_ms(run, &pm, P, D, S);  // the cost model (train/plan.h)
+            char pred_text[16], pred_csv[16];
+            snprintf(pred_text, sizeof(pred_text), "%.1f", pred);
+            snprintf(pred_csv, sizeof(pred_csv), "%.3f", pred);
             printf("%4d %4d %4d %8d %10.1f %10.0f %8.2f %10.2f %8.1f %8.1f %8.1f %9.2f %9.2f %9.2f %12.1f %10s\n", P, D, S, run->threads, ms,
                    tps, speedup, eff, 100 * share, 100 * dp_share, 100 * pp_share, comm_mb, dp_mb, pp_mb, mb, pred_text);
             fflush(stdout);
@@ -120,7 +117,7 @@ static void sweep(Run* run) {
                         tps, speedup, eff, share, dp_share, comm_mb, dp_mb, mb, time.sent_kind[KIND_ALLREDUCE] / per_step,
                         time.sent_kind[KIND_REDUCESCATTER] / per_step, time.sent_kind[KIND_ALLGATHER] / per_step, pred_csv, S, pp_share, pp_mb);
         }
-    run->S = 1;
+    run->S = run->Sl = 1;
     if (csv) fclose(csv);
 }
 
