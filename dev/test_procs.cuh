@@ -112,6 +112,8 @@ static void expect_job_ends(int sig, std::vector<const char*> expect, const char
     std::string d = tmpdir() + "/mpikill";
     mkdir(d.c_str(), 0755);
     std::string out = d + (sig == SIGKILL ? "/kill.txt" : "/stop.txt");
+    unlink(out.c_str());  // (an earlier job's output would name its process 1)
+    unlink((out + ".err").c_str());
     double timeout = 3;
     pid_t job = fork();
     if (job == 0) {
@@ -436,7 +438,8 @@ static void test_mpi_pp() {
               err.empty() ? "" : ": ", err.substr(0, err.find('\n')).c_str());
     }
     // a stage's process that stops: the other stage waits for its messages, then says which stage it waited for
-    expect_job_ends(SIGSTOP, {"from stage 1", "between stages 0 and 1, TP rank 0"}, " (stage 1 of --pp 2)", "--pp 2 -d 256 --tp 1");
+    expect_job_ends(SIGSTOP, {"from stage 1", "between stages 0 and 1, TP rank 0", "at step loss"}, " (stage 1 of --pp 2)",
+                    "--pp 2 -d 256 --tp 1");
     // refused: local replicas when the stages span processes
     rc = run_in(mpirun(2), base + "-b 2 --tp 1 --pp 2 --dp 2 -d 512", nullptr, &err);
     size_t at = err.find("error: ");

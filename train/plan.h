@@ -775,11 +775,10 @@ static void plan_box_pipelines(const PlanBox* b, const GPTConfig* c, const Run* 
             int D = total / (P * S);
             bool span = P * S > b->gpus;  // a replica's stages cross nodes
             PlanCosts k = plan_box_costs(b, c, &sh, P, D);
-            if (S > 1 && !span && b->nodes > 1 && P * S * D > b->gpus) {  // the replicas cross nodes: DP over the network
-                k.dp_lat = b->net_lat_us * 1e-6;
-                k.dp_busbw = b->net_busbw * 1e9;
-            }
-            if (span) {  // the DP group of a stage's rank stays... each replica spans nodes, so its DP peers are a node away too
+            // plan_box_costs places the P x D ranks of a grid without stages; with stages a stage's DP group
+            // crosses nodes when the replicas fill more than a node, or when each replica spans the nodes
+            // (its DP peers are then a node away too): DP over the network
+            if (S > 1 && b->nodes > 1 && (span || P * S * D > b->gpus)) {
                 k.dp_lat = b->net_lat_us * 1e-6;
                 k.dp_busbw = b->net_busbw * 1e9;
             }

@@ -488,6 +488,10 @@ static int rank_gpu(const Run* run, int d, int r, int stage = 0) {
 // The communicator groups of the grid for run->P ranks x run->D local replicas, and the threads per rank.
 // Every process creates its groups in the same order (the spanning ones make MPI communicators).
 static void ranks_setup(Run* run) {
+    if (run->Sp == 1) {  // one process holds every stage (the sweep and the tests set run->S alone)
+        run->Sl = run->S;
+        run->S0 = 0;
+    }
     int S = run->S, Sl = run->Sl, S0 = run->S0, Sp = run->Sp, P = run->P, D = run->D;
     int ranks = P * D * Sl;  // in this process
     run->threads = run->args.threads ? run->args.threads : std::max(1, cpu_cores() / (ranks * g_procs.node_n));
