@@ -49,6 +49,7 @@ static inline void hash_block(Hasher* h, const unsigned char* p) {
 }
 
 static void hash_update(Hasher* h, const void* data, size_t n) {
+    if (n == 0) return;  // (an empty part may have no memory at all: memcpy from null is undefined even for 0 bytes)
     const unsigned char* p = (const unsigned char*)data;
     h->bytes += n;
     if (h->ntail) {
@@ -125,6 +126,7 @@ static bool atomic_open(AtomicFile* a, const char* path) {
 }
 
 static void atomic_write(AtomicFile* a, const void* p, size_t bytes) {
+    if (bytes == 0) return;
     if (a->hash) hash_update(a->hash, p, bytes);
     if (a->err == 0 && fwrite(p, 1, bytes, a->f) != bytes) a->err = errno ? errno : EIO;
 }
