@@ -516,20 +516,13 @@ static void comm_procs_collect(CommGroup* g, float* full, const std::vector<std:
     int nq = (int)spans.size();
     if (g->nproc == 1 || g->proc >= nq) return;
     std::vector<float> packed;
-    for (int q = g->proc == 0 ? 1 : g->proc; q < (g->proc == 0 ? nq : g->proc + 1); q++) {
+    MPI_Request req;
+    for (int q = 1; q < nq; q++) {  // process q's spans, packed one after another
+        if (g->proc != 0 && g->proc != q) continue;
         long total = 0;
         for (const CommSpan& sp : spans[q]) total += sp.n;
         packed.resize((size_t)std::max(1L, total));
-        MPI_Request req;
-        if (g->proc == 0) {
-            MPI_LOCKED(MPI_Irecv(packed.data(), comm_mpi_count(total), MPI_FLOAT, q, 0, g->mpi, &req));
-            comm_mpi_wait(&req, g->timeout_s, what);
-            long at = 0;
-            for (const CommSpan& sp : spans[q]) {
-                memcpy(full + sp.off, packed.data() + at, sp.n * sizeof(float));
-                at += sp.n;
-            }
-        } else {
+        if (g->proc == q) {  // this process: send its spans to process 0
             long at = 0;
             for (const CommSpan& sp : spans[q]) {
                 memcpy(packed.data() + at, full + sp.off, sp.n * sizeof(float));
@@ -537,6 +530,14 @@ static void comm_procs_collect(CommGroup* g, float* full, const std::vector<std:
             }
             MPI_LOCKED(MPI_Isend(packed.data(), comm_mpi_count(total), MPI_FLOAT, 0, 0, g->mpi, &req));
             comm_mpi_wait(&req, g->timeout_s, what);
+            continue;
+        }
+        MPI_LOCKED(MPI_Irecv(packed.data(), comm_mpi_count(total), MPI_FLOAT, q, 0, g->mpi, &req));  // process 0
+        comm_mpi_wait(&req, g->timeout_s, what);
+        long at = 0;
+        for (const CommSpan& sp : spans[q]) {
+            memcpy(full + sp.off, packed.data() + at, sp.n * sizeof(float));
+            at += sp.n;
         }
     }
 #else

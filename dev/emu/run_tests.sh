@@ -8,7 +8,8 @@
 #      pipeline stages (a stage per GPU; and with TP=2 in each); the losses against a CPU run of the same steps;
 #   4. tp under mpirun -np 2 (tp_emu built with MPI): TP=2 inside each process on NCCL, DP across the two
 #      processes on the emulated NCCL's shared-memory communicators; with -z 1; with --sp 1; the checkpoint of
-#      2 processes resumed by 1 process with --dp 2; the losses against the CPU run; then a process that dies
+#      2 processes resumed by 1 process with --dp 2; 2 pipeline stages in the two processes (TP=2 on NCCL in
+#      each, the boundary over MPI, the stages' sums on NCCL across them); the losses against the CPU run; then a process that dies
 #      mid-step (SIGKILL) and the other reporting it through NCCL's error path within --timeout; and no
 #      shared-memory segment left behind. Without mpirun, or with a tp_emu built without MPI, these report
 #      themselves skipped;
@@ -82,7 +83,7 @@ check_tp "tp --device cuda --tp 2 --pp 2 -b 1 -d 64 (GPipe; each stage's TP grou
 # tp under mpirun: the emulated NCCL across processes (nccl.cpp's shared-memory communicators)
 echo "== emu: tp under mpirun -np 2 on emulated GPUs (DP across the processes on NCCL), against the CPU"
 mpi_start=$(date +%s)
-mpi_cases=7
+mpi_cases=8
 if ! command -v mpirun >/dev/null 2>&1; then
     echo "  skip the $mpi_cases mpirun cases: no mpirun on the PATH (apt-get install openmpi-bin libopenmpi-dev)"
     skipped=$((skipped + mpi_cases))
@@ -106,6 +107,10 @@ else
     # the checkpoint of the 2 processes, resumed by 1 process holding both replicas (the same global batch)
     timeout 300 env TP_EMU_SEED=9 "$dir/tp_emu" $args -b 1 -x 5 -g 0 --device cuda --tp 2 --dp 2 -o "$tmp/mpi" -y 1 > "$tmp/mpi_resume.txt" 2>&1
     check_tp "1 process tp --device cuda --tp 2 --dp 2 -b 1 resuming the checkpoint of mpirun -np 2 at step 3" "$tmp/mpi_resume.txt" $? 5 "${cpu5:-nan}"
+    # pipeline stages in different processes: stage 0 (TP=2) in process 0, stage 1 in process 1; -d 64 makes
+    # 2 micro-batches of -b 1, the CPU's -b 2; a checkpoint, which process 0 writes with process 1's layers
+    $mpirun env TP_EMU_SEED=11 "$dir/tp_emu" $args -b 1 -d 64 -x 3 -g 0 --device cuda --tp 2 --pp 2 -o "$tmp/mpipp" > "$tmp/mpi_pp.txt" 2>&1
+    check_tp "mpirun -np 2 tp --device cuda --tp 2 --pp 2 -b 1 -d 64 (a stage per process: MPI between them, NCCL across them for the sums)" "$tmp/mpi_pp.txt" $? 3 "${cpu3:-nan}"
     # A process that dies mid-step: the emulated NCCL kills process 1 (SIGKILL) as its collective #2 of the
     # data-parallel communicator starts (one all-reduce of the gradients per step: step 3's). Process 0 must
     # see it through ncclCommGetAsyncError, say so as on a GPU, and exit non-zero within --timeout. Each
