@@ -861,8 +861,8 @@ static void comm_recv(Comm* c, int src, float* buf, long n, const char* where, i
     comm_p2p_check(c, src, "a receive");
     CommGroup* g = c->g;
     double t0 = comm_now();
-    CommMsg msg;
-    char got_where[48];
+    CommMsg msg = {{}, "", -1};
+    char got_where[48] = "";
     if (src / g->P != g->proc) {  // from a rank of another process
 #ifdef TP_MPI
         comm_mpi_recv(c, src, &msg, got_where, sizeof(got_where), where, tag);
