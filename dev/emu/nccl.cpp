@@ -35,6 +35,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <tuple>
 #include <unistd.h>
 
 using namespace emu;
@@ -72,6 +73,16 @@ struct Coll {  // one collective, as the ranks arrive at it
     std::vector<char> has;
     std::vector<char> tmp;  // the result
     bool ready;
+};
+
+struct P2p {  // one point-to-point message (ncclSend, ncclRecv), as its two sides arrive
+    const void* send;
+    void* recv;
+    size_t count[2];  // the sender's and the receiver's
+    int type[2];
+    bool has[2];      // the sender's side has arrived, the receiver's
+    bool done;
+    int left;         // sides still to see it done
 };
 
 // The shared-memory segment of a communicator made by ncclCommInitRank. Zero bytes are its initial state
@@ -114,6 +125,7 @@ struct Clique {  // the communicators created together (for a shared-memory one:
     int joined;
     bool aborted;
     std::map<uint64_t, Coll*> colls;
+    std::map<std::tuple<int, int, uint64_t>, P2p*> p2ps;  // (sender, receiver, k): their k-th message
     Shm* shm;  // ncclCommInitRank: the segment, else nullptr
 };
 
@@ -132,6 +144,7 @@ struct ncclComm {
     bool destroyed;
     std::atomic<int> async;  // ncclResult_t; set by another thread's ncclCommAbort, or a peer's failure
     Stream* stream;          // of its latest collective: peers waiting on this rank may run it
+    std::vector<uint64_t> sent_to, recv_from;  // point to point: messages enqueued to / from each peer
     // shared-memory communicators
     std::atomic<uint64_t> steps;  // steps of the collectives enqueued so far (steps are numbered from 1)
     std::atomic<double> checked_s;  // when the peers' liveness was last checked
@@ -158,6 +171,8 @@ static ncclComm* new_comm(Clique* cl, int rank, int n, int dev) {
     c->destroyed = false;
     c->async = ncclSuccess;
     c->stream = nullptr;
+    c->sent_to.assign(n, 0);
+    c->recv_from.assign(n, 0);
     c->steps = 0;
     c->checked_s = 0;
     c->why[0] = 0;
@@ -802,6 +817,99 @@ static ncclResult_t coll(int kind, const void* send, void* recv, size_t count, n
         enqueue(s, what, [comm, seq, a](bool block) { return run_coll(comm, seq, a, block); });
     }
     return ncclSuccess;
+}
+
+// ----------------------------------------------------------------------------
+// point to point (communicators of one process): ncclSend and ncclRecv
+//
+// As in NCCL, the k-th send from rank a to rank b meets the k-th receive of b from a, whatever else either
+// does in between; each is an operation on its stream that completes once the data is in the receiver's
+// buffer (NCCL's send may finish earlier for small messages, but nothing may count on that). Whichever of
+// the two runs second copies the data; the first waits for it (a query returns cudaErrorNotReady meanwhile).
+// A count or type that differs between the two is reported. A waiting side runs the peer's stream when it
+// can, as the collectives do: streams are lazy, and a sender's stream may have no thread that waits for it.
+
+static bool run_p2p(ncclComm* comm, int side, int peer, uint64_t k, const void* send, void* recv, size_t count, int type, bool block) {
+    const char* name = side == 0 ? "ncclSend" : "ncclRecv";
+    if (comm->destroyed && !comm->cl->aborted)
+        fail("collective after ncclCommDestroy", "%s to/from rank %d of rank %d ran after its communicator was destroyed", name, peer, comm->rank);
+    Clique* cl = comm->cl;
+    int src = side == 0 ? comm->rank : peer, dst = side == 0 ? peer : comm->rank;
+    std::unique_lock<std::mutex> lock(cl->mu);
+    P2p*& p = cl->p2ps[std::make_tuple(src, dst, k)];
+    if (!p) p = new P2p{nullptr, nullptr, {0, 0}, {0, 0}, {false, false}, false, 2};
+    P2p* m = p;
+    if (!m->has[side]) {
+        m->has[side] = true;
+        m->count[side] = count, m->type[side] = type;
+        if (side == 0) m->send = send;
+        else m->recv = recv;
+        if (m->has[0] && m->has[1]) {
+            if (m->count[0] != m->count[1] || m->type[0] != m->type[1])
+                fail("NCCL send and receive disagree", "message #%llu from rank %d to rank %d: the send has %zu of %s, the receive %zu of %s; on a GPU "
+                     "this hangs or delivers garbage", (unsigned long long)k, src, dst, m->count[0], type_name(m->type[0]), m->count[1],
+                     type_name(m->type[1]));
+            size_t bytes = count * type_size(type);
+            check_range(m->send, bytes, false, true, PEER_COPY, "sendbuff of ncclSend");
+            check_range(m->recv, bytes, true, false, PEER_COPY, "recvbuff of ncclRecv");
+            dcopy(m->recv, m->send, bytes);
+            m->done = true;
+            cl->cv.notify_all();
+        }
+    }
+    double t0 = now_s();
+    while (!m->done && !cl->aborted) {
+        Stream* other = cl->comms[peer] ? cl->comms[peer]->stream : nullptr;
+        lock.unlock();
+        if (other) run_stream(other, last_seq(other), false);
+        lock.lock();
+        if (m->done || cl->aborted) break;
+        if (!block) return false;
+        cl->cv.wait_for(lock, std::chrono::milliseconds(2));
+        if (now_s() - t0 > g_cfg.hang_s)
+            fail("hang", "rank %d has waited %.0f s in %s #%llu %s rank %d, which never reached it (TP_EMU_HANG_S)", comm->rank, g_cfg.hang_s, name,
+                 (unsigned long long)k, side == 0 ? "to" : "from", peer);
+    }
+    if (--m->left == 0) {
+        cl->p2ps.erase(std::make_tuple(src, dst, k));
+        delete m;
+    }
+    return true;
+}
+
+static ncclResult_t p2p(int side, const void* send, void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t ch, cudaStream_t sh) {
+    init();
+    const char* name = side == 0 ? "ncclSend" : "ncclRecv";
+    ncclComm* comm = comm_of(ch);
+    if (!comm) return err(ncclInvalidArgument, "%s: invalid communicator", name);
+    if (type_size(type) == 0) return err(ncclInvalidArgument, "%s: invalid data type %d", name, (int)type);
+    if (peer < 0 || peer >= comm->n || peer == comm->rank)
+        return err(ncclInvalidArgument, "%s: peer %d is not another rank of this communicator of %d", name, peer, comm->n);
+    if (comm->cl->shm) return err(ncclInvalidUsage, "%s: point to point across processes is not emulated", name);
+    cudaError_t ce = cudaSuccess;
+    Stream* s = get_stream(sh, &ce);
+    if (!s) return err(ncclUnhandledCudaError, "%s: invalid stream", name);
+    if (s->device != comm->device)
+        return err(ncclUnhandledCudaError, "%s: the stream is on device %d, the communicator on device %d", name, s->device, comm->device);
+    uintptr_t buf = (uintptr_t)(side == 0 ? send : recv);
+    if (count > 0 && (!is_device_addr(buf) || dev_of(buf) != comm->device))
+        return err(ncclInvalidArgument, "%s: %s %p is not device memory of the communicator's device %d", name, side == 0 ? "sendbuff" : "recvbuff",
+                   (void*)buf, comm->device);
+    uint64_t k = side == 0 ? comm->sent_to[peer]++ : comm->recv_from[peer]++;
+    comm->stream = s;
+    char what[96];
+    snprintf(what, sizeof(what), "%s #%llu of rank %d %s rank %d", name, (unsigned long long)k, comm->rank, side == 0 ? "to" : "from", peer);
+    enqueue(s, what, [comm, side, peer, k, send, recv, count, type](bool block) {
+        return run_p2p(comm, side, peer, k, send, recv, count, (int)type, block);
+    });
+    return ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t s) {
+    return p2p(0, send, nullptr, count, type, peer, comm, s);
+}
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t s) {
+    return p2p(1, nullptr, recv, count, type, peer, comm, s);
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {

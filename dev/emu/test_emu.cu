@@ -303,6 +303,24 @@ static void plant_nccl_mismatch() {
     for (auto& t : th) t.join();
 }
 
+static void plant_p2p_mismatch() {
+    ncclComm_t comms[2];
+    int devs[2] = {0, 1};
+    ncclCommInitAll(comms, 2, devs);
+    std::vector<std::thread> th;
+    for (int r = 0; r < 2; r++)
+        th.emplace_back([&, r] {
+            CK(cudaSetDevice(r));
+            float* d = plant_buf(16);
+            cudaStream_t s;
+            CK(cudaStreamCreate(&s));
+            if (r == 0) ncclSend(d, 16, ncclFloat, 1, comms[r], s);
+            else ncclRecv(d, 12, ncclFloat, 0, comms[r], s);  // BUG: the receiver expects another count
+            CK(cudaStreamSynchronize(s));
+        });
+    for (auto& t : th) t.join();
+}
+
 static void plant_spin() {
     int* flag = nullptr;
     CK(cudaMalloc(&flag, sizeof(int)));
@@ -340,6 +358,7 @@ static const std::vector<Plant> g_plants = {
     {"GEMM leading dimension past the end", plant_gemm_ld, {"out-of-bounds access", "cublasGemmEx", "operand A"}},
     {"cuBLASLt operand less aligned than promised", plant_lt_misaligned, {"misaligned address", "cublasLtMatmul", "operand A aligned to 256 bytes"}},
     {"NCCL ranks disagree", plant_nccl_mismatch, {"NCCL collectives disagree", "count 15", "count 16"}},
+    {"NCCL send and receive disagree", plant_p2p_mismatch, {"NCCL send and receive disagree", "16 of ncclFloat32", "12 of ncclFloat32"}},
     {"a kernel that never ends (2 s watchdog)", plant_spin, {"hang", "spin_kernel", "has run for more than 2 s"}, "TP_EMU_HANG_S=2 "},
 };
 
@@ -925,6 +944,50 @@ static void test_nccl() {
           "all-reduce sum (in place)/max/avg, all-gather, broadcast (root 1), reduce-scatter: %d/%d/%d/%d/%d/%d wrong; async error %s",
           bad[0], bad[1], bad[2], bad[3], bad[4], bad[5], ncclGetErrorString((ncclResult_t)res[7][0]));
     for (int q = 0; q < P; q++) ncclCommDestroy(comms[q]);
+    // point to point, one thread driving both ranks: the k-th send from rank 0 to rank 1 meets the k-th
+    // receive of rank 1 from rank 0, with a send the other way between them; a query before the peer has
+    // arrived is "not ready", and a blocking wait runs the peer's stream
+    {
+        ncclComm_t pc[2];
+        ncclResult_t pr = ncclCommInitAll(pc, 2, devs);
+        cudaStream_t ps[2];
+        CK(cudaSetDevice(0));  // rank 0: two messages to rank 1, and a buffer for rank 1's message
+        CK(cudaStreamCreateWithFlags(&ps[0], cudaStreamNonBlocking));
+        float *m0 = dev_floats(std::vector<float>(n, 1.5f)), *m1 = dev_floats(std::vector<float>(n, 2.5f));
+        float* got0 = dev_floats(std::vector<float>(n, 0.0f));
+        CK(cudaSetDevice(1));  // rank 1: buffers for the two, and its message to rank 0
+        CK(cudaStreamCreateWithFlags(&ps[1], cudaStreamNonBlocking));
+        float *got1a = dev_floats(std::vector<float>(n, 0.0f)), *got1b = dev_floats(std::vector<float>(n, 0.0f));
+        float* m2 = dev_floats(std::vector<float>(n, -7.25f));
+        CK(cudaSetDevice(0));
+        ncclSend(m0, n, ncclFloat, 1, pc[0], ps[0]);
+        ncclRecv(got0, n, ncclFloat, 1, pc[0], ps[0]);
+        ncclSend(m1, n, ncclFloat, 1, pc[0], ps[0]);
+        cudaError_t pq = cudaStreamQuery(ps[0]);  // rank 1 has queued nothing: not ready
+        cudaGetLastError();
+        CK(cudaSetDevice(1));
+        ncclRecv(got1a, n, ncclFloat, 0, pc[1], ps[1]);
+        ncclSend(m2, n, ncclFloat, 0, pc[1], ps[1]);
+        ncclRecv(got1b, n, ncclFloat, 0, pc[1], ps[1]);
+        CK(cudaStreamSynchronize(ps[1]));  // runs rank 0's stream itself
+        std::vector<float> a1 = host_floats(got1a, n), b1 = host_floats(got1b, n);
+        CK(cudaSetDevice(0));
+        CK(cudaStreamSynchronize(ps[0]));
+        std::vector<float> a0 = host_floats(got0, n);
+        int wrong = 0;
+        for (int i = 0; i < n; i++) wrong += (a1[i] != 1.5f) + (b1[i] != 2.5f) + (a0[i] != -7.25f);
+        check(pr == ncclSuccess && pq == cudaErrorNotReady && wrong == 0,
+              "ncclSend/ncclRecv, one thread, two ranks, messages both ways: a query before the peer arrives is %s; %d of %d floats wrong",
+              cudaGetErrorName(pq), wrong, 3 * n);
+        for (float* p : {m0, m1, got0}) CK(cudaFree(p));
+        CK(cudaSetDevice(1));
+        for (float* p : {got1a, got1b, m2}) CK(cudaFree(p));
+        for (int q = 0; q < 2; q++) {
+            CK(cudaStreamDestroy(ps[q]));
+            ncclCommDestroy(pc[q]);
+        }
+        CK(cudaSetDevice(0));
+    }
     // one thread driving two communicators made by ncclCommInitRank inside a group
     ncclUniqueId id;
     ncclGetUniqueId(&id);
