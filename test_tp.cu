@@ -779,7 +779,7 @@ static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P
     run->cfg = *cfg;
     run->P = P;
     run->D = run->Dg = D;
-    run->S = S;
+    run_set_stages(run, S);
     run->pp_schedule = sched;
     run->accum = accum;
     run->device = g_device;
@@ -985,6 +985,19 @@ static void test_gpu() {
     serve_gpu_tests(g_ndev);
 }
 
+// point to point on the GPU alone, on up to 4 GPUs (a rank with a neighbour on each side sends both ways
+// at once); make emu runs it on 4 emulated GPUs, where the gpu group has 2
+static void test_gpu_p2p() {
+    if (g_ndev < 2) {
+        printf("GPU point to point: skipped, %d CUDA GPU visible (it needs 2)\n", g_ndev);
+        g_skipped++;
+        return;
+    }
+    std::vector<int> gpus;
+    for (int i = 0; i < std::min(g_ndev, 4); i++) gpus.push_back(i);
+    test_p2p_gpu(gpus, true);
+}
+
 // Fused attention against matmul attention over 10 AdamW steps, at TP = 1, 2, 4 with and without --sp 1,
 // at T = 96 (a full 64-wide tile and a partial one): the two compute the same function with different
 // rounding (a few u per attention output, the ops test), which training carries along; held to the
@@ -1049,6 +1062,7 @@ struct TestGroup {
 };
 static const TestGroup g_groups[] = {
     {"gpu", test_gpu, "every CUDA op against its CPU op, the GPU collectives, GPU training (needs a GPU)"},
+    {"gpu_p2p", test_gpu_p2p, "point to point on up to 4 GPUs: NCCL send/recv both ways, bit for bit (needs 2 GPUs)"},
     {"collectives", test_collectives, "all-reduce, reduce-scatter, all-gather against serial loops"},
     {"harness", test_harness, "a NaN fails check_le and every worst-of; the scratch folders are removed"},
     {"tp", test_tp_all, "TP = 2, 3, 4, 6 against TP = 1: losses, gradients, weights, replicated tensors, bytes; fused vs matmul attention"},

@@ -488,6 +488,7 @@ static void comm_mpi_recv(Comm* c, int src, CommMsg* msg, char* where, size_t nw
     head.where[sizeof(head.where) - 1] = '\0';
     snprintf(where, nwhere, "%s", head.where);
     msg->tag = head.tag;
+    msg->n = (long)head.n;
     msg->data.resize((size_t)std::max<int64_t>(0, head.n));
     MPI_LOCKED(MPI_Irecv(msg->data.data(), comm_mpi_count((long)msg->data.size()), MPI_FLOAT, peer, tag, g->mpi, &req));
     if (!comm_mpi_poll(&req, deadline + g->timeout_s)) comm_p2p_timeout(c, src, want, want_tag);

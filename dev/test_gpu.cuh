@@ -514,6 +514,79 @@ static void test_comm(const std::vector<int>& gpus, bool nccl) {
     }
 }
 
+// Point to point on the GPU: P ranks on a line pass device buffers both ways, every send before any
+// receive (a send never waits), received in order; bit for bit. With nccl the neighbours have NCCL's
+// point-to-point communicators (comm_nccl_init_p2p): GPU to GPU over ncclSend and ncclRecv; else the
+// messages go through host memory. Counts the floats sent, and the receive time on the GPU.
+static void test_p2p_gpu(const std::vector<int>& gpus, bool nccl) {
+    int P = (int)gpus.size(), msgs = 5;
+    printf("point to point on the GPU: %s, %d ranks on a line, both ways, sends ahead of receives\n",
+           nccl ? "NCCL send/recv" : "through host memory", P);
+    long sizes[] = {1, 1001, 1 << 16};
+    CommGroup* g = new CommGroup();
+    comm_group_init(g, P, 60);
+    if (nccl) {
+        comm_nccl_init_all(g, gpus.data());
+        comm_nccl_init_p2p(g, gpus.data());
+    }
+    std::vector<long> bad(P, 0), sent(P, 0), on_nccl(P, 0);
+    std::vector<double> waited(P, 0.0);
+    auto value = [](int src, int k, long i) { return (float)(src * 1000003 + k * 7919 + i) * 0.37f + 1e-30f * (float)i; };
+    std::vector<std::thread> th;
+    for (int r = 0; r < P; r++)
+        th.emplace_back([&, r]() {
+            CudaCtx cx;
+            Comm c;
+            gpu_comm_rank(&cx, &c, g, r, gpus[r]);
+            on_nccl[r] = comm_nccl_p2p_to(&c, r == 0 ? 1 : r - 1);
+            for (long n : sizes) {
+                std::vector<float> host(n);
+                float* d = cuda_alloc(&cx, n);
+                for (int k = 0; k < msgs; k++)
+                    for (int dst : {r - 1, r + 1}) {
+                        if (dst < 0 || dst >= P) continue;
+                        for (long i = 0; i < n; i++) host[i] = value(r, k, i);
+                        cuda_upload(&cx, d, host.data(), n * sizeof(float));
+                        comm_send(&c, dst, d, n, "test", k);  // the buffer is overwritten at once: the send has its copy
+                    }
+                for (int src : {r + 1, r - 1}) {
+                    if (src < 0 || src >= P) continue;
+                    for (int k = 0; k < msgs; k++) {
+                        comm_recv(&c, src, d, n, "test", k);
+                        comm_sync(&c);
+                        std::vector<float> got = dev_down(&cx, d, n);
+                        for (long i = 0; i < n; i++) {
+                            float want = value(src, k, i);
+                            bad[r] += memcmp(&got[i], &want, 4) != 0;
+                        }
+                    }
+                }
+                cuda_free(&cx, d);
+            }
+            sent[r] = (long)c.p2p_sent;
+            waited[r] = c.p2p_seconds;
+            comm_p2p_finish(&c);
+            comm_free(&c);
+            cuda_ctx_free(&cx);
+        });
+    for (auto& t : th) t.join();
+    delete g;
+    long total_bad = 0, total_sent = 0, want = 0, nccl_ranks = 0;
+    for (int r = 0; r < P; r++) {
+        total_bad += bad[r];
+        total_sent += sent[r];
+        nccl_ranks += on_nccl[r];
+    }
+    for (long n : sizes) want += n * msgs * 2 * (P - 1);
+    const char* how = nccl ? "NCCL" : "host memory";
+    check(nccl_ranks == (nccl ? P : 0), "%s: ranks whose neighbour messages go GPU to GPU: %ld of %d", how, nccl_ranks, P);
+    check_le(total_bad, 0, "%s P=%d: floats received that differ from the ones sent (bit for bit, in order, %d messages per pair and size)",
+             how, P, msgs);
+    check(total_sent == want, "%s P=%d: floats counted as sent: %ld (expected %ld)", how, P, total_sent, want);
+    double least = *std::min_element(waited.begin(), waited.end());
+    check(least > 0.0 && std::isfinite(least), "%s P=%d: every rank's receive time is counted (least %.3g s)", how, P, least);
+}
+
 // A child process where rank 1 skips the first all-reduce; it must end non-zero naming the mismatch.
 static int child_skip(bool nccl) {
     int P = 2;
@@ -784,13 +857,15 @@ static void gpu_training_tests(int ndev) {
         check_le(grid.mismatches, 0, "GPU (P %d, D %d, -z %d, %s): weight checksums differing from replica 0's (%ld compared)", P, D, P - 1,
                  how, grid.compared);
     }
-    // pipeline parallelism on the GPU: 2 stages, 3 micro-batches; the boundary tensors through host memory,
-    // the stages' sums (the norm, wte's gradient) on NCCL (the two stages on two GPUs) or shared GPU memory
+    // pipeline parallelism on the GPU: 2 stages, 3 micro-batches. At P = 1 on two GPUs the stages are on
+    // distinct GPUs: the boundary tensors go over NCCL send/recv and the stages' sums (the norm, wte's
+    // gradient) over NCCL; at P = 2 the two stages' TP rank r share a GPU, so through host memory and
+    // shared GPU memory
     for (int P : {1, 2}) {
         GridResult one, pp;
         run_grid(&cfg, init, 1, 1, 0, 3, steps, data, B, T, &one);
         run_grid(&cfg, init, P, 1, 0, 3, steps, data, B, T, &pp, false, 0, 2, P == 1 ? PP_1F1B : PP_GPIPE);
-        const char* how = ndev >= 2 ? "stages on 2 GPUs" : "stages on 1 GPU";
+        const char* how = ndev < 2 ? "stages on 1 GPU" : P == 1 ? "stages on 2 GPUs, NCCL send/recv" : "stages on 2 GPUs";
         check_le(max_abs_diff(pp.losses, one.losses), 1e-5, "GPU (S 2, P %d, %s, %s) vs GPU PP 1, 3 micro-batches: losses over %d steps, "
                  "largest difference", P, P == 1 ? "1F1B" : "GPipe", how, steps);
         check_le(rel_err(pp.params_full.data(), one.params_full.data(), (long)one.params_full.size()), 1e-5,
@@ -821,10 +896,12 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     cuda_ctx_free(&cx);
     for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);
     test_skip_detected(argv0, false);
+    test_p2p_gpu(std::vector<int>(3, 0), false);
     if (ndev >= 2) {
         std::vector<int> gpus;
         for (int i = 0; i < std::min(ndev, 4); i++) gpus.push_back(i);
         test_comm(gpus, true);
+        test_p2p_gpu(gpus, true);
         test_skip_detected(argv0, true);
     } else {
         printf("NCCL collectives skipped: %d GPU (they need 2)\n", ndev);

@@ -111,29 +111,33 @@ static double pp_micro_steps(Run* run, RankRun* rr) {
 // ----------------------------------------------------------------------------
 // setup: --pp and --pp-schedule against the model and the rest of the command line
 
+// Sets the pipeline's S stages and this process's share of them, Sl consecutive stages from stage S0: a
+// replica's stages span run->Sp processes (grid_setup under mpirun; 1 in one process, in the sweep and in
+// the tests), each holding S / Sp of them. The one place the layout of the stages is set.
+static void run_set_stages(Run* run, int S) {
+    run->S = S;
+    run->Sl = S / run->Sp;
+    run->S0 = g_procs.me % run->Sp * run->Sl;
+}
+
 static void pp_setup(Run* run) {
     const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
-    run->S = a->pp;
+    run_set_stages(run, a->pp);
     const char* k = a->pp_schedule ? a->pp_schedule : "1f1b";
     if (!strcmp(k, "1f1b")) run->pp_schedule = PP_1F1B;
     else if (!strcmp(k, "gpipe")) run->pp_schedule = PP_GPIPE;
     else bad_flag("--pp-schedule %s: the schedules are 1f1b and gpipe", k);
-    run->Sl = run->S;
-    run->S0 = 0;
     if (run->S == 1) return;
     if (run->sample_only) {  // -x 0, --chat, a finished run: one replica's ranks sample; stages would only wait on each other
         if (g_procs.me == 0) printf("tp: --pp %d: sampling runs without pipeline stages (--pp 1)\n", run->S);
-        run->S = run->Sl = 1;
+        run_set_stages(run, 1);
         return;
     }
     if (run->S > c->L)
         fatal("--pp %d: a stage needs at least one layer, and the model has %d: use --pp %d or less", run->S, c->L, c->L);
     if (a->sweep)
         fatal("--sweep 1 times every (P, D, S) grid itself, the stages included: drop --pp");
-    // under mpirun (grid_setup): each of a replica's Sp processes holds Sl consecutive stages
-    run->Sl = run->S / run->Sp;
-    run->S0 = g_procs.me % run->Sp * run->Sl;
     if (run->Sp > 1 && run->D > 1)
         fatal("--dp %d with the stages of a replica in %d processes: each process holds one replica's stages; start more "
               "processes for more replicas (mpirun -np %d makes %d replicas of --pp %d), or use --dp 1", run->D, run->Sp,

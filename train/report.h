@@ -250,6 +250,7 @@ static void pp_print_stages(const Run* run) {
     printf("  point to point per step: m x N x C = %d x %.0f x %d floats each way across each boundary (N: a rank's tokens of a\n"
            "  micro-batch); and once a step wte's all-reduce between the first and last stage, Vp x C / P = %.0f floats\n",
            m, N, c->C, (double)c->Vp * c->C / run->P);
+    printf("  the boundary tensors go %s\n", pp_boundary_path(run));
     if (a->gen_tokens > 0)
         printf("  samples (-g, -s) come from the stages' weights gathered into one rank on the CPU, not through the pipeline\n");
 }

@@ -485,13 +485,24 @@ static int rank_gpu(const Run* run, int d, int r, int stage = 0) {
     return (g_procs.node_me * ranks + (d * run->Sl + stage - run->S0) * run->P + r) % run->ngpu;
 }
 
+// How a boundary tensor goes from stage to stage, for the startup lines: what ranks_setup's pipeline
+// groups make comm_send do (GPU to GPU where a process's stages of one TP rank are on distinct GPUs).
+static const char* pp_boundary_path(const Run* run) {
+    bool procs = run->Sp > 1, nccl = false;
+    if (run->device == DEV_CUDA && run->Sl > 1) {
+        std::vector<int> gpus(run->Sl);
+        for (int sl = 0; sl < run->Sl; sl++) gpus[sl] = rank_gpu(run, 0, 0, run->S0 + sl);
+        nccl = gpus_distinct(gpus.data(), run->Sl);
+    }
+    if (run->device != DEV_CUDA) return procs ? "through host memory, over MPI between processes" : "through host memory";
+    if (nccl) return procs ? "GPU to GPU over NCCL send/recv inside a process, through host memory and MPI between processes"
+                           : "GPU to GPU over NCCL send/recv (each stage's TP rank r on a GPU of its own)";
+    return procs ? "through host memory, over MPI between processes" : "through host memory (the stages' TP rank r share a GPU)";
+}
+
 // The communicator groups of the grid for run->P ranks x run->D local replicas, and the threads per rank.
 // Every process creates its groups in the same order (the spanning ones make MPI communicators).
 static void ranks_setup(Run* run) {
-    if (run->Sp == 1) {  // one process holds every stage (the sweep and the tests set run->S alone)
-        run->Sl = run->S;
-        run->S0 = 0;
-    }
     int S = run->S, Sl = run->Sl, S0 = run->S0, Sp = run->Sp, P = run->P, D = run->D;
     int ranks = P * D * Sl;  // in this process
     run->threads = run->args.threads ? run->args.threads : std::max(1, cpu_cores() / (ranks * g_procs.node_n));
@@ -536,11 +547,15 @@ static void ranks_setup(Run* run) {
 #ifdef TP_MPI
             if (Sp > 1) {  // across processes only NCCL (it checks that the GPUs are distinct)
                 comm_nccl_init_procs(pp, gpus.data());
+                comm_nccl_init_p2p(pp, gpus.data());  // the neighbours in this process, GPU to GPU
                 if (ends) comm_nccl_init_procs(emb, sp == 0 ? &tied[0] : &tied[1]);
                 continue;
             }
 #endif
-            if (gpus_distinct(gpus.data(), S)) comm_nccl_init_all(pp, gpus.data());
+            if (gpus_distinct(gpus.data(), S)) {  // the boundary tensors GPU to GPU, the stages' sums on NCCL
+                comm_nccl_init_all(pp, gpus.data());
+                comm_nccl_init_p2p(pp, gpus.data());
+            }
             if (gpus_distinct(tied, 2)) comm_nccl_init_all(emb, tied);
         }
     run->dp_groups = nullptr;

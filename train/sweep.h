@@ -73,8 +73,7 @@ static void sweep(Run* run) {
                 continue;
             }
             std::string why;
-            run->S = run->Sl = S;  // (memory_fits counts the stages' ranks; the sweep runs in one process)
-            run->S0 = 0;
+            run_set_stages(run, S);  // (memory_fits counts the stages' ranks; the sweep runs in one process)
             if (!memory_fits(run, P, D, &why)) {
                 printf("%4d %4d %4d  skipped: %s\n", P, D, S, why.c_str());
                 continue;
@@ -117,7 +116,7 @@ static void sweep(Run* run) {
                         tps, speedup, eff, share, dp_share, comm_mb, dp_mb, mb, time.sent_kind[KIND_ALLREDUCE] / per_step,
                         time.sent_kind[KIND_REDUCESCATTER] / per_step, time.sent_kind[KIND_ALLGATHER] / per_step, pred_csv, S, pp_share, pp_mb);
         }
-    run->S = run->Sl = 1;
+    run_set_stages(run, 1);
     if (csv) fclose(csv);
 }
 

@@ -47,6 +47,8 @@ run() {
 run "test_tp's GPU section (TP_EMU_SEED=1)" timeout 900 env TP_EMU_SEED=1 "$dir/test_tp_emu" gpu
 run "test_tp's GPU section again (TP_EMU_SEED=2, cuBLASLt refusing: the GEMM fallback)" \
     timeout 900 env TP_EMU_SEED=2 TP_EMU_LT_REFUSE=1 "$dir/test_tp_emu" gpu
+run "test_tp's GPU point to point on 4 emulated GPUs (ranks with a neighbour on each side)" \
+    timeout 300 env TP_EMU_SEED=3 TP_EMU_DEVICES=4 "$dir/test_tp_emu" gpu_p2p
 # one check of tp's own driver: the run exits 0 and its step-`step` loss is within TF32 error of the CPU's
 check_tp() {
     local title=$1 out=$2 rc=$3 step=$4 want=$5
@@ -76,9 +78,22 @@ timeout 300 env TP_EMU_SEED=5 "$dir/tp_emu" $args -b 1 -x 3 -g 0 --device cuda -
 check_tp "tp --device cuda --dp 2 -b 1 -z 1 (a replica per emulated GPU, NCCL between them)" "$tmp/dp2.txt" $? 3 "${cpu3:-nan}"
 # pipeline parallelism: 2 stages of -b 1 micro-batches (-d 64: 2 per step, the CPU's -b 2), a stage per emulated GPU; then with TP=2 in each
 timeout 300 env TP_EMU_SEED=6 "$dir/tp_emu" $args -b 1 -d 64 -x 3 -g 0 --device cuda --tp 1 --pp 2 > "$tmp/pp2.txt" 2>&1
-check_tp "tp --device cuda --pp 2 -b 1 -d 64 (a stage per emulated GPU, 1F1B)" "$tmp/pp2.txt" $? 3 "${cpu3:-nan}"
+check_tp "tp --device cuda --pp 2 -b 1 -d 64 (a stage per emulated GPU, 1F1B, the boundary over NCCL send/recv)" "$tmp/pp2.txt" $? 3 "${cpu3:-nan}"
 timeout 300 env TP_EMU_SEED=7 "$dir/tp_emu" $args -b 1 -d 64 -x 3 -g 0 --device cuda --tp 2 --pp 2 --pp-schedule gpipe > "$tmp/pp2tp2.txt" 2>&1
 check_tp "tp --device cuda --tp 2 --pp 2 -b 1 -d 64 (GPipe; each stage's TP group on NCCL)" "$tmp/pp2tp2.txt" $? 3 "${cpu3:-nan}"
+# which way the boundary tensors went, as the startup lines say: GPU to GPU with a stage per GPU, through
+# the host where TP rank r of both stages is on one GPU
+for want in "pp2.txt|the boundary tensors go GPU to GPU over NCCL send/recv" \
+            "pp2tp2.txt|the boundary tensors go through host memory (the stages' TP rank r share a GPU)"; do
+    file=${want%%|*} line=${want#*|}
+    if grep -qF "$line" "$tmp/$file"; then
+        echo "  ok   $file says: $line"
+        passed=$((passed + 1))
+    else
+        echo "  FAIL $file does not say: $line"
+        failed=$((failed + 1))
+    fi
+done
 
 # tp under mpirun: the emulated NCCL across processes (nccl.cpp's shared-memory communicators)
 echo "== emu: tp under mpirun -np 2 on emulated GPUs (DP across the processes on NCCL), against the CPU"
