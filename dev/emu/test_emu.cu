@@ -286,7 +286,9 @@ static void plant_lt_misaligned() {
     cublasLtMatmul(lt, desc, &one, A + 1, la, B, lb, &zero, D, ld, D, ld, &r.algo, nullptr, 0, 0);
     CK(cudaDeviceSynchronize());
 }
-static void plant_nccl_mismatch() {
+// two rank threads on devices 0 and 1 of one NCCL clique, each running op(rank, its communicator, a
+// 16-float device buffer, its stream) and waiting for its stream
+static void plant_two_ranks(void (*op)(int r, ncclComm_t comm, float* d, cudaStream_t s)) {
     ncclComm_t comms[2];
     int devs[2] = {0, 1};
     ncclCommInitAll(comms, 2, devs);
@@ -297,28 +299,21 @@ static void plant_nccl_mismatch() {
             float* d = plant_buf(16);
             cudaStream_t s;
             CK(cudaStreamCreate(&s));
-            ncclAllReduce(d, d, r == 0 ? 16 : 15, ncclFloat, ncclSum, comms[r], s);  // BUG: rank 1 passes another count
+            op(r, comms[r], d, s);
             CK(cudaStreamSynchronize(s));
         });
     for (auto& t : th) t.join();
 }
-
+static void plant_nccl_mismatch() {
+    plant_two_ranks([](int r, ncclComm_t comm, float* d, cudaStream_t s) {
+        ncclAllReduce(d, d, r == 0 ? 16 : 15, ncclFloat, ncclSum, comm, s);  // BUG: rank 1 passes another count
+    });
+}
 static void plant_p2p_mismatch() {
-    ncclComm_t comms[2];
-    int devs[2] = {0, 1};
-    ncclCommInitAll(comms, 2, devs);
-    std::vector<std::thread> th;
-    for (int r = 0; r < 2; r++)
-        th.emplace_back([&, r] {
-            CK(cudaSetDevice(r));
-            float* d = plant_buf(16);
-            cudaStream_t s;
-            CK(cudaStreamCreate(&s));
-            if (r == 0) ncclSend(d, 16, ncclFloat, 1, comms[r], s);
-            else ncclRecv(d, 12, ncclFloat, 0, comms[r], s);  // BUG: the receiver expects another count
-            CK(cudaStreamSynchronize(s));
-        });
-    for (auto& t : th) t.join();
+    plant_two_ranks([](int r, ncclComm_t comm, float* d, cudaStream_t s) {
+        if (r == 0) ncclSend(d, 16, ncclFloat, 1, comm, s);
+        else ncclRecv(d, 12, ncclFloat, 0, comm, s);  // BUG: the receiver expects another count
+    });
 }
 
 static void plant_spin() {
