@@ -31,6 +31,8 @@
 // ----------------------------------------------------------------------------
 // the context of one rank: its device, stream, library handles and scratch
 
+#define CUDA_RETIRED 16  // outgrown scratch buffers a context keeps until cuda_ctx_free (cuda_scratch)
+
 struct CudaCtx {
     int rank;  // for error messages
     int gpu;   // CUDA device ordinal
@@ -46,18 +48,26 @@ struct CudaCtx {
     size_t attn_bytes;
     void* red;          // partial sums of the deterministic reductions
     size_t red_bytes;
+    void* retired[CUDA_RETIRED];  // scratch outgrown, freed by cuda_ctx_free (cuda_scratch says why)
+    int nretired;
 };
 
-// Returns *p grown to at least `bytes`. The old buffer may still be read by queued kernels, so the
-// stream is drained before it is freed; this happens only while the sizes grow (the first step).
+// Returns *p grown to at least `bytes`. The old buffer may still be read by queued kernels, and cudaFree
+// waits for the whole device: with a pipeline that includes the sends to a neighbouring stage, which end
+// only when the neighbour receives, so a stalled neighbour would hang this rank instead of being reported,
+// and two neighbours freeing at once would wait for each other. So the old buffer is kept until
+// cuda_ctx_free (it happens only while the sizes grow, in the first step, a few times per buffer); past
+// CUDA_RETIRED of them the stream is drained and the buffer freed.
 static void* cuda_scratch(CudaCtx* cx, void** p, size_t* have, size_t bytes) {
     if (bytes <= *have) return *p;
-    if (*p) {
+    if (*p && cx->nretired < CUDA_RETIRED) {
+        cx->retired[cx->nretired++] = *p;
+    } else if (*p) {
         CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
         CUDA_CHECK(cx->rank, cudaFree(*p));
-        *p = nullptr;
-        *have = 0;
     }
+    *p = nullptr;
+    *have = 0;
     bytes = (bytes + 255) / 256 * 256;
     cudaError_t e = cudaMalloc(p, bytes);
     if (e != cudaSuccess)
@@ -100,6 +110,7 @@ static void cuda_ctx_free(CudaCtx* cx) {
     CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
     if (cx->attn) CUDA_CHECK(cx->rank, cudaFree(cx->attn));
     if (cx->red) CUDA_CHECK(cx->rank, cudaFree(cx->red));
+    for (int i = 0; i < cx->nretired; i++) CUDA_CHECK(cx->rank, cudaFree(cx->retired[i]));
     CUBLAS_CHECK(cx->rank, cublasLtDestroy(cx->cublaslt));
     CUBLAS_CHECK(cx->rank, cublasDestroy(cx->cublas));
     CUDA_CHECK(cx->rank, cudaFree(cx->workspace));

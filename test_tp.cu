@@ -1126,6 +1126,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && !strcmp(argv[1], "child-mpi-collectives")) return child_mpi_collectives(argc, argv);
 #endif
     if (argc > 1 && !strcmp(argv[1], "child-skip-nccl")) return child_skip(true);
+    if (argc > 1 && !strcmp(argv[1], "child-pp-stall")) return child_pp_stall();
     if (argc > 2 && !strcmp(argv[1], "child-tmpdir")) return child_tmpdir(argv[2]);
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         if (g_ndev == 0) { printf("bench: no CUDA GPU\n"); return 1; }

@@ -610,13 +610,45 @@ static int child_skip(bool nccl) {
     return 0;  // not reached when the check works
 }
 
-static void test_skip_detected(const char* argv0, bool nccl) {
-    std::string cmd = std::string(argv0) + (nccl ? " child-skip-nccl" : " child-skip-cuda") + " 2>&1";
+// A child process: 2 pipeline stages on GPUs 0 and 1 (the boundary over NCCL send/recv), 4 micro-batches;
+// stage 1's TP rank 0 stops for good before its second micro-batch. Stage 0 must end the run (exit 1)
+// within --timeout 3, naming the stage it waited for.
+static int child_pp_stall() {
+    GPTConfig cfg = make_config(2, 4, 32, 200, 32);
+    std::vector<float> init = init_weights(&cfg, 3);
+    std::vector<int> data = random_tokens(4096, cfg.V, 1);
+    g_device = DEV_CUDA;
+    g_ngpu = 2;
+    g_pp_plant_stall = 1;
+    g_grid_timeout = 3;
+    GridResult res;
+    run_grid(&cfg, init, 1, 1, 0, 4, 2, data, 2, 16, &res, false, 0, 2);
+    return 0;  // not reached when the timeout works
+}
+
+// runs cmd in a shell, its output into *out; returns its wait status
+static int run_child(const std::string& cmd, std::string* out) {
     FILE* f = popen(cmd.c_str(), "r");
-    std::string out;
     char buf[512];
-    while (f && fgets(buf, sizeof(buf), f)) out += buf;
-    int st = f ? pclose(f) : -1;
+    while (f && fgets(buf, sizeof(buf), f)) *out += buf;
+    return f ? pclose(f) : -1;
+}
+
+static void test_pp_stall_gpu(const char* argv0) {
+    double t0 = comm_now();
+    std::string out;
+    int st = run_child(std::string(argv0) + " child-pp-stall 2>&1", &out);
+    double took = comm_now() - t0;
+    std::string line = first_line_with(out, "error:");
+    bool named = line.find("stage 1 stalled or stopped") != std::string::npos;
+    check(WIFEXITED(st) && WEXITSTATUS(st) == 1 && named && took < 60,
+          "GPU pipeline, stage 1 stalls (--timeout 3, the boundary over NCCL send/recv): exit status %d after %.1f s, the error names "
+          "stage 1: %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1, took, line.c_str());
+}
+
+static void test_skip_detected(const char* argv0, bool nccl) {
+    std::string out;
+    int st = run_child(std::string(argv0) + (nccl ? " child-skip-nccl" : " child-skip-cuda") + " 2>&1", &out);
     bool named = out.find("collective mismatch") != std::string::npos || out.find("has not completed") != std::string::npos;
     check(st != 0 && named, "%s: a rank that skips a collective is reported (exit status %d): %s", nccl ? "NCCL" : "CUDA shm", st,
           out.substr(0, out.find('\n')).c_str());
@@ -902,6 +934,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
         for (int i = 0; i < std::min(ndev, 4); i++) gpus.push_back(i);
         test_comm(gpus, true);
         test_p2p_gpu(gpus, true);
+        test_pp_stall_gpu(argv0);
         test_skip_detected(argv0, true);
     } else {
         printf("NCCL collectives skipped: %d GPU (they need 2)\n", ndev);
