@@ -179,7 +179,7 @@ static bool setup_model_shape(Run* run) {
     bool descriptor = false;
     if (!run->resuming) {
         std::string why;
-        const char* model = a->model ? a->model : "L3C128H4";
+        const char* model = a->model ? a->model : "L2C128H4";
         descriptor = gpt_descriptor(model, c, a->vocab ? a->vocab : 256, a->maxT, &why);
         if (descriptor) {
             if (a->vocab) run->vocab_from = "from --vocab";
