@@ -968,6 +968,7 @@ static void test_sampling() {
 #include "dev/test_ops.cuh"
 #include "dev/test_plan.cuh"
 #include "dev/test_pp.cuh"
+#include "dev/test_bf16.cuh"
 
 // ----------------------------------------------------------------------------
 
@@ -1108,6 +1109,7 @@ static const TestGroup g_groups[] = {
     {"bpe", test_bpe, "prepare.py --vocab N: C++ encoder = Hugging Face ids, decoding, the split, bad inputs, tokenizer mismatches"},
     {"bperun", test_bpe_run, "a tiny BPE run trains and samples words; the run folder samples on its own"},
     {"export", test_export, "export.py at TP 1 and 2 identical, numpy logits = tp's, import then export bit for bit, bf16, non-GPT-2"},
+    {"bf16", test_bf16, "bf16: rounding to nearest even and stochastic, the bf16 GEMM against float64, vdpbf16ps = fp32 fmas"},
     {"pool", test_pool, "the CPU ranks' worker threads: FTZ|DAZ in each, asleep when idle, bit-identical at any count"},
     {"cpuarch", test_cpu_arch, "the host code's -march: x86-64-v4 on AVX-512, v3 on AVX2, else native"},
     {"plan", test_plan_all, "--plan's cost model: FLOPs and collectives against the recipe's, memory against the allocation, the boxes"},
@@ -1138,9 +1140,11 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "bench-attention")) return bench_attention_cpu();
+    if (argc > 1 && !strcmp(argv[1], "bench-gemm")) return bench_gemm_cpu();
     if (argc > 1 && (!strcmp(argv[1], "--list") || !strcmp(argv[1], "--help"))) {
         printf("usage: ./test_tp [GROUP ...]   (no GROUP: all of them, in this order; ./test_tp bench: GPU timings;\n"
-               "       ./test_tp bench-attention: the CPU's fused and matmul attention timed side by side)\n");
+               "       ./test_tp bench-attention: the CPU's fused and matmul attention timed side by side;\n"
+               "       ./test_tp bench-gemm: the CPU's fp32 and bf16 GEMMs timed side by side)\n");
         for (const TestGroup& g : g_groups) printf("  %-12s %s\n", g.name, g.what);
         return 0;
     }

@@ -1,0 +1,212 @@
+// test_bf16.cuh: bf16 numbers on the CPU (common/bf16.h): conversions, stochastic rounding, and the bf16
+// GEMM against a float64 reference, its vdpbf16ps path against its fp32-fma path, and its timing.
+#pragma once
+#include "../common/bf16.h"
+
+static uint32_t bf16_test_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float bf16_test_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// C (M x N) = A . B in float64 from the bf16 operands, and sum_k |a||b| per element (the error scale)
+static void gemm_bf16_ref(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs, long b_cs,
+                          std::vector<double>* C, std::vector<double>* scale) {
+    C->assign((size_t)M * N, 0.0);
+    scale->assign((size_t)M * N, 0.0);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0, a = 0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)bf16_to_float(A[m * a_rs + k * a_cs]) * bf16_to_float(B[k * b_rs + n * b_cs]);
+                s += p;
+                a += fabs(p);
+            }
+            (*C)[(size_t)m * N + n] = s;
+            (*scale)[(size_t)m * N + n] = a;
+        }
+}
+
+// one GEMM case: A (M x K) and B (K x N), each as a matrix or a transpose, with bias and accumulate; the
+// result against float64 within fp32 accumulation's bound (K+2 roundings of 2^-24 of sum |a||b|, plus the
+// bias and the old C), and the vdpbf16ps path (where the CPU has it) bit for bit against the fma path
+static void bf16_gemm_case(int M, int N, int K, bool a_t, bool b_t, bool accumulate, bool with_bias, uint64_t seed,
+                           double* worst, bool* same, long* compared) {
+    std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
+    std::vector<float> bias(N), C0((size_t)M * N);
+    uint64_t s = seed;
+    auto rnd = [&]() { s = s * 6364136223846793005ull + 1442695040888963407ull; return (float)((s >> 40) / 16777216.0 - 0.5); };
+    for (auto& x : A) x = bf16_round(rnd() * 4.0f);
+    for (auto& x : B) x = bf16_round(rnd() * 4.0f);
+    for (auto& x : bias) x = rnd();
+    for (auto& x : C0) x = rnd();
+    const long a_rs = a_t ? 1 : K, a_cs = a_t ? M : 1, b_rs = b_t ? 1 : N, b_cs = b_t ? K : 1;
+    std::vector<double> ref, scale;
+    gemm_bf16_ref(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, &ref, &scale);
+    std::vector<float> Cdp = C0, Cfma = C0;
+    const bool had = bf16_dp_enabled;
+    bf16_dp_enabled = true;
+    gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cdp.data(), N, accumulate, with_bias ? bias.data() : nullptr);
+    bf16_dp_enabled = false;
+    gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cfma.data(), N, accumulate, with_bias ? bias.data() : nullptr);
+    bf16_dp_enabled = had;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            size_t i = (size_t)m * N + n;
+            double want = ref[i] + (with_bias ? bias[n] : 0.0) + (accumulate ? C0[i] : 0.0);
+            double bound = (K + 2) * ldexp(1.0, -24) * (scale[i] + fabs(want)) + ldexp(1.0, -24) * 2 * (fabs(C0[i]) + fabs(bias[n]));
+            double err = fabs((double)Cfma[i] - want) / (bound > 0 ? bound : 1e-30);
+            if (!(err <= *worst)) *worst = err;  // a NaN becomes the worst
+            if (bf16_test_bits(Cdp[i]) != bf16_test_bits(Cfma[i])) *same = false;
+            (*compared)++;
+        }
+}
+
+static double bf16_thread_seconds() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void test_bf16() {
+    printf("bf16: conversions, stochastic rounding, the bf16 GEMM (%s on this CPU)\n",
+           bf16_dp_supported() ? "vdpbf16ps and the fp32-fma path" : "the fp32-fma path; no AVX512-BF16 here");
+    // round to nearest even: exact values stay, halfway cases go to the even neighbour, NaN stays NaN
+    {
+        bool ok = true;
+        for (uint32_t h = 0; h < 65536; h++) {
+            float f = bf16_to_float((bf16)h);
+            if (f == f && bf16_round(f) != h) ok = false;  // every bf16 but NaN converts back to itself
+        }
+        check(ok, "every finite and infinite bf16 rounds back to itself");
+        float one_half_ulp = bf16_test_float(0x3f808000u);  // 1 + 2^-8: halfway between 1 and 1 + 2^-7
+        float three_half = bf16_test_float(0x3f818000u);    // halfway between 1 + 2^-7 and 1 + 2^-6
+        check(bf16_round(one_half_ulp) == 0x3f80 && bf16_round(three_half) == 0x3f82 &&
+                  bf16_round(bf16_test_float(0x3f808001u)) == 0x3f81,
+              "ties go to even (0x%04x, 0x%04x), above a tie up (0x%04x)", bf16_round(one_half_ulp), bf16_round(three_half),
+              bf16_round(bf16_test_float(0x3f808001u)));
+        bf16 n = bf16_round(bf16_test_float(0x7fffffffu));
+        check((n & 0x7f80) == 0x7f80 && (n & 0x7f) != 0, "a NaN stays a NaN (0x%04x), not infinity", n);
+        check(bf16_round(3.5e38f) == 0x7f80, "past bf16's largest value rounds to infinity");
+    }
+    // stochastic rounding: unbiased, a function of (index, step, seed) alone, and exact values exact
+    {
+        const float vals[3] = {1.0f + 0.3f / 128, -2.7182818f, 3.1e-3f};
+        double worst = 0;
+        for (float v : vals) {
+            const int n = 200000;
+            double sum = 0;
+            for (int step = 0; step < n; step++) sum += bf16_to_float(bf16_round_stochastic(v, 12345, step, 7));
+            float lo = bf16_to_float((bf16)(bf16_test_bits(v) >> 16));
+            float hi = bf16_to_float((bf16)((bf16_test_bits(v) >> 16) + 1));
+            double p = ((double)v - lo) / ((double)hi - lo);
+            double sigma = fabs((double)hi - lo) * sqrt(p * (1 - p) / n);
+            double z = fabs(sum / n - v) / sigma;
+            if (!(z <= worst)) worst = z;
+        }
+        check(worst < 5.0, "the mean of 200000 stochastic roundings of 3 values equals the value within %.2f sigma (bound 5)", worst);
+        bool exact = true, repro = true, varies = false;
+        for (uint32_t h = 0; h < 65536; h += 7) {
+            float f = bf16_to_float((bf16)h);
+            if (f == f && !std::isinf(f) && bf16_round_stochastic(f, h, 3, 1) != h) exact = false;
+        }
+        bf16 first = bf16_round_stochastic(vals[0], 99, 5, 1);
+        for (int i = 0; i < 100; i++) {
+            if (bf16_round_stochastic(vals[0], 99, 5, 1) != first) repro = false;
+            if (bf16_round_stochastic(vals[0], 99 + i, 5, 1) != first) varies = true;
+        }
+        check(exact && repro && varies, "a bf16 value rounds to itself (%d), the same key gives the same rounding (%d), "
+              "other indices others (%d)", exact, repro, varies);
+    }
+    // the GEMM against float64: the model's shapes (L2C128H4 at TP=2: N = 1024 rows, the qkv, fc and
+    // fcproj forwards and their backwards) and ragged edges, every layout of A and B
+    {
+        double worst = 0;
+        bool same = true;
+        long compared = 0;
+        struct Shape { int M, N, K; bool a_t, b_t; };
+        const Shape shapes[] = {{1024, 192, 128, false, true},  {1024, 256, 128, false, true}, {1024, 128, 256, false, true},
+                                {1024, 128, 192, false, false}, {192, 128, 1024, true, false}, {128, 256, 1024, true, false}};
+        for (const Shape& sh : shapes) bf16_gemm_case(sh.M, sh.N, sh.K, sh.a_t, sh.b_t, true, true, 11 + sh.N, &worst, &same, &compared);
+        int cases = 0;
+        for (int M : {1, 3, 8, 9, 17})
+            for (int N : {1, 5, 31, 32, 33, 70})
+                for (int K : {1, 2, 7, 64, 257, 1031}) {
+                    bool a_t = cases & 1, b_t = cases & 2, acc = cases & 4, bias = (cases / 8) & 1;
+                    bf16_gemm_case(M, N, K, a_t, b_t, acc, bias, 1000 + cases, &worst, &same, &compared);
+                    cases++;
+                }
+        check(worst <= 1.0, "the bf16 GEMM against float64 at 6 model shapes and %d ragged ones (%ld elements): worst error "
+              "%.3f of fp32 accumulation's bound (K+2) 2^-24 sum |a b|", cases, compared, worst);
+        if (bf16_dp_supported())
+            check(same, "vdpbf16ps and the fp32-fma path give the same bits on every element (%ld)", compared);
+        else {
+            printf("  skip vdpbf16ps against the fma path: this CPU has no AVX512-BF16\n");
+            g_skipped++;
+        }
+    }
+    // the same bits at any thread count: a rank thread with 1, 2 and 3 workers
+    {
+        const int M = 333, N = 130, K = 301;
+        std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
+        for (size_t i = 0; i < A.size(); i++) A[i] = bf16_round(sinf((float)i));
+        for (size_t i = 0; i < B.size(); i++) B[i] = bf16_round(cosf((float)i * 0.7f));
+        std::vector<float> C[3];
+        for (int t = 0; t < 3; t++) {
+            C[t].assign((size_t)M * N, 0.0f);
+            std::thread rank([&]() {
+                cpu_pool_start(t + 1);
+                gemm_bf16_cpu(M, N, K, A.data(), K, 1, B.data(), 1, K, C[t].data(), N, false, nullptr);
+            });
+            rank.join();
+        }
+        check(!memcmp(C[0].data(), C[1].data(), C[0].size() * 4) && !memcmp(C[0].data(), C[2].data(), C[0].size() * 4),
+              "the bf16 GEMM gives the same bits with 1, 2 and 3 threads");
+    }
+}
+
+// ./test_tp bench-gemm: GFLOP/s of one core at the shapes of the default model (L2C128H4, B8 T128) and of
+// d6 (L6 C384, B8 T256) at TP=1, forward and backward: the fp32 GEMM, the bf16 one on vdpbf16ps and on
+// fp32 fmas; thread CPU time, best of 5
+static int bench_gemm_cpu() {
+    struct Shape { const char* what; int M, N, K; bool a_t, b_t; };
+    const Shape shapes[] = {
+        {"L2C128 qkv fwd", 1024, 384, 128, false, true}, {"L2C128 fc fwd", 1024, 512, 128, false, true},
+        {"L2C128 fcproj fwd", 1024, 128, 512, false, true}, {"L2C128 fc dinp", 1024, 128, 512, false, false},
+        {"L2C128 fc dweight", 512, 128, 1024, true, false}, {"d6 qkv fwd", 2048, 1152, 384, false, true},
+        {"d6 fcproj fwd", 2048, 384, 1536, false, true}, {"d6 fc dweight", 1536, 384, 2048, true, false},
+    };
+    printf("one core, GFLOP/s (%% of 116.7 fp32 / 233.9 bf16 peak per core measured on this project's machine):\n");
+    printf("%-20s %16s %16s %16s\n", "shape", "fp32", "bf16 vdpbf16ps", "bf16 fp32-fma");
+    for (const Shape& sh : shapes) {
+        const int M = sh.M, N = sh.N, K = sh.K;
+        std::vector<float> Af((size_t)M * K), Bf((size_t)K * N), C((size_t)M * N);
+        std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
+        for (size_t i = 0; i < Af.size(); i++) A[i] = bf16_round(Af[i] = sinf((float)i));
+        for (size_t i = 0; i < Bf.size(); i++) B[i] = bf16_round(Bf[i] = cosf((float)i));
+        const long a_rs = sh.a_t ? 1 : K, a_cs = sh.a_t ? M : 1, b_rs = sh.b_t ? 1 : N, b_cs = sh.b_t ? K : 1;
+        double best[3] = {1e9, 1e9, 1e9};
+        for (int rep = 0; rep < 5; rep++)
+            for (int which = 0; which < 3; which++) {
+                if (which > 0 && !bf16_dp_supported() && which == 1) continue;
+                bf16_dp_enabled = which == 1;
+                double t0 = bf16_thread_seconds();
+                if (which == 0) gemm_cpu(M, N, K, Af.data(), a_rs, a_cs, Bf.data(), b_rs, b_cs, C.data(), N, false, nullptr);
+                else gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, false, nullptr);
+                double t = bf16_thread_seconds() - t0;
+                if (t < best[which]) best[which] = t;
+            }
+        bf16_dp_enabled = true;
+        double flop = 2.0 * M * N * K;
+        double g[3];
+        for (int i = 0; i < 3; i++) g[i] = best[i] < 1e9 ? flop / best[i] * 1e-9 : 0;
+        printf("%-20s %7.1f (%3.0f%%) %7.1f (%3.0f%%) %7.1f (%3.0f%%)\n", sh.what, g[0], g[0] / 116.7 * 100, g[1],
+               g[1] / 233.9 * 100, g[2], g[2] / 233.9 * 100);
+    }
+    return 0;
+}
