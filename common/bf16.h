@@ -7,16 +7,19 @@
 // The GEMM runs on AVX512-BF16's vdpbf16ps where the CPU has it (checked at run time), and otherwise
 // computes the same numbers with fp32 fmas: vdpbf16ps adds, per fp32 lane i, the product of the pair's
 // odd elements (2i+1) and then that of its even ones (2i), each rounded to nearest even, denormals
-// flushed (as tp's threads run anyway: common/cpu_pool.h sets FTZ|DAZ in every thread). That is two fmas
-// in that order, so the two paths are bit-identical (the bf16 test checks it on the CPU that runs it);
-// `bf16_dp_enabled = false` forces the fma path, so a CPU with vdpbf16ps tests both.
+// flushed (as tp's threads run anyway: common/cpu_pool.h sets FTZ|DAZ in every thread). That is an fma
+// chain over k in the order 1, 0, 3, 2, 5, 4, ..., which is what the fp32 GEMM (gemm_cpu, one fma chain
+// over k in increasing order) computes on the operands widened to fp32 with each pair of k swapped. So
+// the two paths are bit-identical (the bf16 test checks it on the CPU that runs it), and the fp32 one is
+// no slower per flop than the fp32 GEMM itself. bf16_path below chooses between them.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <vector>
 #include <immintrin.h>
-#include "cpu_pool.h"
+#include "../kernels_cpu.h"
 
 typedef uint16_t bf16;
 
@@ -67,25 +70,62 @@ static inline bf16 bf16_round_stochastic(float f, uint64_t index, uint32_t step,
 // Each C element is then one chain over the pairs j in increasing order, starting from 0, then + bias,
 // then added to the old C: for any blocking, tile or thread count the same bits.
 //
-// The tile is MR rows by NR = 2 vectors of fp32 (8 x 32 with AVX-512: 16 accumulators, 2 B vectors, a
-// broadcast; 6 x 16 with AVX2). A K block of KC pairs keeps a B panel (KC x NR words, 16 KB) in L1 while
-// the row tiles of a unit stream past it; a unit of MT x NT tiles keeps its A rows in L2.
-#if defined(__AVX512F__)
-#define BF16_MR 8
-#define BF16_VL 16
-#elif defined(__FMA__)
-#define BF16_MR 6
-#define BF16_VL 8
-#else
-#define BF16_MR 4
-#define BF16_VL 1
-#endif
-#define BF16_NR (2 * BF16_VL)
-#define BF16_KC (16384 / (BF16_NR * 4))
-#define BF16_MT 16
-#define BF16_NT 8
+// vdpbf16ps's tile is 8 rows by 32 columns (16 accumulators, 2 B vectors, a broadcast). A K block of KC
+// pairs keeps a B panel (KC x 32 words, 16 KB) in L1 while the row tiles of a unit stream past it; a unit
+// of MT x NT tiles keeps its A rows in L2.
 
-// the CPU can run vdpbf16ps (the build's vector code is AVX-512), and the dp path is not switched off
+// This core's peak GFLOP/s, from loops of 12 independent accumulators in registers over n steps: fp32
+// fmas (2 flops a lane), vdpbf16ps (4 flops a lane; 0 where the build or the CPU has none)
+static inline double bf16_thread_seconds() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static double bf16_peak_fma(long n) {
+#if defined(__AVX512F__) || defined(__FMA__)
+#if defined(__AVX512F__)
+    typedef __m512 V;
+#define BF_FMA _mm512_fmadd_ps
+#define BF_SET1 _mm512_set1_ps
+#else
+    typedef __m256 V;
+#define BF_FMA _mm256_fmadd_ps
+#define BF_SET1 _mm256_set1_ps
+#endif
+    V c[12], a = BF_SET1(0.999f), b = BF_SET1(1e-3f);
+    for (int i = 0; i < 12; i++) c[i] = BF_SET1((float)i);
+    double t = bf16_thread_seconds();
+    for (long k = 0; k < n; k++)
+        for (int i = 0; i < 12; i++) c[i] = BF_FMA(c[i], a, b);
+    t = bf16_thread_seconds() - t;
+    for (int i = 1; i < 12; i++) c[0] = c[0] + c[i];  // every chain is used, so none is left out
+    volatile float sink;
+    memcpy((void*)&sink, &c[0], sizeof(float));
+    return t > 0 ? 12.0 * n * (sizeof(V) / 4) * 2 / t * 1e-9 : 0;
+#undef BF_FMA
+#undef BF_SET1
+#else
+    (void)n;
+    return 0;
+#endif
+}
+#if defined(__AVX512F__)
+__attribute__((target("avx512bf16"), noinline)) static double bf16_peak_dp_avx512(long n) {
+    __m512 c[12];
+    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), b = (__m512bh)_mm512_set1_epi32(0x3a833a83);
+    for (int i = 0; i < 12; i++) c[i] = _mm512_set1_ps((float)i);
+    double t = bf16_thread_seconds();
+    for (long k = 0; k < n; k++)
+        for (int i = 0; i < 12; i++) c[i] = _mm512_dpbf16_ps(c[i], a, b);
+    t = bf16_thread_seconds() - t;
+    for (int i = 1; i < 12; i++) c[0] = _mm512_add_ps(c[0], c[i]);
+    volatile float sink;
+    memcpy((void*)&sink, &c[0], sizeof(float));
+    return t > 0 ? 12.0 * n * 16 * 4 / t * 1e-9 : 0;
+}
+#endif
+
+// the CPU can run vdpbf16ps (the build's vector code is AVX-512)
 static inline bool bf16_dp_supported() {
 #if defined(__AVX512F__)
     static const bool has = __builtin_cpu_supports("avx512bf16");
@@ -94,77 +134,71 @@ static inline bool bf16_dp_supported() {
     return false;
 #endif
 }
-static bool bf16_dp_enabled = true;  // false: the fp32-fma path even where vdpbf16ps exists
-static inline bool bf16_dp_used() { return bf16_dp_enabled && bf16_dp_supported(); }
-
-// acc (MR x NR, row-major) += a (kc pairs x MR words) . b (kc pairs x NR words), with fp32 fmas: per pair,
-// the odd elements' product, then the even ones'
-static inline void gemm_bf16_tile_fma(float* acc, const uint32_t* a, const uint32_t* b, int kc) {
-#if defined(__AVX512F__) || defined(__FMA__)
+static double bf16_peak_dp(long n) {
 #if defined(__AVX512F__)
-    typedef __m512 V;
-    typedef __m512i VI;
-#define BF_LOADI(p) _mm512_loadu_si512((const void*)(p))
-#define BF_HI(x) _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)))
-#define BF_LO(x) _mm512_castsi512_ps((__m512i)((__v16su)(x) << 16))  // (GCC 12 warns on _mm512_slli_epi32's undefined)
-#define BF_FMA _mm512_fmadd_ps
-#define BF_SET1 _mm512_set1_ps
-#define BF_LOAD _mm512_loadu_ps
-#define BF_STORE _mm512_storeu_ps
-#else
-    typedef __m256 V;
-    typedef __m256i VI;
-#define BF_LOADI(p) _mm256_loadu_si256((const __m256i*)(p))
-#define BF_HI(x) _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u)))
-#define BF_LO(x) _mm256_castsi256_ps((__m256i)((__v8su)(x) << 16))
-#define BF_FMA _mm256_fmadd_ps
-#define BF_SET1 _mm256_set1_ps
-#define BF_LOAD _mm256_loadu_ps
-#define BF_STORE _mm256_storeu_ps
+    if (bf16_dp_supported()) return bf16_peak_dp_avx512(n);
 #endif
-    V c[BF16_MR][2];
-    for (int r = 0; r < BF16_MR; r++) {
-        c[r][0] = BF_LOAD(acc + r * BF16_NR);
-        c[r][1] = BF_LOAD(acc + r * BF16_NR + BF16_VL);
-    }
-    for (int j = 0; j < kc; j++) {
-        VI w0 = BF_LOADI(b + (size_t)j * BF16_NR), w1 = BF_LOADI(b + (size_t)j * BF16_NR + BF16_VL);
-        V b0h = BF_HI(w0), b0l = BF_LO(w0), b1h = BF_HI(w1), b1l = BF_LO(w1);
-        for (int r = 0; r < BF16_MR; r++) {
-            uint32_t u = a[(size_t)j * BF16_MR + r], uh = u & 0xffff0000u, ul = u << 16;
-            float fh, fl;
-            memcpy(&fh, &uh, 4);
-            memcpy(&fl, &ul, 4);
-            V ah = BF_SET1(fh), al = BF_SET1(fl);
-            c[r][0] = BF_FMA(al, b0l, BF_FMA(ah, b0h, c[r][0]));
-            c[r][1] = BF_FMA(al, b1l, BF_FMA(ah, b1h, c[r][1]));
+    (void)n;
+    return 0;
+}
+
+// Which path the GEMM takes. Both give the same bits, so this is a matter of speed only: vdpbf16ps does
+// twice an fma's flops per lane, but not every core issues it as often (on this project's Intel host it
+// peaks at 86 GFLOP/s against 170 for fp32 fmas, so the fp32 path is faster there). BF16_AUTO measures
+// both peaks once (a few ms) and takes vdpbf16ps where its peak is the higher.
+enum Bf16Path { BF16_AUTO, BF16_DP, BF16_FMA };
+static Bf16Path bf16_path = BF16_AUTO;
+static inline bool bf16_dp_used() {
+    if (!bf16_dp_supported() || bf16_path == BF16_FMA) return false;
+    if (bf16_path == BF16_DP) return true;
+    static const bool faster = bf16_peak_dp(300000) > bf16_peak_fma(300000);
+    return faster;
+}
+
+// The fp32 path: the operands widened to fp32 with each pair of k swapped (row k2 of B' is row k2 ^ 1 of
+// B, a k past an odd K zero), then the fp32 GEMM over K' = 2 ceil(K/2). Each operand keeps its
+// orientation, so it is read and written along its contiguous side.
+static void gemm_bf16_fma_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs,
+                              long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+    const int K2 = 2 * ((K + 1) / 2);
+    static thread_local std::vector<float> wideA, wideB;
+    if (wideA.size() < (size_t)M * K2) wideA.resize((size_t)M * K2);
+    if (wideB.size() < (size_t)K2 * N) wideB.resize((size_t)K2 * N);
+    float* wa = wideA.data();  // (a thread_local named inside a cpu_for chunk would be the worker's own)
+    float* wb = wideB.data();
+    // a row of M x K2 (A by rows) or of K2 x M (A by columns: a transpose, a_rs == 1) from a row or a column of A
+    const bool a_cols = a_rs == 1 && a_cs != 1, b_cols = b_rs == 1 && b_cs != 1;
+    cpu_for(a_cols ? K2 : M, [&](long i) {
+        float* d = wa + (size_t)i * (a_cols ? M : K2);
+        if (a_cols) {
+            const long k = i ^ 1;
+            for (int m = 0; m < M; m++) d[m] = k < K ? bf16_to_float(A[k * a_cs + m]) : 0.0f;
+        } else
+            for (int k2 = 0; k2 < K2; k2++) d[k2] = (k2 ^ 1) < K ? bf16_to_float(A[i * a_rs + (long)(k2 ^ 1) * a_cs]) : 0.0f;
+    });
+    cpu_for(b_cols ? N : K2, [&](long i) {
+        float* d = wb + (size_t)i * (b_cols ? K2 : N);
+        if (b_cols)
+            for (int k2 = 0; k2 < K2; k2++) d[k2] = (k2 ^ 1) < K ? bf16_to_float(B[(long)(k2 ^ 1) * b_rs + i * b_cs]) : 0.0f;
+        else {
+            const long k = i ^ 1;
+            for (int n = 0; n < N; n++) d[n] = k < K ? bf16_to_float(B[k * b_rs + n * b_cs]) : 0.0f;
         }
-    }
-    for (int r = 0; r < BF16_MR; r++) {
-        BF_STORE(acc + r * BF16_NR, c[r][0]);
-        BF_STORE(acc + r * BF16_NR + BF16_VL, c[r][1]);
-    }
-#undef BF_LOADI
-#undef BF_HI
-#undef BF_LO
-#undef BF_FMA
-#undef BF_SET1
-#undef BF_LOAD
-#undef BF_STORE
-#else
-    for (int j = 0; j < kc; j++)
-        for (int r = 0; r < BF16_MR; r++)
-            for (int n = 0; n < BF16_NR; n++) {
-                uint32_t u = a[(size_t)j * BF16_MR + r], w = b[(size_t)j * BF16_NR + n];
-                float& s = acc[r * BF16_NR + n];
-                s = fmaf(bf16_to_float((bf16)(u >> 16)), bf16_to_float((bf16)(w >> 16)), s);
-                s = fmaf(bf16_to_float((bf16)u), bf16_to_float((bf16)w), s);
-            }
-#endif
+    });
+    gemm_cpu(M, N, K2, wa, a_cols ? 1 : K2, a_cols ? M : 1, wb, b_cols ? 1 : N, b_cols ? K2 : 1, Cm,
+             ldc, accumulate, bias);
 }
 
 #if defined(__AVX512F__)
-// the same with vdpbf16ps: one instruction does both fmas of 16 lanes (only called where the CPU has it)
+#define BF16_MR 8
+#define BF16_VL 16
+#define BF16_NR (2 * BF16_VL)
+#define BF16_KC (16384 / (BF16_NR * 4))
+#define BF16_MT 16
+#define BF16_NT 8
+
+// acc (MR x NR, row-major) += a (kc pairs x MR words) . b (kc pairs x NR words) with vdpbf16ps: one
+// instruction does both fmas of 16 lanes (only called where the CPU has it)
 __attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(float* acc, const uint32_t* a,
                                                                               const uint32_t* b, int kc) {
     __m512 c[BF16_MR][2];
@@ -186,13 +220,12 @@ __attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(fl
         _mm512_storeu_ps(acc + r * BF16_NR + BF16_VL, c[r][1]);
     }
 }
-#endif
 
 static inline uint32_t bf16_pair(bf16 even, bf16 odd) { return (uint32_t)even | (uint32_t)odd << 16; }
 
-static void gemm_bf16_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs,
-                          long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
-    if (M <= 0 || N <= 0) return;
+// the vdpbf16ps path
+static void gemm_bf16_dp_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs,
+                             long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
     const int MB = (M + BF16_MR - 1) / BF16_MR, NB = (N + BF16_NR - 1) / BF16_NR, KP = (K + 1) / 2;
     // the packed operands belong to the calling (rank) thread and only grow
     static thread_local std::vector<uint32_t> packA, packB;
@@ -261,7 +294,6 @@ static void gemm_bf16_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_
         if (mt >= nt && mt > 1) mt /= 2; else nt /= 2;
     }
     const int UM = (MB + mt - 1) / mt, UN = (NB + nt - 1) / nt;
-    const bool dp = bf16_dp_used();
     cpu_for((long)UM * UN, [&](long u) {
         const int mb0 = (int)(u % UM) * mt, nb0 = (int)(u / UM) * nt;
         const int mb1 = mb0 + mt < MB ? mb0 + mt : MB, nb1 = nb0 + nt < NB ? nb0 + nt : NB;
@@ -277,12 +309,7 @@ static void gemm_bf16_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_
                     if (kb == 0) memset(acc, 0, tile * sizeof(float));
                     const uint32_t* a = Ap + (size_t)mb * BF16_MR * KP + (size_t)j0 * BF16_MR;
                     const uint32_t* b = Bp + (size_t)nb * BF16_NR * KP + (size_t)j0 * BF16_NR;
-#if defined(__AVX512F__)
-                    if (dp) gemm_bf16_tile_dp(acc, a, b, kc);
-                    else
-#endif
-                        gemm_bf16_tile_fma(acc, a, b, kc);
-                    (void)dp;
+                    gemm_bf16_tile_dp(acc, a, b, kc);
                     if (kb < nk - 1) continue;
                     // the last K block: bias, then accumulate, into C
                     const int m0 = mb * BF16_MR, n0 = nb * BF16_NR;
@@ -310,4 +337,17 @@ static void gemm_bf16_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_
                 }
         }
     });
+}
+#endif
+
+static void gemm_bf16_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs,
+                          long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+    if (M <= 0 || N <= 0) return;
+#if defined(__AVX512F__)
+    if (bf16_dp_used()) {
+        gemm_bf16_dp_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
+        return;
+    }
+#endif
+    gemm_bf16_fma_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
 }
