@@ -175,6 +175,16 @@ static void gemm_pack_b_cpu(float* Bp, const float* B, long b_rs, long b_cs, int
     });
 }
 
+// Units of *mt x *nt tiles out of MB x NB: smaller ones when there are too few to keep every thread of the
+// rank busy (the unit size moves no sum: it only decides which thread computes a tile)
+static void gemm_units_cpu(int MB, int NB, int* mt, int* nt) {
+    const int threads = cpu_pool_threads();
+    const long want = threads > 1 ? 4L * threads : 1;
+    while ((long)((MB + *mt - 1) / *mt) * ((NB + *nt - 1) / *nt) < want && (*mt > 1 || *nt > 1)) {
+        if (*mt >= *nt && *mt > 1) *mt /= 2; else *nt /= 2;
+    }
+}
+
 // C (M x N, row stride ldc) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B through their strides.
 // Loops: K blocks outermost inside a unit of tiles (the sums of a tile wait in `sums` between blocks),
 // then the unit's B panels, then its row tiles, which share the B panel in L1.
@@ -190,14 +200,8 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
     // K in nk blocks of at most KC, of equal size (384 = 2 x 192 rather than 256 + 128)
     const int nk = K > GEMM_KC ? (K + GEMM_KC - 1) / GEMM_KC : 1;
     const int kcb = K > 0 ? (K + nk - 1) / nk : 0;
-    // units of mt x nt tiles; smaller ones when there are too few to keep every thread busy (the unit
-    // size moves no sum: it only decides which thread computes a tile)
     int mt = GEMM_MT, nt = GEMM_NT;
-    const int threads = cpu_pool_threads();
-    const long want = threads > 1 ? 4L * threads : 1;
-    while ((long)((MB + mt - 1) / mt) * ((NB + nt - 1) / nt) < want && (mt > 1 || nt > 1)) {
-        if (mt >= nt && mt > 1) mt /= 2; else nt /= 2;
-    }
+    gemm_units_cpu(MB, NB, &mt, &nt);
     const int UM = (MB + mt - 1) / mt, UN = (NB + nt - 1) / nt;
     cpu_for((long)UM * UN, [&](long u) {
         const int mb0 = (int)(u % UM) * mt, nb0 = (int)(u / UM) * nt;

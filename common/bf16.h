@@ -288,11 +288,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const bf16* A, long a_rs, long
     const int nk = KP > BF16_KC ? (KP + BF16_KC - 1) / BF16_KC : 1;
     const int kcb = KP > 0 ? (KP + nk - 1) / nk : 0;
     int mt = BF16_MT, nt = BF16_NT;
-    const int threads = cpu_pool_threads();
-    const long want = threads > 1 ? 4L * threads : 1;
-    while ((long)((MB + mt - 1) / mt) * ((NB + nt - 1) / nt) < want && (mt > 1 || nt > 1)) {
-        if (mt >= nt && mt > 1) mt /= 2; else nt /= 2;
-    }
+    gemm_units_cpu(MB, NB, &mt, &nt);
     const int UM = (MB + mt - 1) / mt, UN = (NB + nt - 1) / nt;
     cpu_for((long)UM * UN, [&](long u) {
         const int mb0 = (int)(u % UM) * mt, nb0 = (int)(u / UM) * nt;
