@@ -190,7 +190,10 @@ static bool setup_model_shape(Run* run) {
             if (stat(model, &st) != 0)
                 fatal("-e %s is neither a readable checkpoint file nor a descriptor (d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", model);
             if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", model);
-            model_read(model, c, nullptr);
+            int version = 3;
+            model_read(model, c, nullptr, &version);
+            if (version == 5)  // llm.c's GPU trainer saves bf16; tp trains in fp32, from the same numbers
+                printf("tp: %s holds bf16 weights (llm.c version 5): widened to fp32 exactly, and trained in fp32\n", model);
             model_verify_beside(model);
             run->model_file = model;
             run->vocab_from = "the checkpoint's";

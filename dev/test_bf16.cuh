@@ -221,3 +221,90 @@ static int bench_gemm_cpu() {
     }
     return 0;
 }
+
+// ----------------------------------------------------------------------------
+// llm.c's bf16 model files (version 5): what its GPU trainer saves, read by -e
+
+// Writes full as an llm.c version-5 file: the version-3 header with version 5, then every parameter rounded
+// to bf16 (to nearest even, as llm.c's writers round). claim_extra: bytes appended past the tensors (< 0:
+// that many cut from the end), to make a damaged copy.
+static void write_model_bf16(const std::string& path, const GPTConfig* c, const std::vector<float>& full, long claim_extra = 0) {
+    int h[256] = {0};
+    h[0] = 20240326; h[1] = 5; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
+    std::vector<bf16> b(full.size());
+    for (size_t i = 0; i < full.size(); i++) b[i] = bf16_round(full[i]);
+    FILE* f = fopen(path.c_str(), "wb");
+    fwrite(h, sizeof(h), 1, f);
+    fwrite(b.data(), sizeof(bf16), claim_extra < 0 ? b.size() + claim_extra / 2 : b.size(), f);
+    for (long i = 0; i < claim_extra; i++) fputc(0, f);
+    fclose(f);
+}
+
+static void test_bf16_checkpoint() {
+    printf("bf16 model files: llm.c's version 5 read exactly, trained as the fp32 file of the same numbers, damaged ones refused\n");
+    std::string d = tmpdir();
+    GPTConfig cfg = make_config(2, 4, 32, 256, 64);
+    std::vector<float> init = init_weights(&cfg, 23);
+    write_model_bf16(d + "/v5.bin", &cfg, init);
+    // the load: every weight is the fp32 of its bf16 (top 16 bits), and the header is the file's
+    GPTConfig got = {};
+    std::vector<float> loaded;
+    int version = 0;
+    model_read((d + "/v5.bin").c_str(), &got, &loaded, &version);
+    long wrong = 0, moved = 0, low_bits = 0;
+    for (size_t i = 0; i < init.size() && i < loaded.size(); i++) {
+        wrong += bf16_test_bits(loaded[i]) != bf16_test_bits(bf16_to_float(bf16_round(init[i])));
+        moved += loaded[i] != init[i];
+        low_bits += (bf16_test_bits(loaded[i]) & 0xffffu) != 0;
+    }
+    check(version == 5 && memcmp(&got, &cfg, sizeof(cfg)) == 0 && loaded.size() == init.size() && wrong == 0 && low_bits == 0,
+          "version %d, the header as written, %zu of %zu parameters: %ld differ from their bf16, %ld with low bits set", version,
+          loaded.size(), init.size(), wrong, low_bits);
+    check(moved > (long)init.size() / 2, "the file is bf16 indeed: %ld of %zu weights differ from the fp32 ones rounded into it", moved, init.size());
+    struct stat st;
+    long size = stat((d + "/v5.bin").c_str(), &st) == 0 ? (long)st.st_size : -1;
+    check(size == 1024 + 2 * (long)init.size(), "file size %ld = header + 2 x %zu", size, init.size());
+
+    // a run from it computes what a run from the version-3 file of the same (widened) numbers computes
+    model_write((d + "/v3.bin").c_str(), &cfg, loaded.data());
+    write_tokens(d + "/train.bin", random_tokens(4000, 256, 5));
+    write_tokens(d + "/val.bin", random_tokens(2000, 256, 6));
+    std::string run = " -i " + d + "/train.bin -j " + d + "/val.bin -b 2 -t 32 -x 4 -v 2 -m 2 -g 8 --threads 1 --tp 2";
+    std::string out5, err5, out3, err3;
+    int rc5 = run_cmd("-e " + d + "/v5.bin" + run, &out5, &err5), rc3 = run_cmd("-e " + d + "/v3.bin" + run, &out3, &err3);
+    std::vector<float> l5 = grep_floats(out5, "| loss "), l3 = grep_floats(out3, "| loss ");
+    std::vector<float> v5 = grep_floats(out5, "val loss "), v3 = grep_floats(out3, "val loss ");
+    check(rc5 == 0 && rc3 == 0 && l5.size() == 4 && l5 == l3 && v5.size() == 3 && v5 == v3,
+          "-e v5.bin: exit %d, %zu step and %zu val losses, equal to those from the version-3 file (exit %d)%s%s", rc5, l5.size(),
+          v5.size(), rc3, err5.empty() ? "" : ": ", err5.c_str());
+    std::string line = first_line_with(out5, "bf16 weights");
+    check(line.find("llm.c version 5") != std::string::npos && line.find("trained in fp32") != std::string::npos &&
+          out3.find("bf16 weights") == std::string::npos, "the run says what it read, the one from the fp32 file not: %s", line.c_str());
+
+    // damaged or foreign: one line, exit 1
+    write_model_bf16(d + "/v5_short.bin", &cfg, init, -100);
+    write_model_bf16(d + "/v5_long.bin", &cfg, init, 2);
+    std::vector<char> v3bytes = slurp_bytes(d + "/v3.bin");
+    v3bytes[4] = 5;  // an fp32 file labelled bf16: twice the bytes its header asks for
+    FILE* f = fopen((d + "/v3_as_v5.bin").c_str(), "wb");
+    fwrite(v3bytes.data(), 1, v3bytes.size(), f);
+    fclose(f);
+    v3bytes[4] = 4;
+    f = fopen((d + "/v4.bin").c_str(), "wb");
+    fwrite(v3bytes.data(), 1, v3bytes.size(), f);
+    fclose(f);
+    std::string cut = "is truncated: " + std::to_string(init.size() - 50) + " of " + std::to_string(init.size()) + " parameters present";
+    struct { const char* what; const char* file; std::string expect; } bad[] = {
+        {"a truncated bf16 file (100 bytes short)", "v5_short.bin", cut},
+        {"a bf16 file with bytes past its tensors", "v5_long.bin", "longer than its header says"},
+        {"an fp32 file labelled version 5", "v3_as_v5.bin", "longer than its header says"},
+        {"version 4", "v4.bin", "has version 4; tp reads llm.c's fp32 version 3 and bf16 version 5"},
+    };
+    for (auto& b : bad) {
+        std::string out, err;
+        int rc = run_cmd(std::string("-e ") + d + "/" + b.file + run, &out, &err);
+        int lines = (int)std::count(err.begin(), err.end(), '\n');
+        check(rc == 1 && lines == 1 && err.find(b.expect) != std::string::npos, "%s: exit %d, %d line: %s", b.what, rc, lines,
+              err.substr(0, err.find('\n')).c_str());
+    }
+}

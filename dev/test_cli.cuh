@@ -186,7 +186,7 @@ static void test_bad_input() {
         if (truncate_to >= 0 && truncate((d + "/" + name).c_str(), truncate_to) != 0) perror("truncate");
     };
     patch("ck_magic.bin", 0, 7, -1);
-    patch("ck_version.bin", 4, 5, -1);
+    patch("ck_version.bin", 4, 7, -1);
     patch("ck_trunc.bin", -1, 0, 1024 + 100);
     patch("ck_short.bin", -1, 0, 10);
     patch("ck_header.bin", 24, 0, -1);  // C = 0
@@ -207,7 +207,7 @@ static void test_bad_input() {
         {"short checkpoint", "-e " + d + "/ck_short.bin" + data + run, "shorter than its 1024-byte header"},
         {"truncated checkpoint", "-e " + d + "/ck_trunc.bin" + data + run, "truncated"},
         {"wrong-magic checkpoint", "-e " + d + "/ck_magic.bin" + data + run, "not an llm.c model file"},
-        {"wrong-version checkpoint (bf16)", "-e " + d + "/ck_version.bin" + data + run, "version 5"},
+        {"wrong-version checkpoint", "-e " + d + "/ck_version.bin" + data + run, "version 7"},
         {"checkpoint with an invalid header", "-e " + d + "/ck_header.bin" + data + run, "invalid header"},
         {"directory as checkpoint", "-e " + d + "/dir.bin" + data + run, "is a directory"},
         {"T > maxT", "-e " + m + data + run + " -t 64", "exceeds the model's maximum 32"},

@@ -28,23 +28,28 @@
 #include <thread>
 #include <unistd.h>
 #include <vector>
+#include "../common/bf16.h"
 #include "../common/error.h"
 #include "../common/safe_file.h"
 #include "../gpt.cu"
 #include "../data/loader.h"
 
 // ----------------------------------------------------------------------------
-// model files (llm.c's GPT-2 fp32 format)
+// model files (llm.c's GPT-2 format: fp32, or bf16 to read)
 
-// Reads an llm.c version-3 (fp32) checkpoint's header into c and its tensors into full (full null: the
-// header only, to size the run before allocating anything).
-static void model_read(const char* path, GPTConfig* c, std::vector<float>* full) {
+// Reads an llm.c checkpoint's header into c and its tensors into full (full null: the header only, to
+// size the run before allocating anything). Version 3 holds fp32 tensors; version 5 the same tensors in
+// bf16 (what llm.c's GPU trainer and its Python exporter write), each widened here to the fp32 with the
+// same bits on top and zeros below, which is exact. version (if set): the file's version.
+static void model_read(const char* path, GPTConfig* c, std::vector<float>* full, int* version = nullptr) {
     FILE* f = fopen(path, "rb");
     if (!f) fatal("cannot open checkpoint %s: %s (give an llm.c model file or a descriptor like d12 to -e)", path, strerror(errno));
     int h[256];
     if (fread(h, sizeof(int), 256, f) != 256) fatal("checkpoint %s is shorter than its 1024-byte header: not an llm.c model file", path);
     if (h[0] != 20240326) fatal("checkpoint %s has magic %d, not 20240326: not an llm.c model file", path, h[0]);
-    if (h[1] != 3) fatal("checkpoint %s has version %d; tp reads fp32 version 3 (export with llm.c's fp32 writer)", path, h[1]);
+    if (h[1] != 3 && h[1] != 5)
+        fatal("checkpoint %s has version %d; tp reads llm.c's fp32 version 3 and bf16 version 5 (data/import.py converts a Hugging Face GPT-2)", path, h[1]);
+    if (version) *version = h[1];
     c->maxT = h[2]; c->V = h[3]; c->L = h[4]; c->NH = h[5]; c->C = h[6]; c->Vp = h[7];
     if (c->maxT <= 0 || c->V <= 0 || c->L <= 0 || c->NH <= 0 || c->C <= 0 || c->Vp < c->V || c->C % c->NH != 0)
         fatal("checkpoint %s has an invalid header (maxT %d V %d L %d NH %d C %d Vp %d)", path, c->maxT, c->V, c->L, c->NH, c->C, c->Vp);
@@ -54,7 +59,18 @@ static void model_read(const char* path, GPTConfig* c, std::vector<float>* full)
         return;
     }
     full->resize(n);
-    size_t got = fread(full->data(), sizeof(float), n, f);
+    size_t got = 0;
+    if (h[1] == 3) {
+        got = fread(full->data(), sizeof(float), n, f);
+    } else {  // bf16, read in pieces of 1M numbers so that a 124M model needs no second full-size buffer
+        std::vector<bf16> piece(std::min<long>(n, 1L << 20));
+        while ((long)got < n) {
+            size_t want = std::min<size_t>(piece.size(), n - got), part = fread(piece.data(), sizeof(bf16), want, f);
+            for (size_t i = 0; i < part; i++) (*full)[got + i] = bf16_to_float(piece[i]);
+            got += part;
+            if (part < want) break;
+        }
+    }
     if ((long)got != n) fatal("checkpoint %s is truncated: %zu of %ld parameters present", path, got, n);
     char extra;
     if (fread(&extra, 1, 1, f) == 1) fatal("checkpoint %s is longer than its header says (%ld parameters)", path, n);

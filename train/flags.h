@@ -111,7 +111,7 @@ static void usage(FILE* out) {
         "  every flag takes a value: -b 16, --tp 2 or --tp=2\n"
         "  -i PATTERN  train tokens: an llm.c token file or a glob of shards   (default: the embedded corpus)\n"
         "  -j PATTERN  val tokens (none needed with -i and -v 0)                (default: the embedded corpus)\n"
-        "  -e MODEL    llm.c fp32 checkpoint file, or a descriptor: d1..d12, d24, d36, d48, or\n"
+        "  -e MODEL    llm.c model file (fp32 or bf16) or a descriptor: d1..d12, d24, d36, d48, or\n"
         "              L<layers>C<channels>H<heads> such as L2C128H4             (default L2C128H4)\n"
         "  -o DIR      output directory for checkpoints and log.csv (created)   (default: none)\n"
         "  -b B        batch size (sequences) of each replica                   (default 8)\n"
