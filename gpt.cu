@@ -48,6 +48,7 @@
 #include "common/error.h"
 #include "comm.cuh"
 #include "kernels_cpu.h"
+#include "common/bf16.h"
 #include "kernels.cuh"
 
 // ----------------------------------------------------------------------------
@@ -170,23 +171,31 @@ static long shard_local_size(const TensorShard* t) { return t->nl * t->lrows * t
 // multiple of 32 per replica, so that each of the D replicas updates an equal, aligned slice.
 static long shard_padded(long n, int zero, int D) { return zero ? (n + 32L * D - 1) / (32L * D) * (32L * D) : n; }
 
-// Copies between a full tensor (all layers) and this rank's shard of it, in either direction.
-// Local layer l is the full tensor's layer l0 + l (its stage's); local row lr of one layer comes from full row:
+// Where this rank's shard of t sits in the full tensor, which starts at base in the full parameter vector.
+// Local layer l is the full tensor's layer l0 + l (its stage's); local row lr of one layer is full row:
 //   rows: rank*lrows + lr;  qkv: the same within each of the q, k, v thirds;  cols and none: lr;
 // and its columns start at rank*lcols for a column split, else 0.
+static FullIndex shard_full_index(const TensorShard* t, int rank, long base) {
+    FullIndex m = {t->lrows, t->lcols, t->rows, t->cols, t->lrows, 0, 0, 0, t->l0, base};
+    if (t->split == SPLIT_ROWS) m.row0 = rank * t->lrows;
+    if (t->split == SPLIT_QKV) {
+        m.row_block = t->lrows / 3;
+        m.row_stride = t->rows / 3;
+        m.row0 = rank * m.row_block;
+    }
+    if (t->split == SPLIT_COLS) m.col0 = rank * t->lcols;
+    return m;
+}
+
+// Copies between a full tensor (all layers) and this rank's shard of it, in either direction, a local row
+// at a time (shard_full_index says where each goes).
 static void shard_copy(const TensorShard* t, int rank, float* full, float* local, bool to_local) {
-    long third = t->lrows / 3;  // used by the qkv split only
-    for (int l = 0; l < t->nl; l++)
-        for (long lr = 0; lr < t->lrows; lr++) {
-            long fr = lr;
-            if (t->split == SPLIT_ROWS) fr = rank * t->lrows + lr;
-            if (t->split == SPLIT_QKV) fr = (lr / third) * (t->rows / 3) + rank * third + lr % third;
-            long c0 = t->split == SPLIT_COLS ? rank * t->lcols : 0;
-            float* f = full + ((t->l0 + l) * t->rows + fr) * t->cols + c0;
-            float* p = local + (l * t->lrows + lr) * t->lcols;
-            if (to_local) memcpy(p, f, t->lcols * sizeof(float));
-            else memcpy(f, p, t->lcols * sizeof(float));
-        }
+    FullIndex m = shard_full_index(t, rank, 0);
+    for (long i = 0; i < shard_local_size(t); i += t->lcols) {
+        float* f = full + full_index(m, i);
+        if (to_local) memcpy(local + i, f, t->lcols * sizeof(float));
+        else memcpy(f, local + i, t->lcols * sizeof(float));
+    }
 }
 
 // ----------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "common/bf16.h"   // bf16 numbers, the same functions on the host and here
 #include "common/error.h"  // CUDA_CHECK, CUDA_LAUNCH_CHECK, CUBLAS_CHECK: one line naming the rank and the call
 #include "kernels_cpu.h"    // the reference ops; this file shares their shape helper real_columns and GELU_SCALE
 
@@ -1443,6 +1444,23 @@ static void adamw_cuda(CudaCtx* cx, float* params, const float* grads, float* m,
         adamw_kernel<1><<<ceil_div(n, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(params, grads, m, v, n, lr, beta1, beta2,
                                                                                   eps, wd, bc1, bc2, norm2, clip);
     CUDA_LAUNCH_CHECK(cx->rank, "adamw_kernel");
+}
+
+// out (n) = master (n) rounded stochastically to bf16: local elements i0 .. i0 + n - 1 of a shard placed by
+// map, as bf16_from_master_cpu (the same scalar function: the same bits). A grid-stride loop, so any grid
+// and block computes the same thing; threads and blocks (0: as many as n needs) choose the launch.
+__global__ void bf16_from_master_kernel(bf16* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
+                                        uint32_t seed) {
+    for (long j = (long)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (long)gridDim.x * blockDim.x)
+        out[j] = bf16_round_stochastic(master[j], (uint64_t)full_index(map, i0 + j), step, seed);
+}
+
+static void bf16_from_master_cuda(CudaCtx* cx, bf16* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
+                                  uint32_t seed, int threads = FLAT_THREADS, unsigned blocks = 0) {
+    if (n <= 0) return;
+    if (blocks == 0) blocks = ceil_div(n, threads);
+    bf16_from_master_kernel<<<blocks, threads, 0, cx->stream>>>(out, master, i0, n, map, step, seed);
+    CUDA_LAUNCH_CHECK(cx->rank, "bf16_from_master_kernel");
 }
 
 // Sum of squares in double, deterministically: pass 1 has a grid fixed by n alone (so the same on every

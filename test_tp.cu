@@ -1109,7 +1109,7 @@ static const TestGroup g_groups[] = {
     {"bpe", test_bpe, "prepare.py --vocab N: C++ encoder = Hugging Face ids, decoding, the split, bad inputs, tokenizer mismatches"},
     {"bperun", test_bpe_run, "a tiny BPE run trains and samples words; the run folder samples on its own"},
     {"export", test_export, "export.py at TP 1 and 2 identical, numpy logits = tp's, import then export bit for bit, bf16, non-GPT-2"},
-    {"bf16", test_bf16, "bf16: rounding to nearest even and stochastic, the bf16 GEMM against float64, vdpbf16ps = fp32 fmas"},
+    {"bf16", test_bf16, "bf16: rounding to nearest even and stochastic, the GEMM against float64, vdpbf16ps = fp32 fmas, master copies at any P"},
     {"bf16_ckpt", test_bf16_checkpoint, "llm.c bf16 model files (version 5): read exactly, a run from one = one from its fp32, bad ones refused"},
     {"pool", test_pool, "the CPU ranks' worker threads: FTZ|DAZ in each, asleep when idle, bit-identical at any count"},
     {"cpuarch", test_cpu_arch, "the host code's -march: x86-64-v4 on AVX-512, v3 on AVX2, else native"},

@@ -23,7 +23,15 @@
 
 typedef uint16_t bf16;
 
-static inline float bf16_to_float(bf16 h) {
+// The scalar functions and the index map below are the same code on the CPU and in CUDA kernels
+// (kernels.cuh), so a GPU rounds every element to the CPU's bits.
+#ifdef __CUDACC__
+#define BF16_HD __host__ __device__
+#else
+#define BF16_HD
+#endif
+
+static inline BF16_HD float bf16_to_float(bf16 h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, sizeof(f));
@@ -32,7 +40,7 @@ static inline float bf16_to_float(bf16 h) {
 
 // round to nearest, ties to even (as every fp32 to bf16 conversion of llm.c's and PyTorch's); a NaN stays
 // a (quiet) NaN rather than rounding into infinity
-static inline bf16 bf16_round(float f) {
+static inline BF16_HD bf16 bf16_round(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof(u));
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x0040u);
@@ -41,7 +49,7 @@ static inline bf16 bf16_round(float f) {
 }
 
 // 32 random bits from a 64-bit key (splitmix64's finaliser: every input bit moves every output bit)
-static inline uint32_t bf16_noise(uint64_t key) {
+static inline BF16_HD uint32_t bf16_noise(uint64_t key) {
     key += 0x9e3779b97f4a7c15ull;
     key = (key ^ (key >> 30)) * 0xbf58476d1ce4e5b9ull;
     key = (key ^ (key >> 27)) * 0x94d049bb133111ebull;
@@ -53,12 +61,47 @@ static inline uint32_t bf16_noise(uint64_t key) {
 // the element's index in the full (unsharded) tensor, the step and a seed, never from the rank, the
 // thread or the launch geometry: TP=P rounds every element exactly as TP=1, replicas round alike, and a
 // resume at the same step re-derives the same bf16 weights.
-static inline bf16 bf16_round_stochastic(float f, uint64_t index, uint32_t step, uint32_t seed) {
+static inline BF16_HD bf16 bf16_round_stochastic(float f, uint64_t index, uint32_t step, uint32_t seed) {
     uint32_t u;
     memcpy(&u, &f, sizeof(u));
     if ((u & 0x7f800000u) == 0x7f800000u) return bf16_round(f);  // inf and NaN: nothing to round
     uint32_t r = bf16_noise(index * 0x100000001b3ull ^ ((uint64_t)step << 32 | seed)) >> 16;
     return (bf16)((u + r) >> 16);  // adds below the kept bits: carries into them with the right odds
+}
+
+// ----------------------------------------------------------------------------
+// The bf16 copy of a rank's fp32 master weights
+//
+// A TP rank holds a shard of each parameter tensor (gpt.cu's shard plan): some of its rows (the column-
+// parallel tensors; the q, k and v thirds of qkvw each), some of its columns (the row-parallel ones), or
+// all of it. The noise of an element's stochastic rounding is keyed on its index in the full parameter
+// vector, so FullIndex says where local element i of a shard sits there:
+//   local layer l, row r, column c (row-major over (layers, lrows, lcols)) is full layer layer0 + l,
+//   full row (r / row_block) * row_stride + row0 + r % row_block, full column col0 + c,
+//   of a tensor of (rows, cols) per layer that starts at base.
+struct FullIndex {
+    long lrows, lcols;                 // the shard's shape per layer
+    long rows, cols;                   // the full tensor's shape per layer
+    long row_block, row_stride, row0;  // the rows: blocks of row_block local rows, row_stride apart in the full tensor
+    long col0;                         // the first full column
+    long layer0;                       // the first full layer
+    long base;                         // the full tensor's first element in the full parameter vector
+};
+
+static inline BF16_HD long full_index(const FullIndex& m, long i) {
+    long per = m.lrows * m.lcols, l = i / per, rc = i - l * per, r = rc / m.lcols, c = rc - r * m.lcols;
+    long fr = r / m.row_block * m.row_stride + m.row0 + r % m.row_block;
+    return m.base + ((m.layer0 + l) * m.rows + fr) * m.cols + m.col0 + c;
+}
+
+// out (n) = master (n) rounded stochastically to bf16, where master and out start at local element i0 of a
+// shard that map places: elements i0 .. i0 + n - 1 (the whole shard, or the slice ZeRO-1 gives a replica).
+// The same bits for any P, rank, slice, thread count or (on a GPU) launch: each element's rounding depends
+// on its value, its full index, the step and the seed alone.
+static void bf16_from_master_cpu(bf16* out, const float* master, long i0, long n, FullIndex map, uint32_t step, uint32_t seed) {
+    cpu_for_range(n, [&](long lo, long hi) {
+        for (long j = lo; j < hi; j++) out[j] = bf16_round_stochastic(master[j], (uint64_t)full_index(map, i0 + j), step, seed);
+    });
 }
 
 // ----------------------------------------------------------------------------

@@ -67,6 +67,66 @@ static void bf16_gemm_case(int M, int N, int K, bool a_t, bool b_t, bool accumul
         }
 }
 
+// The bf16 copies that P ranks round of their shards of full (each rank in a thread with `threads`
+// workers, each shard in two slices cut at `cut`, as ZeRO-1 cuts one), put back where they came from and
+// widened: the full model's bf16 weights as those ranks hold them.
+static std::vector<float> bf16_masters_at(const GPTConfig* cfg, const std::vector<float>& full, int P, int threads, long cut,
+                                          uint32_t step, uint32_t seed) {
+    std::vector<float> out(full.size(), NAN);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < P; r++)
+        ranks.emplace_back([&, r]() {
+            cpu_pool_start(threads);
+            ShardPlan sp;
+            shard_plan_init(&sp, cfg, P, r);
+            long off = 0;
+            for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+                const TensorShard* ts = &sp.t[t];
+                long n = shard_local_size(ts), a = std::min(n, cut);
+                std::vector<float> local(n), back(n);
+                std::vector<bf16> b(n);
+                shard_copy(ts, r, (float*)full.data() + off, local.data(), true);
+                FullIndex map = shard_full_index(ts, r, off);
+                bf16_from_master_cpu(b.data(), local.data(), 0, a, map, step, seed);
+                bf16_from_master_cpu(b.data() + a, local.data() + a, a, n - a, map, step, seed);
+                for (long i = 0; i < n; i++) back[i] = bf16_to_float(b[i]);
+                shard_copy(ts, r, out.data() + off, back.data(), false);  // the ranks' shards do not overlap
+                off += shard_full_size(ts);
+            }
+        });
+    for (auto& t : ranks) t.join();
+    return out;
+}
+
+// The bf16 copy of the master weights: at TP = 2 and 4, with other thread counts and slices, the same bits
+// as at TP = 1, and those are bf16_round_stochastic of each element keyed on its full index
+static void test_bf16_masters() {
+    GPTConfig cfg = make_config(2, 4, 32, 256, 16);
+    std::vector<float> full = init_weights(&cfg, 31);
+    for (size_t i = 0; i < full.size(); i++) full[i] += 1e-3f * sinf((float)i);  // the biases and layernorms too, off bf16's grid
+    const uint32_t step = 7, seed = 1337;
+    std::vector<float> one = bf16_masters_at(&cfg, full, 1, 1, 1L << 40, step, seed);
+    long wrong = 0;
+    for (size_t i = 0; i < full.size(); i++)
+        wrong += bf16_test_bits(one[i]) != bf16_test_bits(bf16_to_float(bf16_round_stochastic(full[i], i, step, seed)));
+    check(wrong == 0, "TP=1: every weight's bf16 is bf16_round_stochastic keyed on its index in the full model: %ld of %zu differ",
+          wrong, full.size());
+    struct { int P, threads; long cut; } grids[] = {{2, 1, 1L << 40}, {4, 1, 1L << 40}, {2, 3, 777}, {4, 2, 5}};
+    for (auto& g : grids) {
+        std::vector<float> got = bf16_masters_at(&cfg, full, g.P, g.threads, g.cut, step, seed);
+        long diff = 0;
+        for (size_t i = 0; i < full.size(); i++) diff += bf16_test_bits(got[i]) != bf16_test_bits(one[i]);
+        std::string how = g.cut > 1000000 ? "whole shards" : "each shard in slices cut at " + std::to_string(g.cut);
+        check(diff == 0, "TP=%d, %d thread%s, %s: %ld of %zu bf16 weights differ from TP=1's", g.P, g.threads, g.threads > 1 ? "s" : "",
+              how.c_str(), diff, full.size());
+    }
+    std::vector<float> next = bf16_masters_at(&cfg, full, 2, 1, 1L << 40, step + 1, seed);
+    long moved = 0;
+    for (size_t i = 0; i < full.size(); i++) moved += next[i] != one[i];
+    check(moved > (long)full.size() / 10, "the next step draws new noise: %ld of %zu bf16 weights round the other way", moved,
+          full.size());
+}
+
 static void test_bf16() {
     printf("bf16: conversions, stochastic rounding, the bf16 GEMM (%s on this CPU; the GEMM takes the %s path)\n",
            bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path; no AVX512-BF16 here",
@@ -176,6 +236,7 @@ static void test_bf16() {
         check(same, "the bf16 GEMM gives the same bits with 1, 2 and 3 threads, on %s (%d runs)",
               bf16_dp_supported() ? "both paths" : "the fp32 path", runs);
     }
+    test_bf16_masters();
 }
 
 // ./test_tp bench-gemm: GFLOP/s of one core at the shapes of the default model (L2C128H4, B8 T128) and of

@@ -429,6 +429,51 @@ static void test_adamw_sumsq(CudaCtx* cx) {
             }
 }
 
+// the bf16 copy of the master weights: the CUDA op against the CPU op, bit for bit, on every tensor's
+// shard of every rank at TP = 2 and 4, in two slices (as ZeRO-1 cuts a shard), for three launches
+static void test_bf16_from_master(CudaCtx* cx) {
+    printf("bf16_from_master (stochastic rounding keyed on the full index)\n");
+    GPTConfig cfg;
+    cfg.L = 2; cfg.NH = 4; cfg.C = 64; cfg.V = 300; cfg.Vp = 384; cfg.maxT = 32;
+    std::vector<float> full(gpt_num_params(&cfg));
+    Rnd rd = {17};
+    for (float& x : full) x = 0.1f * (rnd_uniform(&rd) - 0.5f);
+    struct { int threads; unsigned blocks; const char* what; } launches[] = {{256, 0, "256 x n/256"}, {64, 3, "64 x 3, grid-stride"},
+                                                                             {1024, 1, "1024 x 1"}};
+    for (int P : {2, 4}) {
+        long diff = 0, total = 0;
+        for (int r = 0; r < P; r++) {
+            ShardPlan sp;
+            shard_plan_init(&sp, &cfg, P, r);
+            long off = 0;
+            for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+                const TensorShard* ts = &sp.t[t];
+                long n = shard_local_size(ts), a = n / 3;
+                std::vector<float> local(n);
+                shard_copy(ts, r, full.data() + off, local.data(), true);
+                FullIndex map = shard_full_index(ts, r, off);
+                std::vector<bf16> want(n), got(n);
+                bf16_from_master_cpu(want.data(), local.data(), 0, n, map, 11, 1337);
+                DevBuf dm = dev_up(cx, local);
+                bf16* dout = (bf16*)cuda_alloc(cx, (n + 1) / 2);
+                for (auto& l : launches) {
+                    cuda_zero(cx, (float*)dout, (n + 1) / 2);
+                    bf16_from_master_cuda(cx, dout, dm.p, 0, a, map, 11, 1337, l.threads, l.blocks);
+                    bf16_from_master_cuda(cx, dout + a, dm.p + a, a, n - a, map, 11, 1337, l.threads, l.blocks);
+                    cuda_download(cx, got.data(), dout, n * sizeof(bf16));
+                    for (long i = 0; i < n; i++) diff += got[i] != want[i];
+                    total += n;
+                }
+                cuda_free(cx, dm.base);
+                cuda_free(cx, dout);
+                off += shard_full_size(ts);
+            }
+        }
+        check_le(diff, 0, "%-22s TP=%d, every rank's shard of the 16 tensors, 3 launches: bf16 weights differing of %ld", "bf16_from_master", P,
+                 total);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // collectives on the GPU
 
@@ -925,6 +970,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     test_gelu(&cx);
     test_crossentropy(&cx);
     test_adamw_sumsq(&cx);
+    test_bf16_from_master(&cx);
     cuda_ctx_free(&cx);
     for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);
     test_skip_detected(argv0, false);
