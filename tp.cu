@@ -193,7 +193,7 @@ static bool setup_model_shape(Run* run) {
             int version = 3;
             model_read(model, c, nullptr, &version);
             if (version == 5)  // llm.c's GPU trainer saves bf16; tp trains in fp32, from the same numbers
-                printf("tp: %s holds bf16 weights (llm.c version 5): widened to fp32 exactly, and trained in fp32\n", model);
+                printf("tp: %s holds bf16 weights (llm.c version 5): widened to fp32 exactly; tp computes in fp32\n", model);
             model_verify_beside(model);
             run->model_file = model;
             run->vocab_from = "the checkpoint's";

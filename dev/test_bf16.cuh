@@ -339,7 +339,7 @@ static void test_bf16_checkpoint() {
           "-e v5.bin: exit %d, %zu step and %zu val losses, equal to those from the version-3 file (exit %d)%s%s", rc5, l5.size(),
           v5.size(), rc3, err5.empty() ? "" : ": ", err5.c_str());
     std::string line = first_line_with(out5, "bf16 weights");
-    check(line.find("llm.c version 5") != std::string::npos && line.find("trained in fp32") != std::string::npos &&
+    check(line.find("llm.c version 5") != std::string::npos && line.find("tp computes in fp32") != std::string::npos &&
           out3.find("bf16 weights") == std::string::npos, "the run says what it read, the one from the fp32 file not: %s", line.c_str());
 
     // damaged or foreign: one line, exit 1
