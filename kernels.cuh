@@ -265,6 +265,17 @@ static void gemm_cuda(CudaCtx* cx, bool ta, bool tb, int M, int N, int K, float 
                                                           cuda_compute_type(cx), CUBLAS_GEMM_DEFAULT));
 }
 
+// C (M x N) = alpha * op(A) . op(B) + beta * C, row-major as gemm_cuda, with A and B in bf16 and C in fp32:
+// cuBLAS multiplies the bf16 pairs exactly and accumulates in fp32 (CUBLAS_COMPUTE_32F), the numerics of
+// gemm_bf16_cpu (common/bf16.h) in another order of the sums.
+static void gemm_bf16_cuda(CudaCtx* cx, bool ta, bool tb, int M, int N, int K, float alpha, const bf16* A, int lda,
+                           const bf16* B, int ldb, float beta, float* C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cx->rank, cublasGemmEx(cx->cublas, opB, opA, N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta,
+                                        C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 // the largest power of two (<= 256) dividing the address: cuBLASLt assumes 256-byte aligned operands
 // unless told otherwise, and would pick kernels that fault on a sub-tensor at an odd offset
 static uint32_t ptr_alignment(const void* p) {

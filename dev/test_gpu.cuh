@@ -429,6 +429,40 @@ static void test_adamw_sumsq(CudaCtx* cx) {
             }
 }
 
+// the bf16 GEMM (cuBLAS, bf16 inputs, fp32 accumulation) against the CPU's gemm_bf16_cpu: every transpose,
+// with and without accumulating into C, at the default model's shapes and ragged ones
+static void test_gemm_bf16(CudaCtx* cx) {
+    printf("gemm_bf16 (bf16 A and B, fp32 C and sums)\n");
+    Rnd r = {23};
+    struct { int M, N, K; } shapes[] = {{256, 384, 128}, {256, 128, 512}, {33, 17, 301}, {7, 130, 65}};
+    for (auto& sh : shapes)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int acc = 0; acc < 2; acc++) {
+                    int M = sh.M, N = sh.N, K = sh.K, lda = ta ? M : K, ldb = tb ? K : N;
+                    std::vector<float> af = rnd_vec(&r, (long)M * K), bff = rnd_vec(&r, (long)K * N), c0 = rnd_vec(&r, (long)M * N);
+                    std::vector<bf16> a(af.size()), b(bff.size());
+                    for (size_t i = 0; i < a.size(); i++) a[i] = bf16_round(af[i]);
+                    for (size_t i = 0; i < b.size(); i++) b[i] = bf16_round(bff[i]);
+                    // the CPU twin: a(m,k) = A[m*a_rs + k*a_cs], b(k,n) = B[k*b_rs + n*b_cs]
+                    std::vector<float> want = acc ? c0 : std::vector<float>(c0.size(), 0.0f);
+                    gemm_bf16_cpu(M, N, K, a.data(), ta ? 1 : lda, ta ? lda : 1, b.data(), tb ? 1 : ldb, tb ? ldb : 1, want.data(), N,
+                                  acc != 0, nullptr);
+                    bf16* da = (bf16*)cuda_alloc(cx, ((long)a.size() + 1) / 2);
+                    bf16* db = (bf16*)cuda_alloc(cx, ((long)b.size() + 1) / 2);
+                    cuda_upload(cx, da, a.data(), a.size() * sizeof(bf16));
+                    cuda_upload(cx, db, b.data(), b.size() * sizeof(bf16));
+                    DevBuf dc = dev_up(cx, c0);
+                    gemm_bf16_cuda(cx, ta, tb, M, N, K, 1.0f, da, lda, db, ldb, acc ? 1.0f : 0.0f, dc.p, N);
+                    char s[80];
+                    snprintf(s, sizeof(s), "M%d N%d K%d%s%s%s", M, N, K, ta ? " A^T" : "", tb ? " B^T" : "", acc ? " C +=" : "");
+                    expect_close("gemm_bf16", s, dev_down(cx, dc.p, (long)M * N), want, FP32_BOUND);
+                    cuda_free(cx, da);
+                    cuda_free(cx, db);
+                    cuda_free(cx, dc.base);
+                }
+}
+
 // the bf16 copy of the master weights: the CUDA op against the CPU op, bit for bit, on every tensor's
 // shard of every rank at TP = 2 and 4, in two slices (as ZeRO-1 cuts a shard), for three launches
 static void test_bf16_from_master(CudaCtx* cx) {
@@ -971,6 +1005,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     test_crossentropy(&cx);
     test_adamw_sumsq(&cx);
     test_bf16_from_master(&cx);
+    test_gemm_bf16(&cx);
     cuda_ctx_free(&cx);
     for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);
     test_skip_detected(argv0, false);

@@ -2,7 +2,8 @@
 //
 // Semantics are cuBLAS's: column-major, D = alpha op(A) op(B) + beta C with op = N or T, leading
 // dimensions at least the stored rows (else CUBLAS_STATUS_INVALID_VALUE, as cuBLAS checks), C not read when
-// beta is 0, strided batches, fp32 accumulation; with TF32 (CUBLAS_COMPUTE_32F_FAST_TF32, or
+// beta is 0, strided batches, fp32 accumulation, A and B in fp32 or both in bf16 (CUDA_R_16BF, each element
+// widened exactly; C stays fp32); with TF32 (CUBLAS_COMPUTE_32F_FAST_TF32, or
 // CUBLAS_COMPUTE_32F under CUBLAS_TF32_TENSOR_OP_MATH) the inputs are rounded to 10 mantissa bits first,
 // as tensor cores do, so TF32 error is really there for the tests to bound. cuBLASLt adds the bias
 // epilogue, and models what its heuristic promises: the algorithm it returns assumes the minimum operand
@@ -30,8 +31,10 @@ struct Gemm {
     int m, n, k;
     bool ta, tb, tf32;
     float alpha, beta;
-    const float *A, *B, *C, *bias;
+    const void *A, *B;   // fp32, or bf16 when bf16 (cublasGemmEx with CUDA_R_16BF inputs)
+    const float *C, *bias;
     float* D;
+    bool bf16;           // A and B are bf16: each element widened to fp32 (exact), the products summed in fp32
     long long lda, ldb, ldc, ldd, sA, sB, sC, sD;
     int batch;
     const char* api;
@@ -43,12 +46,22 @@ struct Gemm {
 // the bytes a column-major (rows x cols, ld) matrix spans, from its first element to its last
 long long span(long long rows, long long cols, long long ld) { return rows == 0 || cols == 0 ? 0 : (cols - 1) * ld + rows; }
 
-bool overlap(const void* a, long long na, const void* b, long long nb) {
-    return na > 0 && nb > 0 && (const char*)a < (const char*)b + nb * 4 && (const char*)b < (const char*)a + na * 4;
+// whether na elements at a and nb at b share a byte (eb: bytes an element, 4, or 2 for a bf16 operand at b)
+bool overlap(const void* a, long long na, const void* b, long long nb, int eb = 4) {
+    return na > 0 && nb > 0 && (const char*)a < (const char*)b + nb * eb && (const char*)b < (const char*)a + na * 4;
 }
 
-void check_matrix(const float* p, long long rows, long long cols, long long ld, bool write, const char* name) {
-    for (long long j = 0; j < cols; j++) check_range(p + j * ld, (size_t)rows * 4, write, !write, PEER_KERNEL, name);
+void check_matrix(const void* p, long long rows, long long cols, long long ld, bool write, const char* name, int eb = 4) {
+    for (long long j = 0; j < cols; j++) check_range((const char*)p + j * ld * eb, (size_t)rows * eb, write, !write, PEER_KERNEL, name);
+}
+
+// element i of an operand: an fp32, or a bf16 widened to the fp32 with the same top 16 bits
+float operand(const void* p, long long i, bool bf16) {
+    if (!bf16) return ((const float*)p)[i];
+    uint32_t u = (uint32_t)((const uint16_t*)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 float dot(const float* a, const float* b, int k) {
@@ -83,15 +96,17 @@ void gemm_run(const Gemm& g) {
     }
     std::vector<float> ap((size_t)g.m * g.k), bp((size_t)g.n * g.k);
     for (int b = 0; b < g.batch; b++) {
-        const float *A = g.A + b * g.sA, *B = g.B + b * g.sB, *C = g.C ? g.C + b * g.sC : nullptr;
+        const int eb = g.bf16 ? 2 : 4;  // bytes an element of A and B
+        const void *A = (const char*)g.A + b * g.sA * eb, *B = (const char*)g.B + b * g.sB * eb;
+        const float* C = g.C ? g.C + b * g.sC : nullptr;
         float* D = g.D + b * g.sD;
-        check_matrix(A, ra, ca, g.lda, false, "operand A");
-        check_matrix(B, rb, cb, g.ldb, false, "operand B");
+        check_matrix(A, ra, ca, g.lda, false, "operand A", eb);
+        check_matrix(B, rb, cb, g.ldb, false, "operand B", eb);
         if (g.beta != 0.0f && C != D) check_matrix(C, g.m, g.n, g.ldc, false, "operand C");
         if (g.beta != 0.0f && C == D) check_matrix(D, g.m, g.n, g.ldd, false, "operand C (= D)");
         check_matrix(D, g.m, g.n, g.ldd, true, "output D");
         long long nd = span(g.m, g.n, g.ldd);
-        if (overlap(D, nd, A, span(ra, ca, g.lda)) || overlap(D, nd, B, span(rb, cb, g.ldb)))
+        if (overlap(D, nd, A, span(ra, ca, g.lda), eb) || overlap(D, nd, B, span(rb, cb, g.ldb), eb))
             fail("GEMM output overlaps an input", "%s: batch %d writes D at %p (%lld floats), which overlaps operand A (%p) or B (%p): the result "
                  "is undefined", g.api, b, (void*)D, nd, (const void*)A, (const void*)B);
         if (b + 1 < g.batch && overlap(D, nd, g.D + (b + 1) * g.sD, nd))
@@ -100,12 +115,12 @@ void gemm_run(const Gemm& g) {
         // op(A) as rows of k and op(B) as columns of k, TF32-rounded if asked
         for (int i = 0; i < g.m; i++)
             for (int l = 0; l < g.k; l++) {
-                float x = g.ta ? A[l + (long long)i * g.lda] : A[i + (long long)l * g.lda];
+                float x = operand(A, g.ta ? l + (long long)i * g.lda : i + (long long)l * g.lda, g.bf16);
                 ap[(size_t)i * g.k + l] = g.tf32 ? tf32_round(x) : x;
             }
         for (int j = 0; j < g.n; j++)
             for (int l = 0; l < g.k; l++) {
-                float x = g.tb ? B[j + (long long)l * g.ldb] : B[l + (long long)j * g.ldb];
+                float x = operand(B, g.tb ? j + (long long)l * g.ldb : l + (long long)j * g.ldb, g.bf16);
                 bp[(size_t)j * g.k + l] = g.tf32 ? tf32_round(x) : x;
             }
         for (int j = 0; j < g.n; j++)
@@ -236,16 +251,23 @@ const char* cublasGetStatusName(cublasStatus_t s) {
 // the checks cublasGemmEx and cublasGemmStridedBatchedEx share; returns the stream, or sets *st
 static Stream* gemm_setup(const char* api, cublasContext* c, int ta, int tb, int m, int n, int k, const void* alpha, int Atype, int lda,
                           int Btype, int ldb, const void* beta, int Ctype, int ldc, int compute, int algo, int batch, cublasStatus_t* st,
-                          bool* tf32) {
+                          bool* tf32, bool* bf16) {
     *st = CUBLAS_STATUS_SUCCESS;
     if (!c) {
         *st = CUBLAS_STATUS_NOT_INITIALIZED;
         return nullptr;
     }
-    if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F)
-        fail("outside the emulated subset", "%s with data types %d/%d/%d: only CUDA_R_32F is emulated", api, Atype, Btype, Ctype);
+    *bf16 = Atype == CUDA_R_16BF && Btype == CUDA_R_16BF;
+    if (!(Atype == CUDA_R_32F && Btype == CUDA_R_32F) && !*bf16)
+        fail("outside the emulated subset", "%s with data types %d/%d/%d: A and B both CUDA_R_32F or both CUDA_R_16BF are emulated", api, Atype, Btype, Ctype);
+    if (Ctype != CUDA_R_32F)
+        fail("outside the emulated subset", "%s with data types %d/%d/%d: only an fp32 C (CUDA_R_32F) is emulated", api, Atype, Btype, Ctype);
     if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC && compute != CUBLAS_COMPUTE_32F_FAST_TF32)
         fail("outside the emulated subset", "%s with compute type %d: only CUBLAS_COMPUTE_32F, _32F_PEDANTIC and _32F_FAST_TF32 are emulated", api, compute);
+    if (*bf16 && compute == CUBLAS_COMPUTE_32F_FAST_TF32) {  // cuBLAS: TF32 is for fp32 inputs only
+        *st = CUBLAS_STATUS_NOT_SUPPORTED;
+        return nullptr;
+    }
     if (algo != CUBLAS_GEMM_DEFAULT && algo != CUBLAS_GEMM_DEFAULT_TENSOR_OP)
         fail("outside the emulated subset", "%s with algorithm %d: only CUBLAS_GEMM_DEFAULT(_TENSOR_OP) is emulated", api, algo);
     if (c->device != cur_device())
@@ -258,7 +280,8 @@ static Stream* gemm_setup(const char* api, cublasContext* c, int ta, int tb, int
     cudaError_t e = cudaSuccess;
     Stream* s = get_stream(c->stream, &e);
     if (!s) fail("invalid stream", "%s: the handle's stream was destroyed", api);
-    *tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32 || (compute == CUBLAS_COMPUTE_32F && c->mode == CUBLAS_TF32_TENSOR_OP_MATH);
+    // (bf16 inputs have 8 significant bits, fewer than TF32's 11: rounding them to TF32 would change nothing)
+    *tf32 = !*bf16 && (compute == CUBLAS_COMPUTE_32F_FAST_TF32 || (compute == CUBLAS_COMPUTE_32F && c->mode == CUBLAS_TF32_TENSOR_OP_MATH));
     return s;
 }
 
@@ -275,9 +298,9 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
     init();
     cublasContext* c = handle_of(h);
     cublasStatus_t st;
-    bool tf32 = false;
+    bool tf32 = false, bf16 = false;
     const char* api = batch == 1 && sA == 0 && sB == 0 && sC == 0 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx";
-    Stream* s = gemm_setup(api, c, ta, tb, m, n, k, alpha, Atype, lda, Btype, ldb, beta, Ctype, ldc, compute, algo, batch, &st, &tf32);
+    Stream* s = gemm_setup(api, c, ta, tb, m, n, k, alpha, Atype, lda, Btype, ldb, beta, Ctype, ldc, compute, algo, batch, &st, &tf32, &bf16);
     if (!s) return st;
     if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
     Gemm g = {};
@@ -285,7 +308,8 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
     g.ta = ta != CUBLAS_OP_N, g.tb = tb != CUBLAS_OP_N, g.tf32 = tf32;
     g.alpha = *(const float*)alpha;  // host pointer mode: the scalars are read now, at the call
     g.beta = *(const float*)beta;
-    g.A = (const float*)A, g.B = (const float*)B, g.C = (const float*)C, g.D = (float*)C;
+    g.A = A, g.B = B, g.C = (const float*)C, g.D = (float*)C;
+    g.bf16 = bf16;
     g.lda = lda, g.ldb = ldb, g.ldc = ldc, g.ldd = ldc;
     g.sA = sA, g.sB = sB, g.sC = sC, g.sD = sC;
     g.batch = batch;
@@ -504,7 +528,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dh, const
     g.tf32 = desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     g.alpha = *(const float*)alpha;
     g.beta = *(const float*)beta;
-    g.A = (const float*)A, g.B = (const float*)B, g.C = (const float*)C, g.D = (float*)D;
+    g.A = A, g.B = B, g.C = (const float*)C, g.D = (float*)D;
     g.lda = layout_of(a)->ld, g.ldb = layout_of(b)->ld, g.ldc = layout_of(c)->ld, g.ldd = layout_of(d)->ld;
     g.batch = 1;
     g.bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS ? desc->bias : nullptr;

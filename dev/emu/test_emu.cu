@@ -776,6 +776,42 @@ static void test_cublas() {
         check(st == CUBLAS_STATUS_SUCCESS && err < 1e-6 && gaps_nan == batch, "cublasGemmStridedBatchedEx, 3 batches at strides past the matrices, beta 0 over NaN: max rel err %.1e, gaps untouched %d/3", err, gaps_nan);
         for (float* p : {dA, dB, dC}) CK(cudaFree(p));
     }
+    // bf16 A and B (CUDA_R_16BF), fp32 C: each element is the top half of an fp32, widened exactly; a 1 read as
+    // 0x3f80 must give what the fp32 loops give on the widened values; TF32 compute with bf16 inputs is refused
+    {
+        int lda = m + 1, ldb = k + 2, ldc = m;
+        auto A = randv((size_t)lda * k, 6), B = randv((size_t)ldb * n, 7);
+        std::vector<uint16_t> Ah(A.size()), Bh(B.size());
+        auto top = [](float& x) {  // keep the top 16 bits of x, return them
+            uint32_t u;
+            memcpy(&u, &x, 4);
+            u &= 0xffff0000u;
+            memcpy(&x, &u, 4);
+            return (uint16_t)(u >> 16);
+        };
+        for (size_t i = 0; i < A.size(); i++) Ah[i] = top(A[i]);
+        for (size_t i = 0; i < B.size(); i++) Bh[i] = top(B[i]);
+        void *dA, *dB;
+        CK(cudaMalloc(&dA, Ah.size() * 2));
+        CK(cudaMalloc(&dB, Bh.size() * 2));
+        CK(cudaMemcpy(dA, Ah.data(), Ah.size() * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dB, Bh.data(), Bh.size() * 2, cudaMemcpyHostToDevice));
+        float* dC = dev_floats(std::vector<float>((size_t)ldc * n, 0.0f));
+        float one = 1.0f, zero = 0.0f;
+        cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, lda, dB, CUDA_R_16BF, ldb, &zero,
+                                         dC, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        auto got = host_floats(dC, (size_t)ldc * n);
+        std::vector<float> want((size_t)ldc * n, 0.0f);
+        naive_gemm(false, false, m, n, k, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, want.data(), ldc, false);
+        cublasStatus_t tf = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, lda, dB, CUDA_R_16BF, ldb, &zero,
+                                         dC, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+        check(st == CUBLAS_STATUS_SUCCESS && max_rel(got, want) < 1e-6 && tf == CUBLAS_STATUS_NOT_SUPPORTED,
+              "cublasGemmEx with bf16 A and B, fp32 C: max rel err %.1e against the loops on the widened values (bound 1e-6); "
+              "COMPUTE_32F_FAST_TF32 with bf16 inputs: %s", max_rel(got, want), cublasGetStatusName(tf));
+        CK(cudaFree(dA));
+        CK(cudaFree(dB));
+        CK(cudaFree(dC));
+    }
     // TF32: products of 1 + 2^-12 vanish into the rounding, as on tensor cores
     {
         int kk = 64;
