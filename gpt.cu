@@ -469,11 +469,18 @@ struct GPT {
     // rank updates all of it (slice0 0, nslice nparams); with ZeRO-1 only its replica's slice.
     int zero;       // ZeRO stage: 0, or 1 (AdamW's m and v and the update split over the replicas)
     long npad, slice0, nslice;
-    float* params_mem;     // (npad)
+    float* params_mem;     // (npad) the fp32 weights (with --dtype bf16: the master weights AdamW updates)
     float* grads_mem;      // (npad)
     float *m_mem, *v_mem;  // AdamW moments (nslice): for the slice the rank updates
     float dloss;  // training: the gradient each position's loss is seeded with (0: 1/(B T), the batch mean)
-    Params params, grads;
+    Params params, grads;  // params: the weights the forward and backward read (bf16: into wbf_mem)
+    // --dtype bf16 (gpt_set_dtype): the layers read a bf16 copy of the fp32 masters, rounded stochastically
+    // after every update (gpt_round_weights), held in fp32 (bf16 values widened exactly); the matmuls'
+    // activation operands are rounded to bf16 where they are made (keep_bf16). fp32: wbf_mem is null.
+    bool bf16;
+    float* wbf_mem;       // (npad) the bf16 weights
+    bool wbf_stale;       // params_mem changed since wbf_mem was rounded from it
+    uint32_t bf16_seed;   // the stochastic rounding's seed (the run's --seed)
     float* norm2;  // (2) squared gradient norm: [sharded tensors summed over ranks, replicated tensors]
     // activations, allocated for one (B, T)
     int B, T;
@@ -589,6 +596,47 @@ static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full,
     gpt_scatter(m, rk, full, m->params_mem);
 }
 
+// --dtype bf16 (bf16 true) or fp32 for a model gpt_build made. bf16 keeps params_mem as the fp32 master
+// weights, which AdamW updates and checkpoints save, and points the layers' Params at a copy rounded from
+// them: stochastically, keyed on each element's index in the full model, the step and seed (common/bf16.h),
+// so TP=P rounds every weight as TP=1 does, replicas alike, and a resume re-derives the same copy from the
+// masters and the step. The copy is held in fp32 (bf16 values widened exactly): the numbers are bf16's,
+// the storage not yet halved.
+static void gpt_set_dtype(GPT* m, Rank* rk, bool bf16, uint32_t seed) {
+    m->bf16 = bf16;
+    m->bf16_seed = seed;
+    if (bf16 && !m->wbf_mem) m->wbf_mem = dev_alloc(rk, m->npad);
+    if (!bf16 && m->wbf_mem) {
+        dev_free(rk, m->wbf_mem);
+        m->wbf_mem = nullptr;
+    }
+    params_point(&m->params, bf16 ? m->wbf_mem : m->params_mem, &m->plan);
+    m->wbf_stale = bf16;
+}
+
+// The bf16 copy of the whole shard from the masters at step m->t, tensor by tensor (each has its own map
+// to the full model). Every replica rounds its whole shard after ZeRO-1's all-gather of the masters: the
+// same bits on each, from the same masters.
+static void gpt_round_weights(GPT* m, Rank* rk) {
+    long off = 0, loff = 0;  // the tensor's first element in the full model, in the shard
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const TensorShard* t = &m->plan.t[i];
+        long n = shard_local_size(t);
+        OP(rk, bf16_from_master, m->wbf_mem + loff, m->params_mem + loff, 0L, n, shard_full_index(t, rk->rank, off),
+           (uint32_t)m->t, m->bf16_seed);
+        off += shard_full_size(t);
+        loff += n;
+    }
+    m->wbf_stale = false;
+}
+
+// A bf16 run keeps activation x (n) in bf16: an operand of a matmul, rounded to nearest where it is made,
+// so the matmul multiplies bf16 by bf16 (exact in fp32) and accumulates in fp32, and the backward reads the
+// same values the forward did. Nothing in an fp32 run.
+static void keep_bf16(GPT* m, Rank* rk, float* x, long n) {
+    if (m->bf16) OP(rk, round_bf16, x, n);
+}
+
 // Writes this rank's shard of a per-rank tensor set (params, grads, or m and v without ZeRO) into the
 // full tensors in host memory. Ranks share the process, so gathering is each rank filling its own
 // disjoint part of one host buffer; replicated tensors are written by rank 0 only. Call it on one replica
@@ -672,6 +720,7 @@ static void gpt_free_slot_mem(GPT* m, Rank* rk) {
 
 static void gpt_free(GPT* m, Rank* rk) {
     dev_free(rk, m->params_mem);
+    if (m->wbf_mem) dev_free(rk, m->wbf_mem);
     dev_free(rk, m->grads_mem);
     dev_free(rk, m->m_mem);
     dev_free(rk, m->v_mem);
@@ -846,6 +895,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // attention block. ln1 is replicated: every rank normalises the same residual stream (with SP,
     // its own tokens of it).
     OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
+    keep_bf16(m, rk, la.ln1, (long)N * C);
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
     float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 fwd", lg);
@@ -856,6 +906,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     if (decode) OP(rk, attention_decode, la.atty, la.qkv, kv->k + l * kv->lstride, kv->v + l * kv->lstride, kv->pos, B, NHl, kv->Tmax, hs);
     else if (m->fused) OP(rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);  // keeps out and lse
     else OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);  // keeps the (T, T) probabilities
+    keep_bf16(m, rk, la.atty, (long)BT * Cl);
     // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
     // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
     // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
@@ -866,9 +917,11 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // MLP block: fc is column-parallel (this rank's 4C/P hidden units), GELU is elementwise on them,
     // fcproj is row-parallel over the same units: again a partial sum, again g.
     OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
+    keep_bf16(m, rk, la.ln2, (long)N * C);
     float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 fwd", lg);
     OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l);
     OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
+    keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
     OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C);
     float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", lg);
     OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
@@ -886,6 +939,7 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode) {
     Comm* tp = &rk->tp;
     int B = m->B, T = m->T, L = s->L, C = m->cfg.C, Vl = s->Vl;
     int BT = B * T, N = m->ntok;
+    if (m->bf16 && m->wbf_stale) gpt_round_weights(m, rk);  // the first forward since the masters changed
     if (s->first) {
 
         // Vocab-parallel embedding: each rank holds wte rows [v0, v0+Vl) and looks up only the tokens it
@@ -911,6 +965,7 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode) {
     // layernorm writes this rank's tokens in place at row t0 and an all-gather fills in the rest.
     float* last = LAYER_BUF(m, residual3, L - 1);
     OP(rk, layernorm_forward, a->lnf + (long)m->t0 * C, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, N, C);
+    keep_bf16(m, rk, a->lnf + (long)m->t0 * C, (long)N * C);
     if (m->split) comm_allgather(tp, a->lnf, a->lnf + (long)m->t0 * C, (long)N * C, "lnf fwd", -1);
     OP(rk, matmul_forward, a->logits, a->lnf, p->wte, nullptr, BT, C, Vl);
 }
@@ -1029,6 +1084,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // residual-stream gradient dres is identical on every rank (SP: each rank has its own tokens' rows).
         // The input gradient comes first so that its sum can start; the weight gradient, which needs only
         // dlogits and lnf, is computed while the sum is in flight (the same for fc and qkv below).
+        keep_bf16(m, rk, a->logits, (long)BT * Vl);  // dlogits, the head's output gradient
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);
         float* dlnf = my_tokens_summed_start(m, rk, a->dln, "lm head bwd", -1);
         OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);  // under the sum
@@ -1047,17 +1103,24 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // communication (g's backward is the identity; with SP, the reduce-scatter's backward is an
         // all-gather of the output gradient). Its bias was added once after the sum, and its gradient,
         // the column sum of every token's dres, comes out the same on every rank.
+        keep_bf16(m, rk, a->dres, (long)N * C);  // bf16: the output gradients of the matmuls too
         float* dout = all_tokens(m, rk, a->dres, "fcproj bwd", lg);
-        if (m->recompute >= 1) OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);  // -r 1: not kept
+        if (m->recompute >= 1) {  // -r 1: not kept
+            OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
+            keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
+        }
         OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, la.fch_gelu,
            p->fcprojw + (long)l * C * C4l, BT, C4l, C);
         OP(rk, gelu_backward, a->dfch, la.fch, a->dfch, (long)BT * C4l);
+        keep_bf16(m, rk, a->dfch, (long)BT * C4l);
         // fc is column-parallel: its input ln2 is replicated, and each rank's dln2 covers only its
         // hidden units. f operator: all-reduce backward sums them into the full dln2 (SP: reduce-scatter).
         // Its weight gradient needs the input of every token: with SP the all-gather of ln2 is done again
         // (the first of SP's two extra costs: it keeps only its own tokens' rows, as Megatron does).
-        if (m->recompute >= 2)  // -r 2: not kept
+        if (m->recompute >= 2) {  // -r 2: not kept
             OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
+            keep_bf16(m, rk, la.ln2, (long)N * C);
+        }
         float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, p->fcw + (long)l * C4l * C, BT, C, C4l);
         float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", lg);
@@ -1069,6 +1132,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
 
         // attention block, the same pattern: attproj row-parallel (no communication, SP: all-gather),
         // attention on local heads, qkv column-parallel with the f all-reduce of dln1 (SP: reduce-scatter).
+        keep_bf16(m, rk, a->dres, (long)N * C);
         dout = all_tokens(m, rk, a->dres, "attproj bwd", lg);
         OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout, la.atty,
            p->attprojw + (long)l * C * Cl, BT, Cl, C);
@@ -1078,8 +1142,11 @@ static void gpt_backward(GPT* m, Rank* rk) {
             if (m->recompute >= 3) OP(rk, attention_probs, la.att, la.qkv, B, T, NHl, hs);  // -r 3: from q and k again
             OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);
         }
-        if (m->recompute >= 2)
+        keep_bf16(m, rk, a->dqkv, (long)BT * 3 * Cl);
+        if (m->recompute >= 2) {
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
+            keep_bf16(m, rk, la.ln1, (long)N * C);
+        }
         float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);
         float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", lg);
@@ -1198,6 +1265,7 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
             OP(rk, adamw, m->params_mem + a[i], m->grads_mem + a[i], m->m_mem + (a[i] - lo), m->v_mem + (a[i] - lo), b[i] - a[i],
                opt->lr, opt->beta1, opt->beta2, opt->eps, param_decays(i) ? opt->wd : 0.0f, m->t, m->norm2, opt->clip);
     if (dp->P > 1 && m->zero) comm_allgather(dp, m->params_mem, m->params_mem + m->slice0, m->nslice, "params dp", -1);
+    m->wbf_stale = m->bf16;  // the next forward rounds the bf16 weights from the new masters
 }
 
 // A checksum of this rank's parameters (FNV-1a over their bits). Replicas must hold bit-identical weights,

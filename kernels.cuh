@@ -1460,18 +1460,43 @@ static void adamw_cuda(CudaCtx* cx, float* params, const float* grads, float* m,
 // out (n) = master (n) rounded stochastically to bf16: local elements i0 .. i0 + n - 1 of a shard placed by
 // map, as bf16_from_master_cpu (the same scalar function: the same bits). A grid-stride loop, so any grid
 // and block computes the same thing; threads and blocks (0: as many as n needs) choose the launch.
-__global__ void bf16_from_master_kernel(bf16* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
+template <typename W>
+__global__ void bf16_from_master_kernel(W* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
                                         uint32_t seed) {
     for (long j = (long)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (long)gridDim.x * blockDim.x)
-        out[j] = bf16_round_stochastic(master[j], (uint64_t)full_index(map, i0 + j), step, seed);
+        bf16_put(out + j, bf16_round_stochastic(master[j], (uint64_t)full_index(map, i0 + j), step, seed));
 }
 
-static void bf16_from_master_cuda(CudaCtx* cx, bf16* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
+// W: bf16 (bf16 storage) or float (bf16 values held in fp32), as bf16_from_master_cpu
+template <typename W>
+static void bf16_from_master_cuda(CudaCtx* cx, W* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
                                   uint32_t seed, int threads = FLAT_THREADS, unsigned blocks = 0) {
     if (n <= 0) return;
     if (blocks == 0) blocks = ceil_div(n, threads);
-    bf16_from_master_kernel<<<blocks, threads, 0, cx->stream>>>(out, master, i0, n, map, step, seed);
+    bf16_from_master_kernel<W><<<blocks, threads, 0, cx->stream>>>(out, master, i0, n, map, step, seed);
     CUDA_LAUNCH_CHECK(cx->rank, "bf16_from_master_kernel");
+}
+
+// x (n) rounded to the nearest bf16 in place, as round_bf16_cpu (the same scalar function); VEC floats a
+// thread (128-bit loads and stores where x is 16-byte aligned and n a multiple of 4)
+template <int VEC>
+__global__ void round_bf16_kernel(float* x, long n) {
+    long j = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (j >= n) return;
+    if (VEC > 1 && j + VEC <= n) {
+        Fv<VEC> v = ldv<VEC>(x + j);
+        for (int k = 0; k < VEC; k++) v.v[k] = bf16_to_float(bf16_round(v.v[k]));
+        stv<VEC>(x + j, v);
+    } else {
+        for (long i = j; i < n && i < j + VEC; i++) x[i] = bf16_to_float(bf16_round(x[i]));
+    }
+}
+
+static void round_bf16_cuda(CudaCtx* cx, float* x, long n) {
+    if (n <= 0) return;
+    if (aligned16(x) && n % 4 == 0) round_bf16_kernel<4><<<ceil_div(n / 4, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(x, n);
+    else round_bf16_kernel<1><<<ceil_div(n, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(x, n);
+    CUDA_LAUNCH_CHECK(cx->rank, "round_bf16_kernel");
 }
 
 // Sum of squares in double, deterministically: pass 1 has a grid fixed by n alone (so the same on every

@@ -176,9 +176,10 @@ static void on_ranks(int P, bool nccl, const std::function<void(CommGroup*, int)
     delete group;
 }
 
-// (sp: --sp 1, recompute: -r, fused: --attention fused, else matmul)
+// (sp: --sp 1, recompute: -r, fused: --attention fused, else matmul, bf16: --dtype bf16 with seed 1234)
 static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, int steps, const std::vector<int>& data,
-                   int B, int T, float lr, float clip, TpResult* out, bool sp = false, int recompute = 0, bool fused = true) {
+                   int B, int T, float lr, float clip, TpResult* out, bool sp = false, int recompute = 0, bool fused = true,
+                   bool bf16 = false) {
     bool nccl = g_device == DEV_CUDA && P > 1 && g_ngpu >= P;
     long nfull = gpt_num_params(cfg);
     out->grads_full.assign(nfull, 0.0f);
@@ -195,6 +196,7 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
         m.recompute = recompute;
         m.fused = fused;
         m.overlap = g_overlap;
+        gpt_set_dtype(&m, &rk, bf16, 1234);
         auto local = [&](const float* p) {
             std::vector<float> h(m.nparams);
             dev_download(&rk, h.data(), p, m.nparams * sizeof(float));
@@ -770,12 +772,14 @@ struct GridResult {
 static double g_grid_timeout = 60;  // the grid's --timeout
 static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P, int D, int zero, int accum, int steps,
                      const std::vector<int>& data, int B, int T, GridResult* out, bool perturb = false, int sp = 0, int S = 1,
-                     int sched = PP_1F1B) {
+                     int sched = PP_1F1B, int dtype = DTYPE_FP32) {
     Run* run = new Run();
     Args* a = &run->args;
     a->B = B; a->T = T; a->lr = 1e-3f; a->warmup = 0; a->final_frac = 1.0f; a->wd = 0.1f; a->max_steps = steps;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 0; a->zero = zero; a->timeout = g_grid_timeout; a->dp = D; a->threads = 1;
     a->sp = sp;
+    a->dtype = dtype;
+    a->seed = 1234;
     run->cfg = *cfg;
     run->P = P;
     run->D = run->Dg = D;
@@ -1110,6 +1114,7 @@ static const TestGroup g_groups[] = {
     {"bperun", test_bpe_run, "a tiny BPE run trains and samples words; the run folder samples on its own"},
     {"export", test_export, "export.py at TP 1 and 2 identical, numpy logits = tp's, import then export bit for bit, bf16, non-GPT-2"},
     {"bf16", test_bf16, "bf16: rounding to nearest even and stochastic, the GEMM against float64, vdpbf16ps = fp32 fmas, master copies at any P"},
+    {"bf16_train", test_bf16_train, "--dtype bf16: against fp32 over 40 steps, TP=2, 4 and SP against TP=1, replicas, the ops, resume"},
     {"bf16_ckpt", test_bf16_checkpoint, "llm.c bf16 model files (version 5): read exactly, a run from one = one from its fp32, bad ones refused"},
     {"pool", test_pool, "the CPU ranks' worker threads: FTZ|DAZ in each, asleep when idle, bit-identical at any count"},
     {"cpuarch", test_cpu_arch, "the host code's -march: x86-64-v4 on AVX-512, v3 on AVX2, else native"},

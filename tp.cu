@@ -192,8 +192,14 @@ static bool setup_model_shape(Run* run) {
             if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", model);
             int version = 3;
             model_read(model, c, nullptr, &version);
-            if (version == 5)  // llm.c's GPU trainer saves bf16; tp trains in fp32, from the same numbers
-                printf("tp: %s holds bf16 weights (llm.c version 5): widened to fp32 exactly; tp computes in fp32\n", model);
+            // llm.c's GPU trainer saves bf16: the run takes the file's precision unless --dtype says otherwise
+            Args* args = &run->args;
+            bool given = args->given[flag_find("--dtype") - g_flags];
+            if (version == 5 && !given) args->dtype = DTYPE_BF16;
+            if (version == 5)
+                printf("tp: %s holds bf16 weights (llm.c version 5): widened exactly into fp32 master weights; %s\n", model,
+                       args->dtype == DTYPE_BF16 ? (given ? "--dtype bf16" : "computing in bf16 as the file is (--dtype fp32 for fp32)")
+                                                 : "--dtype fp32: computing in fp32");
             model_verify_beside(model);
             run->model_file = model;
             run->vocab_from = "the checkpoint's";
@@ -203,6 +209,7 @@ static bool setup_model_shape(Run* run) {
     }
     tokenizer_setup(run, g_procs.me == 0);
     procs_share(c, a->timeout);
+    procs_share(&run->args.dtype, a->timeout);  // process 0 read the file that may have set it
     // a default -t longer than the model allows adapts to it (said); a -t the user gave is refused in setup_data
     Args* args = &run->args;
     if (args->T > c->maxT && !args->given[flag_find("-t") - g_flags]) {
@@ -357,6 +364,7 @@ static void rank_run_start(RankRun* rr, Run* run, int d, int r, int stage = 0) {
     rr->m.sp = a->sp;
     rr->m.recompute = a->recompute;
     rr->m.fused = a->attention != 0;
+    gpt_set_dtype(&rr->m, &rr->rk, a->dtype == DTYPE_BF16, (uint32_t)a->seed);
     rr->train = rr->val = DataLoader();
     if (run->sample_only) return;  // no data needed
     bool files = a->train != nullptr;

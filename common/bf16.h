@@ -98,9 +98,23 @@ static inline BF16_HD long full_index(const FullIndex& m, long i) {
 // shard that map places: elements i0 .. i0 + n - 1 (the whole shard, or the slice ZeRO-1 gives a replica).
 // The same bits for any P, rank, slice, thread count or (on a GPU) launch: each element's rounding depends
 // on its value, its full index, the step and the seed alone.
-static void bf16_from_master_cpu(bf16* out, const float* master, long i0, long n, FullIndex map, uint32_t step, uint32_t seed) {
+// The copy is bf16 itself (bf16 storage), or fp32 holding bf16 values (widened exactly): what a --dtype
+// bf16 run computes from today, with the same numbers bf16 storage will give.
+static inline BF16_HD void bf16_put(bf16* out, bf16 h) { *out = h; }
+static inline BF16_HD void bf16_put(float* out, bf16 h) { *out = bf16_to_float(h); }
+
+template <typename W>
+static void bf16_from_master_cpu(W* out, const float* master, long i0, long n, FullIndex map, uint32_t step, uint32_t seed) {
     cpu_for_range(n, [&](long lo, long hi) {
-        for (long j = lo; j < hi; j++) out[j] = bf16_round_stochastic(master[j], (uint64_t)full_index(map, i0 + j), step, seed);
+        for (long j = lo; j < hi; j++) bf16_put(out + j, bf16_round_stochastic(master[j], (uint64_t)full_index(map, i0 + j), step, seed));
+    });
+}
+
+// x (n) = x rounded to the nearest bf16 (ties to even), in place: an activation a --dtype bf16 run keeps in
+// bf16, held in fp32 (widened exactly), so the next op reads the bf16 value, as from bf16 storage
+static void round_bf16_cpu(float* x, long n) {
+    cpu_for_range(n, [&](long lo, long hi) {
+        for (long j = lo; j < hi; j++) x[j] = bf16_to_float(bf16_round(x[j]));
     });
 }
 

@@ -344,16 +344,24 @@ static void test_bf16_checkpoint() {
     write_tokens(d + "/train.bin", random_tokens(4000, 256, 5));
     write_tokens(d + "/val.bin", random_tokens(2000, 256, 6));
     std::string run = " -i " + d + "/train.bin -j " + d + "/val.bin -b 2 -t 32 -x 4 -v 2 -m 2 -g 8 --threads 1 --tp 2";
-    std::string out5, err5, out3, err3;
-    int rc5 = run_cmd("-e " + d + "/v5.bin" + run, &out5, &err5), rc3 = run_cmd("-e " + d + "/v3.bin" + run, &out3, &err3);
-    std::vector<float> l5 = grep_floats(out5, "| loss "), l3 = grep_floats(out3, "| loss ");
-    std::vector<float> v5 = grep_floats(out5, "val loss "), v3 = grep_floats(out3, "val loss ");
-    check(rc5 == 0 && rc3 == 0 && l5.size() == 4 && l5 == l3 && v5.size() == 3 && v5 == v3,
-          "-e v5.bin: exit %d, %zu step and %zu val losses, equal to those from the version-3 file (exit %d)%s%s", rc5, l5.size(),
-          v5.size(), rc3, err5.empty() ? "" : ": ", err5.c_str());
-    std::string line = first_line_with(out5, "bf16 weights");
-    check(line.find("llm.c version 5") != std::string::npos && line.find("tp computes in fp32") != std::string::npos &&
-          out3.find("bf16 weights") == std::string::npos, "the run says what it read, the one from the fp32 file not: %s", line.c_str());
+    // (the v5 file trains in bf16 unless --dtype says otherwise; the v3 file in fp32 unless it does)
+    for (const char* dtype : {"fp32", "bf16"}) {
+        std::string out5, err5, out3, err3;
+        bool bf = !strcmp(dtype, "bf16");
+        int rc5 = run_cmd("-e " + d + "/v5.bin" + run + (bf ? "" : " --dtype fp32"), &out5, &err5);
+        int rc3 = run_cmd("-e " + d + "/v3.bin" + run + (bf ? " --dtype bf16" : ""), &out3, &err3);
+        std::vector<float> l5 = grep_floats(out5, "| loss "), l3 = grep_floats(out3, "| loss ");
+        std::vector<float> v5 = grep_floats(out5, "val loss "), v3 = grep_floats(out3, "val loss ");
+        check(rc5 == 0 && rc3 == 0 && l5.size() == 4 && l5 == l3 && v5.size() == 3 && v5 == v3,
+              "-e v5.bin%s: exit %d, %zu step and %zu val losses, equal to those from the version-3 file%s (exit %d)%s%s",
+              bf ? "" : " --dtype fp32", rc5, l5.size(), v5.size(), bf ? " with --dtype bf16" : "", rc3, err5.empty() ? "" : ": ",
+              err5.c_str());
+        std::string line = first_line_with(out5, "bf16 weights");
+        const char* says = bf ? "computing in bf16 as the file is" : "--dtype fp32: computing in fp32";
+        check(line.find("llm.c version 5") != std::string::npos && line.find(says) != std::string::npos &&
+                  out3.find("bf16 weights") == std::string::npos,
+              "the run says what it read and how it computes, the one from the fp32 file not: %s", line.c_str());
+    }
 
     // damaged or foreign: one line, exit 1
     write_model_bf16(d + "/v5_short.bin", &cfg, init, -100);
@@ -381,4 +389,196 @@ static void test_bf16_checkpoint() {
         check(rc == 1 && lines == 1 && err.find(b.expect) != std::string::npos, "%s: exit %d, %d line: %s", b.what, rc, lines,
               err.substr(0, err.find('\n')).c_str());
     }
+}
+
+// ----------------------------------------------------------------------------
+// --dtype bf16 training: bf16 weights (stochastically rounded from fp32 masters) and bf16 matmul operands
+
+// the largest |difference| of two loss curves, NaN and a length mismatch count as infinite
+static double loss_gap(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size() || a.empty()) return INFINITY;
+    double w = 0;
+    for (size_t i = 0; i < a.size(); i++) w = worse(w, fabs((double)a[i] - b[i]));
+    return w;
+}
+
+// per tensor of the full model: the worst relative error of a's gathered gradients against b's
+static double worst_tensor_err(const GPTConfig* cfg, const std::vector<float>& a, const std::vector<float>& b, const char** name) {
+    ShardPlan s;
+    shard_plan_init(&s, cfg, 1, 0);
+    double worst = 0;
+    long off = 0;
+    *name = "";
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        long n = shard_full_size(&s.t[i]);
+        double e = rel_err(a.data() + off, b.data() + off, n);
+        if (e > worst || e != e) { worst = worse(worst, e); *name = s.t[i].name; }
+        off += n;
+    }
+    return worst;
+}
+
+// the replicated tensors (layernorms, wpe, row-parallel biases) that differ in bits across the ranks of a run
+static long replicated_mismatch(const GPTConfig* cfg, int P, const TpResult& res) {
+    ShardPlan s;
+    shard_plan_init(&s, cfg, P, 0);
+    long mism = 0;
+    for (int r = 1; r < P; r++) {
+        long loff = 0;
+        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+            long n = shard_local_size(&s.t[i]);
+            if (s.t[i].split == SPLIT_NONE) {
+                mism += memcmp(res.ranks[r].grads0.data() + loff, res.ranks[0].grads0.data() + loff, n * 4) != 0;
+                mism += memcmp(res.ranks[r].params.data() + loff, res.ranks[0].params.data() + loff, n * 4) != 0;
+            }
+            loff += n;
+        }
+    }
+    return mism;
+}
+
+// How far two runs from the same init ended apart, against how far they went: per tensor of the full model,
+// ||a - b|| / ||b - init||; the worst tensor. The key bias (the middle third of qkvb) is left out: softmax
+// does not change when every score of a row moves by q . bk, so its true gradient is zero and what AdamW
+// applies to it is rounding noise normalised to the learning rate, which any other order of the sums
+// draws anew.
+static double worst_tensor_drift(const GPTConfig* cfg, const std::vector<float>& a, const std::vector<float>& b,
+                                 const std::vector<float>& init, const char** name) {
+    ShardPlan s;
+    shard_plan_init(&s, cfg, 1, 0);
+    double worst = 0;
+    long off = 0;
+    *name = "";
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        long n = shard_full_size(&s.t[i]);
+        double diff = 0, moved = 0;
+        for (long j = off; j < off + n; j++) {
+            long row = (j - off) % (s.t[i].rows * s.t[i].cols) / s.t[i].cols;  // within its layer
+            if (i == 5 && row >= cfg->C && row < 2 * cfg->C) continue;        // qkvb's k third
+            diff += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
+            moved += ((double)b[j] - init[j]) * ((double)b[j] - init[j]);
+        }
+        double e = moved > 0 ? sqrt(diff / moved) : diff > 0 ? INFINITY : 0;
+        if (e > worst || e != e) { worst = worse(worst, e); *name = s.t[i].name; }
+        off += n;
+    }
+    return worst;
+}
+
+static void test_bf16_train() {
+    printf("--dtype bf16: fp32 masters, a stochastically rounded bf16 copy, bf16 matmul operands, fp32 sums\n");
+    // the ops: round to nearest even in place, and the master copy held in fp32
+    {
+        std::vector<float> x;
+        for (uint32_t u = 0; u < (1u << 24); u += 97) x.push_back(bf16_test_float(u << 8 | (u & 0xff)));  // every exponent, both signs
+        for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, 3.4e38f}) x.push_back(f);
+        std::vector<float> y = x;
+        round_bf16_cpu(y.data(), (long)y.size());
+        long wrong = 0;
+        for (size_t i = 0; i < x.size(); i++) {
+            bool nan = x[i] != x[i];
+            wrong += nan ? y[i] == y[i] : bf16_test_bits(y[i]) != (uint32_t)bf16_round(x[i]) << 16;
+        }
+        check(wrong == 0, "round_bf16_cpu: %ld of %zu values (every exponent, zeros, infinities, NaN, denormals) not their bf16", wrong,
+              x.size());
+        GPTConfig cfg = make_config(1, 2, 32, 256, 16);
+        std::vector<float> w = init_weights(&cfg, 5);
+        FullIndex map = {1, (long)w.size(), 1, (long)w.size(), 1, 0, 0, 0, 0, 0};
+        std::vector<bf16> hb(w.size());
+        std::vector<float> hf(w.size());
+        bf16_from_master_cpu(hb.data(), w.data(), 0, (long)w.size(), map, 3, 9);
+        bf16_from_master_cpu(hf.data(), w.data(), 0, (long)w.size(), map, 3, 9);
+        long diff = 0;
+        for (size_t i = 0; i < w.size(); i++) diff += bf16_test_bits(hf[i]) != (uint32_t)hb[i] << 16;
+        check(diff == 0, "the master copy held in fp32 is the bf16 copy widened: %ld of %zu differ", diff, w.size());
+    }
+
+    // bf16 against fp32 from the same weights: llm.c's bf16 test accepts 0.05 on the loss
+    GPTConfig cfg = make_config(2, 4, 64, 256, 32);
+    int B = 4, T = 32, steps = 40;
+    std::vector<float> init = init_weights(&cfg, 7);
+    std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg.V, 99);
+    // something to learn: a random phrase of 23 tokens over and over, so that the loss falls (5.5 to ~1)
+    std::vector<int> phrase = random_tokens(23, cfg.V, 41), learn(data.size());
+    for (size_t i = 0; i < learn.size(); i++) learn[i] = phrase[i % 23];
+    TpResult f32, b16;
+    run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &f32);
+    run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &b16, false, 0, true, true);
+    double gap = loss_gap(b16.losses, f32.losses);
+    check_le(gap, 0.05, "L2 NH4 C64, B%d T%d, %d steps: bf16 losses against fp32's (%.4f to %.4f), largest difference", B, T, steps,
+             f32.losses.front(), f32.losses.back());
+    check(gap > 0, "bf16 computes other numbers than fp32 (largest loss difference %.3g)", gap);
+    const char* name;
+    double ge = worst_tensor_err(&cfg, b16.grads_full, f32.grads_full, &name);
+    check_le(ge, 5e-2, "step-0 gradients, bf16 against fp32: worst tensor %s, rel err", name);
+    double we = worst_tensor_drift(&cfg, b16.params_full, f32.params_full, init, &name);
+    check_le(we, 0.25, "weights after %d steps, bf16 against fp32, per tensor against how far they moved (key bias aside): worst %s",
+             steps, name);
+
+    // TP=P and SP against TP=1, all in bf16. fp32 sums in another order differ in their last bits, and an
+    // operand that lands near a rounding boundary of bf16 then rounds the other way: one bf16 unit (2^-8 of
+    // it) in a few elements. The bounds are 100x fp32's (1e-5), still 1000x below bf16 against fp32.
+    int steps_tp = 10;
+    TpResult one;
+    run_tp(&cfg, init, 1, steps_tp, data, B, T, 1e-3f, 1.0f, &one, false, 0, true, true);
+    struct { int P; bool sp; int recompute; } grids[] = {{2, false, 0}, {4, false, 0}, {2, true, 0}, {4, true, 2}};
+    for (auto& g : grids) {
+        TpResult res;
+        run_tp(&cfg, init, g.P, steps_tp, data, B, T, 1e-3f, 1.0f, &res, g.sp, g.recompute, true, true);
+        char what[48];
+        snprintf(what, sizeof(what), "bf16 TP=%d%s%s", g.P, g.sp ? " SP" : "", g.recompute ? " -r 2" : "");
+        check_le(fabs(res.losses[0] - one.losses[0]) / fabs(one.losses[0]), 1e-4, "%-18s step-0 loss %.7f vs TP=1's %.7f: rel err", what,
+                 res.losses[0], one.losses[0]);
+        double lw = 0;
+        for (int k = 0; k < steps_tp; k++) lw = worse(lw, fabs((double)res.losses[k] - one.losses[k]) / fabs(one.losses[k]));
+        check_le(lw, 1e-3, "%-18s losses over %d steps against TP=1's: worst rel err", what, steps_tp);
+        check_le(worst_tensor_err(&cfg, res.grads_full, one.grads_full, &name), 1e-2, "%-18s step-0 gradients against TP=1's: worst tensor %s, rel err",
+                 what, name);
+        check_le(worst_tensor_drift(&cfg, res.params_full, one.params_full, init, &name), 1e-2,
+                 "%-18s weights after %d steps against TP=1's, per tensor against how far they moved (key bias aside): worst %s",
+                 what, steps_tp, name);
+        check_le(replicated_mismatch(&cfg, g.P, res), 0, "%-18s replicated tensors differing in bits across ranks (grads and weights)", what);
+    }
+
+    // replicas stay bit-identical in bf16, with and without ZeRO-1 (each rounds its whole shard from the same masters)
+    GPTConfig small = make_config(2, 4, 32, 200, 32);
+    std::vector<float> sinit = init_weights(&small, 7);
+    std::vector<int> sdata = random_tokens(10L * 8 * 2 * 16 + 1, small.V, 99);
+    GridResult big;
+    run_grid(&small, sinit, 1, 1, 0, 1, 10, sdata, 4, 16, &big, false, 0, 1, PP_1F1B, DTYPE_BF16);
+    for (int zero : {0, 1}) {
+        GridResult res;
+        run_grid(&small, sinit, 2, 2, zero, 1, 10, sdata, 2, 16, &res, false, 0, 1, PP_1F1B, DTYPE_BF16);
+        check(res.mismatches == 0 && res.distinct == 10, "bf16 (P 2, D 2%s): %ld of %ld weight checksums differ from replica 0's, %ld distinct in 10 steps",
+              zero ? ", -z 1" : "", res.mismatches, res.compared, res.distinct);
+        check_le(loss_gap(res.losses, big.losses), 1e-3, "bf16 (P 2, D 2%s) against one rank with -b 4: per-step losses, largest difference",
+                 zero ? ", -z 1" : "");
+    }
+
+    // the command line: saved with the run, a bit-exact resume, a resume that switches, a bad value
+    std::string d = tmpdir();
+    std::string base = "-e L2C64H4 -b 4 -t 32 -v 0 -g 0 --threads 1 --tp 2 ";
+    std::string out_full, out_b, err;
+    int rc1 = run_cmd(base + "--dtype bf16 -x 8 -o " + d + "/full", &out_full, &err);
+    int rc2 = run_cmd(base + "--dtype bf16 -x 4 -o " + d + "/half", nullptr, nullptr);
+    int rc3 = run_cmd(base + "-x 8 -y 1 -o " + d + "/half", &out_b, &err);  // --dtype from the saved flags
+    std::vector<float> full = grep_floats(out_full, "| loss "), resumed = grep_floats(out_b, "| loss ");
+    std::vector<float> tail(full.size() == 8 ? full.begin() + 4 : full.end(), full.end());
+    check(rc1 == 0 && rc2 == 0 && rc3 == 0 && tail.size() == 4 && resumed == tail &&
+              model_params(ckpt_path((d + "/full").c_str(), "model", 8)) == model_params(ckpt_path((d + "/half").c_str(), "model", 8)),
+          "bf16 resumed at step 4 without --dtype: steps 5-8 and the step-8 masters bit-identical to the run straight through (exits %d %d %d)",
+          rc1, rc2, rc3);
+    std::string out_f, out_back;
+    int rc4 = run_cmd(base + "--dtype fp32 -x 12 -y 1 -o " + d + "/half", &out_f, &err);
+    std::vector<float> l4 = grep_floats(out_f, "| loss ");
+    check(rc4 == 0 && l4.size() == 4 && out_f.find("--dtype fp32") != std::string::npos && std::isfinite(l4.back()),
+          "a bf16 run resumed in fp32: exit %d, %zu steps, the change said (%s)", rc4, l4.size(), first_line_with(out_f, "changed").c_str());
+    int rc5 = run_cmd(base + "--dtype bf16 -x 16 -y 1 -o " + d + "/half", &out_back, &err);
+    std::vector<float> l5 = grep_floats(out_back, "| loss ");
+    check(rc5 == 0 && l5.size() == 4 && out_back.find("--dtype bf16") != std::string::npos && std::isfinite(l5.back()),
+          "and back to bf16: exit %d, %zu steps, the change said", rc5, l5.size());
+    int rc6 = run_cmd(base + "--dtype fp16 -x 2", nullptr, &err);
+    int lines = (int)std::count(err.begin(), err.end(), '\n');
+    check(rc6 == 1 && err.find("takes bf16 or fp32, not 'fp16'") != std::string::npos && lines == 2, "--dtype fp16: exit %d: %s", rc6,
+          err.substr(0, err.find('\n')).c_str());
 }

@@ -506,6 +506,48 @@ static void test_bf16_from_master(CudaCtx* cx) {
         check_le(diff, 0, "%-22s TP=%d, every rank's shard of the 16 tensors, 3 launches: bf16 weights differing of %ld", "bf16_from_master", P,
                  total);
     }
+    // the copy held in fp32 (what --dtype bf16 trains from), the whole model as one shard
+    {
+        long n = (long)full.size();
+        FullIndex map = {1, n, 1, n, 1, 0, 0, 0, 0, 0};
+        std::vector<float> want(n), got(n);
+        bf16_from_master_cpu(want.data(), full.data(), 0, n, map, 12, 99);
+        DevBuf dm = dev_up(cx, full);
+        float* dout = cuda_alloc(cx, n);
+        bf16_from_master_cuda(cx, dout, dm.p, 0, n, map, 12, 99);
+        cuda_download(cx, got.data(), dout, n * sizeof(float));
+        check_le(memcmp(got.data(), want.data(), n * sizeof(float)) != 0, 0, "%-22s held in fp32, %ld weights: differing from the CPU's (bits)",
+                 "bf16_from_master", n);
+        cuda_free(cx, dm.base);
+        cuda_free(cx, dout);
+    }
+}
+
+// round_bf16: in place to the nearest bf16, the vector path (aligned, n a multiple of 4) and the scalar one
+static void test_round_bf16(CudaCtx* cx) {
+    printf("round_bf16 (activations kept in bf16)\n");
+    std::vector<float> x;
+    Rnd rd = {23};
+    for (int i = 0; i < 40000; i++) {
+        uint32_t u = (uint32_t)(rnd_uniform(&rd) * 4294967295.0);
+        float f;
+        memcpy(&f, &u, 4);
+        x.push_back(f);
+    }
+    for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, 1.00390625f, 1.01171875f}) x.push_back(f);  // and two ties
+    for (long n : {(long)x.size(), (long)x.size() - 3}) {  // a multiple of 4, and not
+        for (int pad : {0, 1}) {                            // 16-byte aligned, and not
+            std::vector<float> want(x.begin(), x.begin() + n), got(n);
+            round_bf16_cpu(want.data(), n);
+            DevBuf d = dev_up(cx, std::vector<float>(x.begin(), x.begin() + n), pad);
+            round_bf16_cuda(cx, d.p, n);
+            cuda_download(cx, got.data(), d.p, n * sizeof(float));
+            cuda_free(cx, d.base);
+            check_le(memcmp(got.data(), want.data(), n * sizeof(float)) != 0, 0,
+                     "%-22s %ld floats%s: differing from the CPU's (bits, NaN included)", "round_bf16", n,
+                     n % 4 == 0 && pad == 0 ? " (128-bit loads and stores)" : pad ? " (misaligned: one at a time)" : " (one at a time)");
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -954,6 +996,34 @@ static void gpu_training_tests(int ndev) {
         check_le(mism, 0, "GPU TP=%d (%s): replicated tensors differing across ranks", P, how);
     }
     gpu_overlap_tests(&cfg, init, data, B, T, ndev);
+    // --dtype bf16 on the GPU: against the CPU's bf16, TF32 against fp32 (bf16 operands are exact in TF32,
+    // so both multiply the same numbers), TP=2 against TP=1, replicas bit-identical
+    {
+        TpResult cpu16, gpu16, gpu16_tf32, tp16;
+        g_device = DEV_CPU;
+        run_tp(&cfg, init, 1, steps, data, B, T, 1e-3f, 1.0f, &cpu16, false, 0, true, true);
+        g_device = DEV_CUDA;
+        run_tp(&cfg, init, 1, steps, data, B, T, 1e-3f, 1.0f, &gpu16, false, 0, true, true);
+        g_tf32 = true;
+        run_tp(&cfg, init, 1, steps, data, B, T, 1e-3f, 1.0f, &gpu16_tf32, false, 0, true, true);
+        g_tf32 = false;
+        run_tp(&cfg, init, 2, steps, data, B, T, 1e-3f, 1.0f, &tp16, false, 0, true, true);
+        auto worst_loss = [&](const TpResult& a, const TpResult& b) {
+            double w = 0;
+            for (int k = 0; k < steps; k++) w = worse(w, (double)fabs(a.losses[k] - b.losses[k]) / b.losses[k]);
+            return w;
+        };
+        check_le(worst_loss(gpu16, cpu16), 1e-3, "GPU bf16 TP=1 vs CPU bf16 TP=1: losses over %d steps, worst rel err", steps);
+        check_le(rel_err(gpu16.grads_full.data(), cpu16.grads_full.data(), (long)cpu16.grads_full.size()), 1e-2,
+                 "GPU bf16 TP=1 vs CPU bf16 TP=1: step-0 gradients rel err");
+        check_le(worst_loss(gpu16_tf32, gpu16), 1e-3, "GPU bf16 TP=1, TF32 matmuls vs fp32 ones: losses over %d steps, worst rel err", steps);
+        check_le(worst_loss(tp16, gpu16), 1e-3, "GPU bf16 TP=2 vs GPU bf16 TP=1: losses over %d steps, worst rel err", steps);
+        check_le(rel_err(tp16.grads_full.data(), gpu16.grads_full.data(), (long)gpu16.grads_full.size()), 1e-2,
+                 "GPU bf16 TP=2 vs GPU bf16 TP=1: step-0 gradients rel err");
+        GridResult dp16;
+        run_grid(&cfg, init, 1, 2, 1, 1, steps, data, B, T, &dp16, false, 0, 1, PP_1F1B, DTYPE_BF16);
+        check_le(dp16.mismatches, 0, "GPU bf16 (P 1, D 2, -z 1): weight checksums differing from replica 0's (%ld compared)", dp16.compared);
+    }
     // data parallelism on the GPU: replicas through shared GPU memory (one GPU) or NCCL (one GPU per rank)
     for (int P : {1, 2}) {
         int D = 2;
@@ -1005,6 +1075,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     test_crossentropy(&cx);
     test_adamw_sumsq(&cx);
     test_bf16_from_master(&cx);
+    test_round_bf16(&cx);
     test_gemm_bf16(&cx);
     cuda_ctx_free(&cx);
     for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);

@@ -53,6 +53,9 @@ static void print_version() {
     printf(", host compiler %s\n", __VERSION__);
 }
 
+// --dtype
+enum { DTYPE_FP32 = 0, DTYPE_BF16 = 1 };
+
 struct Args {
     const char* train;   // -i
     const char* val;     // -j
@@ -92,6 +95,7 @@ struct Args {
     int sp;              // --sp: sequence parallelism
     int recompute;       // -r: what the backward recomputes (0..3; 3 with --attention matmul only)
     int attention;       // --attention: 1 fused (FlashAttention-2, the default), 0 matmul (the (T, T) probabilities kept)
+    int dtype;           // --dtype: DTYPE_FP32 (the default) or DTYPE_BF16 (the default for an llm.c bf16 file, -e)
     int sweep;           // --sweep: time every valid (P, D) instead of training
     int sweep_steps;
     int fresh;           // --fresh 1: start over in an -o that holds another run's checkpoints
@@ -155,6 +159,9 @@ static void usage(FILE* out) {
         "              only: fused attention keeps none)                       (default 0)\n"
         "  --attention A  fused: FlashAttention-2 tiles, no (T, T) matrix kept, one log-sum-exp per row;\n"
         "              matmul: the probabilities materialised per layer (the readable version)  (default fused)\n"
+        "  --dtype D   bf16: the layers compute from a bf16 copy of the fp32 master weights (stochastic\n"
+        "              rounding), matmul operands in bf16, fp32 sums, AdamW on fp32 masters; fp32: all fp32\n"
+        "              (default fp32; bf16 for an llm.c bf16 model file given to -e)\n"
         "  --sweep 1   time every valid P, and every (P, D) with P x D up to the cores or GPUs, and print a\n"
         "              scaling table (-o: sweep.csv)\n"
         "  --sweep-steps N  steps per P in the sweep, the first 2 not timed     (default 8)\n"
@@ -186,7 +193,7 @@ enum OnResume {
     MAY_CHANGE,  // saved; a value given on resume replaces it from the resumed step on
     MUST_KEEP,   // saved; a different value on resume is refused
 };
-enum FlagType { FLAG_STR, FLAG_PATH, FLAG_INT, FLAG_LONG, FLAG_FLOAT, FLAG_DOUBLE, FLAG_DEVICE, FLAG_ATTENTION };
+enum FlagType { FLAG_STR, FLAG_PATH, FLAG_INT, FLAG_LONG, FLAG_FLOAT, FLAG_DOUBLE, FLAG_DEVICE, FLAG_ATTENTION, FLAG_DTYPE };
 
 struct FlagSpec {
     const char* name;
@@ -243,6 +250,8 @@ static const FlagSpec g_flags[] = {
     {"-r", FLAG_INT, ARG(recompute), 0, 3, MAY_CHANGE, nullptr},
     // the same function either way (changes no parameter): a resume may switch it
     {"--attention", FLAG_ATTENTION, ARG(attention), 0, 0, MAY_CHANGE, nullptr},
+    // the masters are fp32 either way and the bf16 copy follows from them: a resume may switch it
+    {"--dtype", FLAG_DTYPE, ARG(dtype), 0, 0, MAY_CHANGE, nullptr},
     {"--sweep", FLAG_INT, ARG(sweep), 0, 1, NOT_SAVED, nullptr},
     {"--sweep-steps", FLAG_INT, ARG(sweep_steps), 3, 1 << 20, NOT_SAVED, nullptr},
     {"--fresh", FLAG_INT, ARG(fresh), 0, 1, NOT_SAVED, nullptr},
@@ -347,6 +356,11 @@ static void flag_set(Args* a, const FlagSpec* f, const char* v) {
         else if (!strcmp(v, "matmul")) *(int*)field = 0;
         else bad_flag("flag %s takes fused or matmul, not '%s'", f->name, v);
         break;
+    case FLAG_DTYPE:
+        if (!strcmp(v, "fp32")) *(int*)field = DTYPE_FP32;
+        else if (!strcmp(v, "bf16")) *(int*)field = DTYPE_BF16;
+        else bad_flag("flag %s takes bf16 or fp32, not '%s'", f->name, v);
+        break;
     }
 }
 
@@ -370,6 +384,7 @@ static std::string flag_text(const Args* a, const FlagSpec* f, bool exact) {
     case FLAG_DOUBLE: snprintf(buf, sizeof(buf), exact ? "%.17g" : "%g", *(const double*)field); break;
     case FLAG_DEVICE: return *(const int*)field == DEV_CPU ? "cpu" : *(const int*)field == DEV_CUDA ? "cuda" : "auto";
     case FLAG_ATTENTION: return *(const int*)field ? "fused" : "matmul";
+    case FLAG_DTYPE: return *(const int*)field == DTYPE_BF16 ? "bf16" : "fp32";
     }
     return buf;
 }

@@ -65,7 +65,8 @@ static void print_memory(const Run* run) {
         if (cols[k].r) n += snprintf(name + n, sizeof(name) - n, " -r %d", cols[k].r);
         if (cols[k].zd > 1) snprintf(name + n, sizeof(name) - n, " ZeRO-1");
         printf(" %11s", name);
-        RankMemory m = rank_memory(c, cols[k].P, cols[k].zd, cols[k].zd > 1, a->B, a->T, cols[k].sp, cols[k].r, fused);
+        RankMemory m = rank_memory(c, cols[k].P, cols[k].zd, cols[k].zd > 1, a->B, a->T, cols[k].sp, cols[k].r, fused, 1, 0, 1,
+                                    a->dtype == DTYPE_BF16);
         double row[5] = {m.params, m.grads, m.moments, m.acts, memory_total(&m)};
         for (int i = 0; i < 5; i++) mem[k][i] = row[i];
     }
@@ -89,6 +90,9 @@ static void print_memory(const Run* run) {
            "  plus %.2f MB outside the layers\n", fused ? "fused" : "matmul", r >= 2 ? 2 : 4, r >= 1 ? 8 : 12,
            fused ? " + B*NH*T/P" : r >= 3 ? "" : " + B*NH*T*T/P", split ? "B*T/P" : "B*T", per_layer / 1e6, c->L,
            (total - c->L * per_layer) / 1e6);
+    if (a->dtype == DTYPE_BF16)
+        printf("  --dtype bf16: the parameters are the fp32 master weights and the layers' bf16 copy of them; the copy and\n"
+               "  the activations hold bf16 values in fp32 words for now, so bf16 computes bf16's numbers without saving memory\n");
 }
 
 // The DP group's part of the communication: once per step, whatever the micro-steps.
@@ -237,7 +241,7 @@ static void pp_print_stages(const Run* run) {
     for (int s = 0; s < S; s++) {
         int l0, nl, slots = pp_slots(run->pp_schedule, S, s, m);
         pp_stage_layers(c->L, S, s, &l0, &nl);
-        RankMemory mem = rank_memory(c, run->P, zd, zd > 1, a->B, a->T, a->sp, a->recompute, a->attention != 0, S, s, slots);
+        RankMemory mem = rank_memory(c, run->P, zd, zd > 1, a->B, a->T, a->sp, a->recompute, a->attention != 0, S, s, slots, a->dtype == DTYPE_BF16);
         char layers[48], acts[40];
         snprintf(layers, sizeof(layers), "%d-%d%s", l0, l0 + nl - 1, s == 0 && S > 1 ? " + embed" : s == S - 1 ? " + head" : "");
         snprintf(acts, sizeof(acts), "%d x %.1f", slots, mem.acts / slots / 1e6);

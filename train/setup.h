@@ -40,16 +40,17 @@ struct RankMemory {
 };
 
 // fused: --attention fused (else matmul). Pipeline parallelism: a rank of stage `stage` of S, keeping
-// `slots` micro-batches' activations (pp_slots).
+// `slots` micro-batches' activations (pp_slots). bf16: --dtype bf16, whose parameters are the fp32 masters
+// and the layers' bf16 copy of them (held in fp32, gpt_set_dtype).
 static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused,
-                              int S = 1, int stage = 0, int slots = 1) {
+                              int S = 1, int stage = 0, int slots = 1, bool bf16 = false) {
     ShardPlan s;
     shard_plan_init(&s, c, P, 0, S, stage);
     long n = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += shard_local_size(&s.t[i]);
     long npad = shard_padded(n, zero, D);  // as gpt_build allocates it
     RankMemory mem;
-    mem.params = 4.0 * npad;
+    mem.params = (bf16 ? 2 : 1) * 4.0 * npad;
     mem.grads = 4.0 * npad;
     mem.moments = 2 * 4.0 * (zero ? npad / D : n);
     mem.acts = 4.0 * slots * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute, fused);
@@ -137,7 +138,8 @@ static MemoryEstimate memory_estimate(const Run* run, int P, int D) {
     double replica = 0;
     for (int s = run->S0; s < run->S0 + run->Sl; s++) {  // this process's stages
         int slots = run->S > 1 ? pp_slots(run->pp_schedule, run->S, s, run->accum) : 1;
-        RankMemory m = rank_memory(c, P, run->Dg / run->D * D, a->zero, B, a->T, a->sp, a->recompute, a->attention != 0, run->S, s, slots);
+        RankMemory m = rank_memory(c, P, run->Dg / run->D * D, a->zero, B, a->T, a->sp, a->recompute, a->attention != 0, run->S, s, slots,
+                                    a->dtype == DTYPE_BF16);
         replica += P * memory_total(&m);
         if (memory_total(&m) > memory_total(&rm)) rm = m;
     }

@@ -98,7 +98,8 @@ static void sweep(Run* run) {
             double mb = 0;  // the largest rank (with stages: the one with the most activations in flight, the first)
             for (int st = 0; st < S; st++) {
                 int slots = S > 1 ? pp_slots(run->pp_schedule, S, st, run->accum) : 1;
-                RankMemory m = rank_memory(c, P, D, a->zero, a->B, a->T, a->sp, a->recompute, a->attention != 0, S, st, slots);
+                RankMemory m = rank_memory(c, P, D, a->zero, a->B, a->T, a->sp, a->recompute, a->attention != 0, S, st, slots,
+                                           a->dtype == DTYPE_BF16);
                 mb = std::max(mb, memory_total(&m) / 1e6);
             }
             double comm_mb = time.sent / time.steps / 1e6, dp_mb = time.dp_sent / time.steps / 1e6, pp_mb = time.pp_sent / time.steps / 1e6;
