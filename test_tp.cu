@@ -232,6 +232,47 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
     });
 }
 
+// the worst of err(i, off, n) over the 16 tensors of the full model (tensor i at offset off, n floats) and
+// its name; a NaN is the worst
+static double worst_tensor(const GPTConfig* cfg, const std::function<double(int, long, long)>& err, const char** name) {
+    ShardPlan s;
+    shard_plan_init(&s, cfg, 1, 0);
+    double worst = 0;
+    long off = 0;
+    *name = "";
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        long n = shard_full_size(&s.t[i]);
+        double e = err(i, off, n);
+        if (e > worst || e != e) { worst = worse(worst, e); *name = s.t[i].name; }
+        off += n;
+    }
+    return worst;
+}
+
+// per tensor of the full model: the worst relative error of a against b (gathered gradients or weights)
+static double worst_tensor_err(const GPTConfig* cfg, const std::vector<float>& a, const std::vector<float>& b, const char** name) {
+    return worst_tensor(cfg, [&](int, long off, long n) { return rel_err(a.data() + off, b.data() + off, n); }, name);
+}
+
+// the replicated tensors (layernorms, wpe, row-parallel biases) whose step-0 gradients (*grads) and final
+// weights (*weights) differ in bits between rank 0 and another rank of a run at P
+static void replicated_mismatch(const GPTConfig* cfg, int P, const TpResult& res, long* grads, long* weights) {
+    ShardPlan s;
+    shard_plan_init(&s, cfg, P, 0);
+    *grads = *weights = 0;
+    for (int r = 1; r < P; r++) {
+        long loff = 0;
+        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+            long n = shard_local_size(&s.t[i]);
+            if (s.t[i].split == SPLIT_NONE) {
+                *grads += memcmp(res.ranks[r].grads0.data() + loff, res.ranks[0].grads0.data() + loff, n * 4) != 0;
+                *weights += memcmp(res.ranks[r].params.data() + loff, res.ranks[0].params.data() + loff, n * 4) != 0;
+            }
+            loff += n;
+        }
+    }
+}
+
 static GPTConfig make_config(int L, int NH, int C, int V, int maxT) {
     GPTConfig c;
     c.L = L; c.NH = NH; c.C = C; c.V = V; c.Vp = round_up(V, 128); c.maxT = maxT;
@@ -326,17 +367,8 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
         double l0 = fabs(res.losses[0] - ref.losses[0]) / fabs(ref.losses[0]);
         check_le(l0, 1e-6, "P=%d step-0 loss %.7f vs %.7f: rel err", P, res.losses[0], ref.losses[0]);
         // every gathered gradient tensor
-        ShardPlan s;
-        shard_plan_init(&s, cfg, P, 0);
-        double worst = 0;
-        const char* worst_name = "";
-        long off = 0;
-        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-            long n = shard_full_size(&s.t[i]);
-            double e = rel_err(res.grads_full.data() + off, ref.grads_full.data() + off, n);
-            if (e > worst || e != e) { worst = worse(worst, e); worst_name = s.t[i].name; }
-            off += n;
-        }
+        const char* worst_name;
+        double worst = worst_tensor_err(cfg, res.grads_full, ref.grads_full, &worst_name);
         check_le(worst, 1e-5, "P=%d gathered gradients: worst tensor %s, rel err", P, worst_name);
         double lw = 0;
         for (int k = 0; k < steps; k++) lw = worse(lw, (double)fabs(res.losses[k] - ref.losses[k]) / fabs(ref.losses[k]));
@@ -344,18 +376,8 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
         double pw = rel_err(res.params_full.data(), ref.params_full.data(), (long)ref.params_full.size());
         check_le(pw, 1e-5, "P=%d weights after %d steps: rel err", P, steps);
         // replicated tensors: bit-identical gradients and weights on every rank
-        long mism_g = 0, mism_p = 0;
-        for (int r = 1; r < P; r++) {
-            long loff = 0;
-            for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-                long n = shard_local_size(&s.t[i]);
-                if (s.t[i].split == SPLIT_NONE) {
-                    mism_g += memcmp(res.ranks[r].grads0.data() + loff, res.ranks[0].grads0.data() + loff, n * 4) != 0;
-                    mism_p += memcmp(res.ranks[r].params.data() + loff, res.ranks[0].params.data() + loff, n * 4) != 0;
-                }
-                loff += n;
-            }
-        }
+        long mism_g, mism_p;
+        replicated_mismatch(cfg, P, res, &mism_g, &mism_p);
         check_le(mism_g + mism_p, 0, "P=%d replicated tensors (layernorms, wpe, row-parallel biases) differing across ranks (%ld grads, %ld weights)",
                  P, mism_g, mism_p);
         // communication: the analytic count, by kind (gpt.cu's step_comm_floats)

@@ -402,41 +402,6 @@ static double loss_gap(const std::vector<float>& a, const std::vector<float>& b)
     return w;
 }
 
-// per tensor of the full model: the worst relative error of a's gathered gradients against b's
-static double worst_tensor_err(const GPTConfig* cfg, const std::vector<float>& a, const std::vector<float>& b, const char** name) {
-    ShardPlan s;
-    shard_plan_init(&s, cfg, 1, 0);
-    double worst = 0;
-    long off = 0;
-    *name = "";
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        long n = shard_full_size(&s.t[i]);
-        double e = rel_err(a.data() + off, b.data() + off, n);
-        if (e > worst || e != e) { worst = worse(worst, e); *name = s.t[i].name; }
-        off += n;
-    }
-    return worst;
-}
-
-// the replicated tensors (layernorms, wpe, row-parallel biases) that differ in bits across the ranks of a run
-static long replicated_mismatch(const GPTConfig* cfg, int P, const TpResult& res) {
-    ShardPlan s;
-    shard_plan_init(&s, cfg, P, 0);
-    long mism = 0;
-    for (int r = 1; r < P; r++) {
-        long loff = 0;
-        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-            long n = shard_local_size(&s.t[i]);
-            if (s.t[i].split == SPLIT_NONE) {
-                mism += memcmp(res.ranks[r].grads0.data() + loff, res.ranks[0].grads0.data() + loff, n * 4) != 0;
-                mism += memcmp(res.ranks[r].params.data() + loff, res.ranks[0].params.data() + loff, n * 4) != 0;
-            }
-            loff += n;
-        }
-    }
-    return mism;
-}
-
 // How far two runs from the same init ended apart, against how far they went: per tensor of the full model,
 // ||a - b|| / ||b - init||; the worst tensor. The key bias (the middle third of qkvb) is left out: softmax
 // does not change when every score of a row moves by q . bk, so its true gradient is zero and what AdamW
@@ -446,23 +411,17 @@ static double worst_tensor_drift(const GPTConfig* cfg, const std::vector<float>&
                                  const std::vector<float>& init, const char** name) {
     ShardPlan s;
     shard_plan_init(&s, cfg, 1, 0);
-    double worst = 0;
-    long off = 0;
-    *name = "";
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        long n = shard_full_size(&s.t[i]);
+    return worst_tensor(cfg, [&](int i, long off, long n) {
         double diff = 0, moved = 0;
+        long per_layer = s.t[i].rows * s.t[i].cols;
         for (long j = off; j < off + n; j++) {
-            long row = (j - off) % (s.t[i].rows * s.t[i].cols) / s.t[i].cols;  // within its layer
-            if (i == 5 && row >= cfg->C && row < 2 * cfg->C) continue;        // qkvb's k third
+            long row = (j - off) % per_layer / s.t[i].cols;
+            if (i == 5 && row >= cfg->C && row < 2 * cfg->C) continue;  // qkvb's k third
             diff += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
             moved += ((double)b[j] - init[j]) * ((double)b[j] - init[j]);
         }
-        double e = moved > 0 ? sqrt(diff / moved) : diff > 0 ? INFINITY : 0;
-        if (e > worst || e != e) { worst = worse(worst, e); *name = s.t[i].name; }
-        off += n;
-    }
-    return worst;
+        return moved > 0 ? sqrt(diff / moved) : diff > 0 ? INFINITY : 0.0;
+    }, name);
 }
 
 static void test_bf16_train() {
@@ -537,7 +496,9 @@ static void test_bf16_train() {
         check_le(worst_tensor_drift(&cfg, res.params_full, one.params_full, init, &name), 1e-2,
                  "%-18s weights after %d steps against TP=1's, per tensor against how far they moved (key bias aside): worst %s",
                  what, steps_tp, name);
-        check_le(replicated_mismatch(&cfg, g.P, res), 0, "%-18s replicated tensors differing in bits across ranks (grads and weights)", what);
+        long mism_g, mism_p;
+        replicated_mismatch(&cfg, g.P, res, &mism_g, &mism_p);
+        check_le(mism_g + mism_p, 0, "%-18s replicated tensors differing in bits across ranks (%ld grads, %ld weights)", what, mism_g, mism_p);
     }
 
     // replicas stay bit-identical in bf16, with and without ZeRO-1 (each rounds its whole shard from the same masters)
