@@ -899,7 +899,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
     float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 fwd", lg);
-    OP(rk, matmul_forward, la.qkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
+    OP(rk, matmul_forward, la.qkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl, m->bf16);
     // heads are independent, so attention needs nothing from the other ranks; nor does the cache,
     // which holds this rank's heads only
     if (kv) OP(rk, kv_write, kv->k + l * kv->lstride, kv->v + l * kv->lstride, la.qkv, kv->pos, B, T, NHl, kv->Tmax, hs);
@@ -910,7 +910,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
     // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
     // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
-    OP(rk, matmul_forward, a->partial, la.atty, p->attprojw + (long)l * C * Cl, nullptr, BT, Cl, C);
+    OP(rk, matmul_forward, a->partial, la.atty, p->attprojw + (long)l * C * Cl, nullptr, BT, Cl, C, m->bf16);
     float* attn_out = my_tokens_summed(m, rk, a->partial, "attproj fwd", lg);
     OP(rk, residual_forward, la.residual2, la.residual, attn_out, p->attprojb + l * C, N, C);  // bias once, after the sum
 
@@ -919,10 +919,10 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
     keep_bf16(m, rk, la.ln2, (long)N * C);
     float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 fwd", lg);
-    OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l);
+    OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l, m->bf16);
     OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
     keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
-    OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C);
+    OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C, m->bf16);
     float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", lg);
     OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
 }
@@ -967,7 +967,7 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode) {
     OP(rk, layernorm_forward, a->lnf + (long)m->t0 * C, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, N, C);
     keep_bf16(m, rk, a->lnf + (long)m->t0 * C, (long)N * C);
     if (m->split) comm_allgather(tp, a->lnf, a->lnf + (long)m->t0 * C, (long)N * C, "lnf fwd", -1);
-    OP(rk, matmul_forward, a->logits, a->lnf, p->wte, nullptr, BT, C, Vl);
+    OP(rk, matmul_forward, a->logits, a->lnf, p->wte, nullptr, BT, C, Vl, m->bf16);
 }
 
 // Forward pass of one rank on tokens (B, T) (host memory, the same on every rank).
@@ -1085,9 +1085,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // The input gradient comes first so that its sum can start; the weight gradient, which needs only
         // dlogits and lnf, is computed while the sum is in flight (the same for fc and qkv below).
         keep_bf16(m, rk, a->logits, (long)BT * Vl);  // dlogits, the head's output gradient
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl, m->bf16);
         float* dlnf = my_tokens_summed_start(m, rk, a->dln, "lm head bwd", -1);
-        OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl);  // under the sum
+        OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl, m->bf16);  // under the sum
         dev_zero(rk, a->dres, (long)N * C);
         my_tokens_summed_wait(rk);
         float* last = LAYER_BUF(m, residual3, L - 1);
@@ -1110,7 +1110,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
             keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
         }
         OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, la.fch_gelu,
-           p->fcprojw + (long)l * C * C4l, BT, C4l, C);
+           p->fcprojw + (long)l * C * C4l, BT, C4l, C, m->bf16);
         OP(rk, gelu_backward, a->dfch, la.fch, a->dfch, (long)BT * C4l);
         keep_bf16(m, rk, a->dfch, (long)BT * C4l);
         // fc is column-parallel: its input ln2 is replicated, and each rank's dln2 covers only its
@@ -1122,10 +1122,10 @@ static void gpt_backward(GPT* m, Rank* rk) {
             keep_bf16(m, rk, la.ln2, (long)N * C);
         }
         float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 bwd", lg);
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, p->fcw + (long)l * C4l * C, BT, C, C4l);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, p->fcw + (long)l * C4l * C, BT, C, C4l, m->bf16);
         float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", lg);
         OP(rk, matmul_backward, nullptr, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_all,
-           p->fcw + (long)l * C4l * C, BT, C, C4l);  // under the sum
+           p->fcw + (long)l * C4l * C, BT, C, C4l, m->bf16);  // under the sum
         my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, g->ln2w + l * C, g->ln2b + l * C, dln2, la.residual2, p->ln2w + l * C,
            la.ln2_mean, la.ln2_rstd, N, C);
@@ -1135,7 +1135,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         keep_bf16(m, rk, a->dres, (long)N * C);
         dout = all_tokens(m, rk, a->dres, "attproj bwd", lg);
         OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout, la.atty,
-           p->attprojw + (long)l * C * Cl, BT, Cl, C);
+           p->attprojw + (long)l * C * Cl, BT, Cl, C, m->bf16);
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse
             OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
         } else {
@@ -1148,10 +1148,10 @@ static void gpt_backward(GPT* m, Rank* rk) {
             keep_bf16(m, rk, la.ln1, (long)N * C);
         }
         float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 bwd", lg);
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl, m->bf16);
         float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", lg);
         OP(rk, matmul_backward, nullptr, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_all,
-           p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl);  // under the sum
+           p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl, m->bf16);  // under the sum
         my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, g->ln1w + l * C, g->ln1b + l * C, dln1, la.residual, p->ln1w + l * C,
            la.ln1_mean, la.ln1_rstd, N, C);

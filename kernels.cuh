@@ -409,9 +409,12 @@ static dim3 colsum_grid(CudaCtx* cx, int N, int n) {
 // ----------------------------------------------------------------------------
 // Linear layers
 
-// out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL
+// out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL. bf16 (inp and weight hold
+// bf16 values) changes nothing here: TF32 and fp32 both multiply bf16 values exactly (8 significant bits fit
+// in TF32's 11) and sum in fp32, as gemm_bf16_cuda's bf16 operands would; that GEMM waits for bf16 storage
 static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const float* weight, const float* bias,
-                                int N, int IC, int OC) {
+                                int N, int IC, int OC, bool bf16 = false) {
+    (void)bf16;
     if (N <= 0 || OC <= 0) return;
     // cuBLASLt's bias epilogue wants a 16-byte aligned bias; every GPT-2 shape gives one
     if (bias && aligned16(bias) && matmul_forward_lt(cx, out, inp, weight, bias, N, IC, OC)) return;
@@ -428,8 +431,10 @@ static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const
 
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
 // dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
+// bf16: as in matmul_forward_cuda
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, int N, int IC, int OC) {
+                                 const float* inp, const float* weight, int N, int IC, int OC, bool bf16 = false) {
+    (void)bf16;
     if (N <= 0) return;
     if (dinp) gemm_cuda(cx, false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
     // op(A) = dout^T (OC x N): dout stored (N x OC), transposed

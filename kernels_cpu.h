@@ -294,23 +294,39 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
     });
 }
 
+// The GEMM of a --dtype bf16 run: the same product of operands that hold bf16 values (T = float: fp32
+// words, low halves zero), on AVX512-BF16's vdpbf16ps where that is faster, else gemm_cpu itself; the
+// same bits either way (common/bf16.h, included at the end of this file)
+template <typename T>
+static void gemm_bf16_cpu(int M, int N, int K, const T* A, long a_rs, long a_cs, const T* B, long b_rs, long b_cs,
+                          float* Cm, long ldc, bool accumulate, const float* bias);
+
+// a linear layer's GEMM: gemm_cpu, or where its operands hold bf16 values (bf16) the bf16 GEMM
+static void linear_gemm_cpu(bool bf16, int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
+                            long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+    if (bf16) gemm_bf16_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
+    else gemm_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
+}
+
 // ----------------------------------------------------------------------------
 // Linear layers
 
-// out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL
+// out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL. bf16: inp and weight hold
+// bf16 values (a --dtype bf16 run), which the bf16 GEMM multiplies, to the same bits as gemm_cpu
 static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias,
-                               int N, int IC, int OC) {
+                               int N, int IC, int OC, bool bf16 = false) {
     // b(k=i, n=o) = weight[o*IC + i]: weight^T, read through its strides
-    gemm_cpu(N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false, bias);
+    linear_gemm_cpu(bf16, N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false, bias);
 }
 
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
 // dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
 // (gpt.cu calls it twice per column-parallel matmul, dinp alone and then the rest, to overlap a sum)
+// bf16: dout, inp and weight hold bf16 values, as in matmul_forward_cpu
 static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
-                                const float* inp, const float* weight, int N, int IC, int OC) {
-    if (dinp) gemm_cpu(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false, nullptr);
-    if (dweight) gemm_cpu(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
+                                const float* inp, const float* weight, int N, int IC, int OC, bool bf16 = false) {
+    if (dinp) linear_gemm_cpu(bf16, N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false, nullptr);
+    if (dweight) linear_gemm_cpu(bf16, OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
     if (dbias) {
         // column sums in blocks of 64 columns: rows are read contiguously, each sum runs over n in order
         cpu_for((OC + 63) / 64, [&](long blk) {
@@ -943,3 +959,5 @@ static void attention_decode_cpu(float* out, const float* qkv, const float* kc, 
             gemm_cpu(1, hs, n, a.data(), n, 1, v, hs, 1, out + (size_t)b * C + h * hs, C, false, nullptr);  // a v
         }
 }
+
+#include "common/bf16.h"  // the bf16 GEMM declared above (it needs gemm_cpu, so it comes after)

@@ -4,14 +4,15 @@
 // bf16 numbers is exact in fp32 (8 x 8 significant bits fit in 24), so a bf16 dot product accumulated
 // in fp32 rounds once per term, exactly as an fp32 fma chain does.
 //
-// The GEMM runs on AVX512-BF16's vdpbf16ps where the CPU has it (checked at run time), and otherwise
-// computes the same numbers with fp32 fmas: vdpbf16ps adds, per fp32 lane i, the product of the pair's
-// odd elements (2i+1) and then that of its even ones (2i), each rounded to nearest even, denormals
-// flushed (as tp's threads run anyway: common/cpu_pool.h sets FTZ|DAZ in every thread). That is an fma
-// chain over k in the order 1, 0, 3, 2, 5, 4, ..., which is what the fp32 GEMM (gemm_cpu, one fma chain
-// over k in increasing order) computes on the operands widened to fp32 with each pair of k swapped. So
-// the two paths are bit-identical (the bf16 test checks it on the CPU that runs it), and the fp32 one is
-// no slower per flop than the fp32 GEMM itself. bf16_path below chooses between them.
+// The GEMM runs on AVX512-BF16's vdpbf16ps where the CPU has it and that is faster (checked at run time),
+// and otherwise computes the same numbers with fp32 fmas: vdpbf16ps adds, per fp32 lane i, the product of
+// the bf16 pair in the lane's high half and then that of the pair in its low half, each rounded to nearest
+// even, denormals flushed (as tp's threads run anyway: common/cpu_pool.h sets FTZ|DAZ in every thread).
+// Packing element 2j of K into the high half and 2j+1 into the low one makes that an fma chain over k in
+// increasing order, which is exactly what the fp32 GEMM (gemm_cpu, one fma chain over k in increasing
+// order) computes on the operands widened to fp32. So the two paths are bit-identical (the bf16 test checks
+// it on the CPU that runs it), and on operands that already hold bf16 values in fp32 words (the matmuls of
+// a --dtype bf16 run) the fp32 path is gemm_cpu itself. bf16_path below chooses between them.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -119,13 +120,15 @@ static void round_bf16_cpu(float* x, long n) {
 }
 
 // ----------------------------------------------------------------------------
-// GEMM: C (M x N) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B bf16 through two strides each (as
+// GEMM: C (M x N) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B through two strides each (as
 // gemm_cpu in kernels_cpu.h: a(m,k) = A[m*a_rs + k*a_cs], b(k,n) = B[k*b_rs + n*b_cs]), C and bias fp32.
+// A and B are bf16, or fp32 words that hold bf16 values (their low 16 bits zero: what a --dtype bf16 run
+// multiplies today, its activations rounded by round_bf16 and its weights by bf16_from_master).
 //
 // K is taken in pairs, as vdpbf16ps takes it: both operands are packed so that a 32-bit word holds
-// elements 2j (low half) and 2j+1 (high half) of a row of A or a column of B (a zero pads an odd K).
-// Each C element is then one chain over the pairs j in increasing order, starting from 0, then + bias,
-// then added to the old C: for any blocking, tile or thread count the same bits.
+// elements 2j (high half) and 2j+1 (low half) of a row of A or a column of B (a zero pads an odd K).
+// Each C element is then one chain over k in increasing order, starting from 0, then + bias, then added
+// to the old C: gemm_cpu's order, so for any blocking, tile, thread count or path the same bits.
 //
 // vdpbf16ps's tile is 8 rows by 32 columns (16 accumulators, 2 B vectors, a broadcast). A K block of KC
 // pairs keeps a B panel (KC x 32 words, 16 KB) in L1 while the row tiles of a unit stream past it; a unit
@@ -200,9 +203,10 @@ static double bf16_peak_dp(long n) {
 }
 
 // Which path the GEMM takes. Both give the same bits, so this is a matter of speed only: vdpbf16ps does
-// twice an fma's flops per lane, but not every core issues it as often (on this project's Intel host it
+// twice an fma's flops per lane, but not every core issues it as often (on this project's Intel hosts it
 // peaks at 86 GFLOP/s against 170 for fp32 fmas, so the fp32 path is faster there). BF16_AUTO measures
-// both peaks once (a few ms) and takes vdpbf16ps where its peak is the higher.
+// both peaks once (a few ms) and takes vdpbf16ps where its peak is the higher. ./tp --bf16-gemm and the
+// tests force either.
 enum Bf16Path { BF16_AUTO, BF16_DP, BF16_FMA };
 static Bf16Path bf16_path = BF16_AUTO;
 static inline bool bf16_dp_used() {
@@ -212,39 +216,15 @@ static inline bool bf16_dp_used() {
     return faster;
 }
 
-// The fp32 path: the operands widened to fp32 with each pair of k swapped (row k2 of B' is row k2 ^ 1 of
-// B, a k past an odd K zero), then the fp32 GEMM over K' = 2 ceil(K/2). Each operand keeps its
-// orientation, so it is read and written along its contiguous side.
-static void gemm_bf16_fma_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs,
-                              long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
-    const int K2 = 2 * ((K + 1) / 2);
-    static thread_local std::vector<float> wideA, wideB;
-    if (wideA.size() < (size_t)M * K2) wideA.resize((size_t)M * K2);
-    if (wideB.size() < (size_t)K2 * N) wideB.resize((size_t)K2 * N);
-    float* wa = wideA.data();  // (a thread_local named inside a cpu_for chunk would be the worker's own)
-    float* wb = wideB.data();
-    // a row of M x K2 (A by rows) or of K2 x M (A by columns: a transpose, a_rs == 1) from a row or a column of A
-    const bool a_cols = a_rs == 1 && a_cs != 1, b_cols = b_rs == 1 && b_cs != 1;
-    cpu_for(a_cols ? K2 : M, [&](long i) {
-        float* d = wa + (size_t)i * (a_cols ? M : K2);
-        if (a_cols) {
-            const long k = i ^ 1;
-            for (int m = 0; m < M; m++) d[m] = k < K ? bf16_to_float(A[k * a_cs + m]) : 0.0f;
-        } else
-            for (int k2 = 0; k2 < K2; k2++) d[k2] = (k2 ^ 1) < K ? bf16_to_float(A[i * a_rs + (long)(k2 ^ 1) * a_cs]) : 0.0f;
-    });
-    cpu_for(b_cols ? N : K2, [&](long i) {
-        float* d = wb + (size_t)i * (b_cols ? K2 : N);
-        if (b_cols)
-            for (int k2 = 0; k2 < K2; k2++) d[k2] = (k2 ^ 1) < K ? bf16_to_float(B[(long)(k2 ^ 1) * b_rs + i * b_cs]) : 0.0f;
-        else {
-            const long k = i ^ 1;
-            for (int n = 0; n < N; n++) d[n] = k < K ? bf16_to_float(B[k * b_rs + n * b_cs]) : 0.0f;
-        }
-    });
-    gemm_cpu(M, N, K2, wa, a_cols ? 1 : K2, a_cols ? M : 1, wb, b_cols ? 1 : N, b_cols ? K2 : 1, Cm,
-             ldc, accumulate, bias);
+// the 16 bits of a bf16 operand: the bf16 itself, or the high half of an fp32 word that holds a bf16 value
+static inline uint32_t bf16_bits(bf16 h) { return h; }
+static inline uint32_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u >> 16;
 }
+// the word vdpbf16ps takes for elements 2j (first) and 2j+1 (second) of K
+static inline uint32_t bf16_pair(uint32_t first, uint32_t second) { return first << 16 | second; }
 
 #if defined(__AVX512F__)
 #define BF16_MR 8
@@ -278,10 +258,9 @@ __attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(fl
     }
 }
 
-static inline uint32_t bf16_pair(bf16 even, bf16 odd) { return (uint32_t)even | (uint32_t)odd << 16; }
-
-// the vdpbf16ps path
-static void gemm_bf16_dp_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs,
+// the vdpbf16ps path, for bf16 operands (T = bf16) or fp32 words holding bf16 values (T = float)
+template <typename T>
+static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_cs, const T* B, long b_rs,
                              long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
     const int MB = (M + BF16_MR - 1) / BF16_MR, NB = (N + BF16_NR - 1) / BF16_NR, KP = (K + 1) / 2;
     // the packed operands belong to the calling (rank) thread and only grow
@@ -290,56 +269,43 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const bf16* A, long a_rs, long
     if (packB.size() < (size_t)NB * BF16_NR * KP) packB.resize((size_t)NB * BF16_NR * KP);
     uint32_t* Ap = packA.data();
     uint32_t* Bp = packB.data();
-    // Ap[mb][j][r] = (a(m, 2j), a(m, 2j+1)), m = mb*MR + r; rows past M and the k past K are zero. A row
-    // of A that lies contiguous with an even K is already a row of pairs (one 32-bit load per pair).
+    // the pair j of a row of A or a column of B that starts at s, elements a stride apart (0 past K)
+    auto pair_at = [K](const T* s, long stride, int j) {
+        return bf16_pair(bf16_bits(s[(long)(2 * j) * stride]), 2 * j + 1 < K ? bf16_bits(s[(long)(2 * j + 1) * stride]) : 0u);
+    };
+    // Ap[mb][j][r] = pair j of row m = mb*MR + r of A; rows past M zero
     cpu_for(MB, [&](long mb) {
         uint32_t* d = Ap + (size_t)mb * BF16_MR * KP;
         for (int r = 0; r < BF16_MR; r++) {
             const long m = mb * BF16_MR + r;
-            const bf16* s = A + m * a_rs;
-            if (m >= M) {
+            if (m >= M)
                 for (int j = 0; j < KP; j++) d[(size_t)j * BF16_MR + r] = 0;
-            } else if (a_cs == 1 && K % 2 == 0) {
-                for (int j = 0; j < KP; j++) memcpy(d + (size_t)j * BF16_MR + r, s + 2 * j, 4);
-            } else {
-                for (int j = 0; j < KP; j++) {
-                    bf16 o = 2 * j + 1 < K ? s[(long)(2 * j + 1) * a_cs] : 0;
-                    d[(size_t)j * BF16_MR + r] = bf16_pair(s[(long)(2 * j) * a_cs], o);
-                }
-            }
+            else
+                for (int j = 0; j < KP; j++) d[(size_t)j * BF16_MR + r] = pair_at(A + m * a_rs, a_cs, j);
         }
     });
-    // Bp[nb][j][c] = (b(2j, n), b(2j+1, n)), n = nb*NR + c; columns past N zero. A column of B that lies
-    // contiguous (a weight in the forward) with an even K is a column of pairs; contiguous rows (b_cs 1)
-    // interleave two rows into a panel row of pairs.
+    // Bp[nb][j][c] = pair j of column n = nb*NR + c of B; columns past N zero. Contiguous rows of B (b_cs
+    // 1, a weight's gradient's operand) interleave two rows into a panel row of pairs, in vectors.
     cpu_for(NB, [&](long nb) {
         uint32_t* d = Bp + (size_t)nb * BF16_NR * KP;
         const int n0 = (int)nb * BF16_NR, nc = N - n0 < BF16_NR ? N - n0 : BF16_NR;
         if (b_cs == 1 && nc == BF16_NR) {
             for (int j = 0; j < KP; j++) {
-                const bf16* e = B + (long)(2 * j) * b_rs + n0;
-                const bf16* o = B + (long)(2 * j + 1) * b_rs + n0;
+                const T* e = B + (long)(2 * j) * b_rs + n0;
+                const T* o = B + (long)(2 * j + 1) * b_rs + n0;
                 uint32_t* w = d + (size_t)j * BF16_NR;
                 if (2 * j + 1 < K)
-                    for (int c = 0; c < BF16_NR; c++) w[c] = bf16_pair(e[c], o[c]);
+                    for (int c = 0; c < BF16_NR; c++) w[c] = bf16_pair(bf16_bits(e[c]), bf16_bits(o[c]));
                 else
-                    for (int c = 0; c < BF16_NR; c++) w[c] = bf16_pair(e[c], 0);
+                    for (int c = 0; c < BF16_NR; c++) w[c] = bf16_pair(bf16_bits(e[c]), 0u);
             }
             return;
         }
         for (int c = 0; c < BF16_NR; c++) {
-            const long n = n0 + c;
-            const bf16* s = B + n * b_cs;
-            if (c >= nc) {
+            if (c >= nc)
                 for (int j = 0; j < KP; j++) d[(size_t)j * BF16_NR + c] = 0;
-            } else if (b_rs == 1 && K % 2 == 0) {
-                for (int j = 0; j < KP; j++) memcpy(d + (size_t)j * BF16_NR + c, s + 2 * j, 4);
-            } else {
-                for (int j = 0; j < KP; j++) {
-                    bf16 o = 2 * j + 1 < K ? s[(long)(2 * j + 1) * b_rs] : 0;
-                    d[(size_t)j * BF16_NR + c] = bf16_pair(s[(long)(2 * j) * b_rs], o);
-                }
-            }
+            else
+                for (int j = 0; j < KP; j++) d[(size_t)j * BF16_NR + c] = pair_at(B + (n0 + c) * b_cs, b_rs, j);
         }
     });
     const int nk = KP > BF16_KC ? (KP + BF16_KC - 1) / BF16_KC : 1;
@@ -364,7 +330,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const bf16* A, long a_rs, long
                     const uint32_t* b = Bp + (size_t)nb * BF16_NR * KP + (size_t)j0 * BF16_NR;
                     gemm_bf16_tile_dp(acc, a, b, kc);
                     if (kb < nk - 1) continue;
-                    // the last K block: bias, then accumulate, into C
+                    // the last K block: bias, then accumulate, into C (as gemm_cpu: (sum + bias), then + C)
                     const int m0 = mb * BF16_MR, n0 = nb * BF16_NR;
                     if (n0 + BF16_NR <= N) {  // a full-width tile: loops of a constant length, in vectors
                         for (int r = 0; r < BF16_MR && m0 + r < M; r++) {
@@ -393,8 +359,40 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const bf16* A, long a_rs, long
 }
 #endif
 
-static void gemm_bf16_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs,
-                          long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+// The fp32 path for bf16 operands: both widened to fp32 (exactly), each in its own orientation so it is
+// read and written along its contiguous side, then gemm_cpu.
+static void gemm_bf16_fma_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs,
+                              long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+    static thread_local std::vector<float> wideA, wideB;
+    if (wideA.size() < (size_t)M * K) wideA.resize((size_t)M * K);
+    if (wideB.size() < (size_t)K * N) wideB.resize((size_t)K * N);
+    float* wa = wideA.data();  // (a thread_local named inside a cpu_for chunk would be the worker's own)
+    float* wb = wideB.data();
+    // A by columns (a transpose: a_rs == 1) is widened column by column into K x M, else row by row into M x K
+    const bool a_cols = a_rs == 1 && a_cs != 1, b_cols = b_rs == 1 && b_cs != 1;
+    cpu_for(a_cols ? K : M, [&](long i) {
+        float* d = wa + (size_t)i * (a_cols ? M : K);
+        if (a_cols) for (int m = 0; m < M; m++) d[m] = bf16_to_float(A[i * a_cs + m]);
+        else for (int k = 0; k < K; k++) d[k] = bf16_to_float(A[i * a_rs + (long)k * a_cs]);
+    });
+    cpu_for(b_cols ? N : K, [&](long i) {
+        float* d = wb + (size_t)i * (b_cols ? K : N);
+        if (b_cols) for (int k = 0; k < K; k++) d[k] = bf16_to_float(B[(long)k * b_rs + i * b_cs]);
+        else for (int n = 0; n < N; n++) d[n] = bf16_to_float(B[i * b_rs + (long)n * b_cs]);
+    });
+    gemm_cpu(M, N, K, wa, a_cols ? 1 : K, a_cols ? M : 1, wb, b_cols ? 1 : N, b_cols ? K : 1, Cm, ldc, accumulate, bias);
+}
+
+// operands already in fp32 words: the fp32 path is gemm_cpu on them as they lie
+static void gemm_bf16_fma_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
+                              long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+    gemm_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
+}
+
+// (declared in kernels_cpu.h, whose matmuls call it with T = float in a --dtype bf16 run)
+template <typename T>
+static void gemm_bf16_cpu(int M, int N, int K, const T* A, long a_rs, long a_cs, const T* B, long b_rs, long b_cs,
+                          float* Cm, long ldc, bool accumulate, const float* bias) {
     if (M <= 0 || N <= 0) return;
 #if defined(__AVX512F__)
     if (bf16_dp_used()) {

@@ -54,6 +54,12 @@ static void bf16_gemm_case(int M, int N, int K, bool a_t, bool b_t, bool accumul
     gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cdp.data(), N, accumulate, with_bias ? bias.data() : nullptr);
     bf16_path = BF16_FMA;
     gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cfma.data(), N, accumulate, with_bias ? bias.data() : nullptr);
+    // the same operands held in fp32 words (a --dtype bf16 run's matmuls), on vdpbf16ps
+    std::vector<float> Aw(A.size()), Bw(B.size()), Cw = C0;
+    for (size_t i = 0; i < A.size(); i++) Aw[i] = bf16_to_float(A[i]);
+    for (size_t i = 0; i < B.size(); i++) Bw[i] = bf16_to_float(B[i]);
+    bf16_path = BF16_DP;
+    gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, Bw.data(), b_rs, b_cs, Cw.data(), N, accumulate, with_bias ? bias.data() : nullptr);
     bf16_path = had;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
@@ -62,7 +68,7 @@ static void bf16_gemm_case(int M, int N, int K, bool a_t, bool b_t, bool accumul
             double bound = (K + 2) * ldexp(1.0, -24) * (scale[i] + fabs(want)) + ldexp(1.0, -24) * 2 * (fabs(C0[i]) + fabs(bias[n]));
             double err = fabs((double)Cfma[i] - want) / (bound > 0 ? bound : 1e-30);
             if (!(err <= *worst)) *worst = err;  // a NaN becomes the worst
-            if (bf16_test_bits(Cdp[i]) != bf16_test_bits(Cfma[i])) *same = false;
+            if (bf16_test_bits(Cdp[i]) != bf16_test_bits(Cfma[i]) || bf16_test_bits(Cw[i]) != bf16_test_bits(Cfma[i])) *same = false;
             (*compared)++;
         }
 }
@@ -214,7 +220,7 @@ static void test_bf16() {
         check(worst <= 1.0, "the bf16 GEMM against float64 at 6 model shapes and %d ragged ones (%ld elements): worst error "
               "%.3f of fp32 accumulation's bound (K+2) 2^-24 sum |a b|", cases, compared, worst);
         if (bf16_dp_supported())
-            check(same, "vdpbf16ps and the fp32 path give the same bits on every element (%ld)", compared);
+            check(same, "vdpbf16ps (on bf16, and on bf16 values in fp32 words) and the fp32 path give the same bits on every element (%ld)", compared);
         else {
             printf("  skip vdpbf16ps against the fp32 path: this CPU has no AVX512-BF16\n");
             g_skipped++;
@@ -501,6 +507,31 @@ static void test_bf16_train() {
         check_le(mism_g + mism_p, 0, "%-18s replicated tensors differing in bits across ranks (%ld grads, %ld weights)", what, mism_g, mism_p);
     }
 
+    // the matmuls of a bf16 run on the CPU's two paths (--bf16-gemm): vdpbf16ps and fp32 fmas, the same bits
+    // in every loss, step-0 gradient and final weight, at TP=1 and at TP=2 with SP
+    if (!bf16_dp_supported()) {
+        printf("  skip bf16 training on vdpbf16ps against fp32 fmas: this CPU has no AVX512-BF16\n");
+        g_skipped++;
+    } else if (g_device == DEV_CPU) {
+        for (int P : {1, 2}) {
+            TpResult on[2];
+            for (int which = 0; which < 2; which++) {
+                bf16_path = which ? BF16_DP : BF16_FMA;
+                run_tp(&cfg, init, P, steps_tp, data, B, T, 1e-3f, 1.0f, &on[which], P > 1, 0, true, true);
+            }
+            bf16_path = BF16_AUTO;
+            auto bits_differ = [](const std::vector<float>& x, const std::vector<float>& y) {
+                long n = x.size() == y.size() ? 0 : 1;
+                for (size_t i = 0; i < x.size() && i < y.size(); i++) n += bf16_test_bits(x[i]) != bf16_test_bits(y[i]);
+                return n;
+            };
+            long dl = bits_differ(on[0].losses, on[1].losses), dg = bits_differ(on[0].grads_full, on[1].grads_full),
+                 dw = bits_differ(on[0].params_full, on[1].params_full);
+            check(dl + dg + dw == 0, "bf16 TP=%d%s, %d steps, matmuls on vdpbf16ps against fp32 fmas: %ld losses, %ld gradients, %ld weights differ in bits",
+                  P, P > 1 ? " SP" : "", steps_tp, dl, dg, dw);
+        }
+    }
+
     // replicas stay bit-identical in bf16, with and without ZeRO-1 (each rounds its whole shard from the same masters)
     GPTConfig small = make_config(2, 4, 32, 200, 32);
     std::vector<float> sinit = init_weights(&small, 7);
@@ -541,5 +572,8 @@ static void test_bf16_train() {
     int rc6 = run_cmd(base + "--dtype fp16 -x 2", nullptr, &err);
     int lines = (int)std::count(err.begin(), err.end(), '\n');
     check(rc6 == 1 && err.find("takes bf16 or fp32, not 'fp16'") != std::string::npos && lines == 2, "--dtype fp16: exit %d: %s", rc6,
+          err.substr(0, err.find('\n')).c_str());
+    int rc7 = run_cmd(base + "--dtype bf16 --bf16-gemm avx -x 2", nullptr, &err);
+    check(rc7 == 1 && err.find("takes auto, vdpbf16ps or fma, not 'avx'") != std::string::npos, "--bf16-gemm avx: exit %d: %s", rc7,
           err.substr(0, err.find('\n')).c_str());
 }

@@ -55,6 +55,8 @@ static void print_version() {
 
 // --dtype
 enum { DTYPE_FP32 = 0, DTYPE_BF16 = 1 };
+// --bf16-gemm: the CPU path of a bf16 run's matmuls, as common/bf16.h's Bf16Path (the same bits on each)
+enum { BF16_GEMM_AUTO = 0, BF16_GEMM_DP = 1, BF16_GEMM_FMA = 2 };
 
 struct Args {
     const char* train;   // -i
@@ -96,6 +98,7 @@ struct Args {
     int recompute;       // -r: what the backward recomputes (0..3; 3 with --attention matmul only)
     int attention;       // --attention: 1 fused (FlashAttention-2, the default), 0 matmul (the (T, T) probabilities kept)
     int dtype;           // --dtype: DTYPE_FP32 (the default) or DTYPE_BF16 (the default for an llm.c bf16 file, -e)
+    int bf16_gemm;       // --bf16-gemm: BF16_GEMM_AUTO (the default), BF16_GEMM_DP (vdpbf16ps) or BF16_GEMM_FMA
     int sweep;           // --sweep: time every valid (P, D) instead of training
     int sweep_steps;
     int fresh;           // --fresh 1: start over in an -o that holds another run's checkpoints
@@ -162,6 +165,8 @@ static void usage(FILE* out) {
         "  --dtype D   bf16: the layers compute from a bf16 copy of the fp32 master weights (stochastic\n"
         "              rounding), matmul operands in bf16, fp32 sums, AdamW on fp32 masters; fp32: all fp32\n"
         "              (default fp32; bf16 for an llm.c bf16 model file given to -e)\n"
+        "  --bf16-gemm G  the CPU's bf16 matmuls: vdpbf16ps (AVX512-BF16), fma (fp32 fmas) or auto (the\n"
+        "              faster here, measured at start); the same bits on each            (default auto)\n"
         "  --sweep 1   time every valid P, and every (P, D) with P x D up to the cores or GPUs, and print a\n"
         "              scaling table (-o: sweep.csv)\n"
         "  --sweep-steps N  steps per P in the sweep, the first 2 not timed     (default 8)\n"
@@ -193,7 +198,7 @@ enum OnResume {
     MAY_CHANGE,  // saved; a value given on resume replaces it from the resumed step on
     MUST_KEEP,   // saved; a different value on resume is refused
 };
-enum FlagType { FLAG_STR, FLAG_PATH, FLAG_INT, FLAG_LONG, FLAG_FLOAT, FLAG_DOUBLE, FLAG_DEVICE, FLAG_ATTENTION, FLAG_DTYPE };
+enum FlagType { FLAG_STR, FLAG_PATH, FLAG_INT, FLAG_LONG, FLAG_FLOAT, FLAG_DOUBLE, FLAG_DEVICE, FLAG_ATTENTION, FLAG_DTYPE, FLAG_BF16GEMM };
 
 struct FlagSpec {
     const char* name;
@@ -252,6 +257,7 @@ static const FlagSpec g_flags[] = {
     {"--attention", FLAG_ATTENTION, ARG(attention), 0, 0, MAY_CHANGE, nullptr},
     // the masters are fp32 either way and the bf16 copy follows from them: a resume may switch it
     {"--dtype", FLAG_DTYPE, ARG(dtype), 0, 0, MAY_CHANGE, nullptr},
+    {"--bf16-gemm", FLAG_BF16GEMM, ARG(bf16_gemm), 0, 0, NOT_SAVED, nullptr},
     {"--sweep", FLAG_INT, ARG(sweep), 0, 1, NOT_SAVED, nullptr},
     {"--sweep-steps", FLAG_INT, ARG(sweep_steps), 3, 1 << 20, NOT_SAVED, nullptr},
     {"--fresh", FLAG_INT, ARG(fresh), 0, 1, NOT_SAVED, nullptr},
@@ -361,6 +367,12 @@ static void flag_set(Args* a, const FlagSpec* f, const char* v) {
         else if (!strcmp(v, "bf16")) *(int*)field = DTYPE_BF16;
         else bad_flag("flag %s takes bf16 or fp32, not '%s'", f->name, v);
         break;
+    case FLAG_BF16GEMM:
+        if (!strcmp(v, "auto")) *(int*)field = BF16_GEMM_AUTO;
+        else if (!strcmp(v, "vdpbf16ps")) *(int*)field = BF16_GEMM_DP;
+        else if (!strcmp(v, "fma")) *(int*)field = BF16_GEMM_FMA;
+        else bad_flag("flag %s takes auto, vdpbf16ps or fma, not '%s'", f->name, v);
+        break;
     }
 }
 
@@ -385,6 +397,7 @@ static std::string flag_text(const Args* a, const FlagSpec* f, bool exact) {
     case FLAG_DEVICE: return *(const int*)field == DEV_CPU ? "cpu" : *(const int*)field == DEV_CUDA ? "cuda" : "auto";
     case FLAG_ATTENTION: return *(const int*)field ? "fused" : "matmul";
     case FLAG_DTYPE: return *(const int*)field == DTYPE_BF16 ? "bf16" : "fp32";
+    case FLAG_BF16GEMM: return *(const int*)field == BF16_GEMM_DP ? "vdpbf16ps" : *(const int*)field == BF16_GEMM_FMA ? "fma" : "auto";
     }
     return buf;
 }

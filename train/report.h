@@ -92,7 +92,10 @@ static void print_memory(const Run* run) {
            (total - c->L * per_layer) / 1e6);
     if (a->dtype == DTYPE_BF16)
         printf("  --dtype bf16: the parameters are the fp32 master weights and the layers' bf16 copy of them; the copy and\n"
-               "  the activations hold bf16 values in fp32 words for now, so bf16 computes bf16's numbers without saving memory\n");
+               "  the activations hold bf16 values in fp32 words for now, so bf16 computes bf16's numbers without saving memory;\n"
+               "  %s\n", run->device == DEV_CUDA ? "the GPU's matmuls multiply them exactly in TF32 or fp32, with fp32 sums"
+                         : bf16_dp_used() ? "the CPU's matmuls multiply them on vdpbf16ps (AVX512-BF16; --bf16-gemm)"
+                                          : "the CPU's matmuls multiply them with fp32 fmas (the bits of vdpbf16ps; --bf16-gemm)");
 }
 
 // The DP group's part of the communication: once per step, whatever the micro-steps.
