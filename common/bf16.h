@@ -14,6 +14,7 @@
 // it on the CPU that runs it), and on operands that already hold bf16 values in fp32 words (the matmuls of
 // a --dtype bf16 run) the fp32 path is gemm_cpu itself. bf16_path below chooses between them.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -104,10 +105,16 @@ static inline BF16_HD long full_index(const FullIndex& m, long i) {
 static inline BF16_HD void bf16_put(bf16* out, bf16 h) { *out = h; }
 static inline BF16_HD void bf16_put(float* out, bf16 h) { *out = bf16_to_float(h); }
 
+// Along a row of the shard the full index runs on by one (full columns col0 + c), so it is mapped once per
+// run of a row (full_index's three divisions), not once per element.
 template <typename W>
 static void bf16_from_master_cpu(W* out, const float* master, long i0, long n, FullIndex map, uint32_t step, uint32_t seed) {
     cpu_for_range(n, [&](long lo, long hi) {
-        for (long j = lo; j < hi; j++) bf16_put(out + j, bf16_round_stochastic(master[j], (uint64_t)full_index(map, i0 + j), step, seed));
+        for (long j = lo; j < hi;) {
+            const long run = std::min(hi - j, map.lcols - (i0 + j) % map.lcols), f = full_index(map, i0 + j);
+            for (long q = 0; q < run; q++) bf16_put(out + j + q, bf16_round_stochastic(master[j + q], (uint64_t)(f + q), step, seed));
+            j += run;
+        }
     });
 }
 

@@ -430,8 +430,55 @@ static double worst_tensor_drift(const GPTConfig* cfg, const std::vector<float>&
     }, name);
 }
 
+// In which precision the row-parallel partial sums travel (attproj and fcproj forward: each rank's product
+// over its K slice, all-reduced). tp sums them in fp32; moving them as bf16 halves the bytes, but rounds
+// each partial and each hop's sum to bf16, an error TP=1 never makes. Measured at d6's fcproj (B8 T256:
+// 2048 x 1536 . 1536 x 384) on bf16 operands, each result against TP=1's (the product over the whole K),
+// per element over sum_k |x w|: fp32 sums stay at fp32's few ulps, bf16 ones at bf16's 2^-9.
+static void test_bf16_partial_sums() {
+    const int N = 2048, K = 1536, OC = 384;
+    std::vector<float> x((size_t)N * K), w((size_t)OC * K), one((size_t)N * OC), scale((size_t)N * OC, 0.0f);
+    for (size_t i = 0; i < x.size(); i++) x[i] = bf16_to_float(bf16_round(sinf((float)i * 0.37f) * 0.5f));
+    for (size_t i = 0; i < w.size(); i++) w[i] = bf16_to_float(bf16_round(cosf((float)i * 0.61f) * 0.02f));
+    matmul_forward_cpu(one.data(), x.data(), w.data(), nullptr, N, K, OC, true);  // TP=1
+    std::vector<float> ax(x.size()), aw(w.size());
+    for (size_t i = 0; i < x.size(); i++) ax[i] = fabsf(x[i]);
+    for (size_t i = 0; i < w.size(); i++) aw[i] = fabsf(w[i]);
+    matmul_forward_cpu(scale.data(), ax.data(), aw.data(), nullptr, N, K, OC);  // sum_k |x w|
+    for (int P : {2, 4}) {
+        const int Kl = K / P;
+        std::vector<float> part((size_t)N * OC), sum32((size_t)N * OC, 0.0f), sum16((size_t)N * OC, 0.0f);
+        for (int r = 0; r < P; r++) {
+            // rank r's partial: x[:, r Kl .. (r+1) Kl) . w[:, same]^T, through gemm_cpu's strides
+            gemm_bf16_cpu(N, OC, Kl, x.data() + (long)r * Kl, (long)K, 1L, w.data() + (long)r * Kl, 1L, (long)K, part.data(), OC, false, nullptr);
+            for (size_t i = 0; i < part.size(); i++) {
+                sum32[i] += part[i];  // fp32: the sum tp's all-reduce makes, in rank order
+                // bf16 on the wire: the partial rounded, and the running sum rounded at each hop
+                float p16 = bf16_to_float(bf16_round(part[i]));
+                sum16[i] = r == 0 ? p16 : bf16_to_float(bf16_round(sum16[i] + p16));
+            }
+        }
+        // worst per element over sum_k |x w| (the scale an fp32 sum's error bound has), and rms over rms
+        double e32 = 0, e16 = 0, q32 = 0, q16 = 0, q1 = 0;
+        for (size_t i = 0; i < one.size(); i++) {
+            double sc = scale[i] > 0 ? scale[i] : 1e-30, d32 = (double)sum32[i] - one[i], d16 = (double)sum16[i] - one[i];
+            e32 = worse(e32, fabs(d32) / sc);
+            e16 = worse(e16, fabs(d16) / sc);
+            q32 += d32 * d32, q16 += d16 * d16, q1 += (double)one[i] * one[i];
+        }
+        q32 = sqrt(q32 / q1), q16 = sqrt(q16 / q1);
+        const double ring = 2.0 * (P - 1) / P * N * OC;  // values each rank sends in a ring all-reduce
+        printf("  TP=%d partial sums: fp32 %.2f MB sent per rank, error against TP=1 %.3g worst / sum|x w|, %.3g rms / rms;"
+               " bf16 %.2f MB, %.3g worst, %.3g rms (%.0fx)\n", P, ring * 4 / 1e6, e32, q32, ring * 2 / 1e6, e16, q16, q32 > 0 ? q16 / q32 : 0.0);
+        check_le(e32, 64 * ldexp(1.0, -24), "TP=%d fcproj partial sums in fp32: worst error against TP=1 / sum|x w|", P);
+        check(q16 > 1000 * q32, "TP=%d the same moved as bf16: rms error %.3g, %.0fx fp32's %.3g", P, q16, q32 > 0 ? q16 / q32 : 0.0, q32);
+    }
+}
+
+
 static void test_bf16_train() {
     printf("--dtype bf16: fp32 masters, a stochastically rounded bf16 copy, bf16 matmul operands, fp32 sums\n");
+    test_bf16_partial_sums();
     // the ops: round to nearest even in place, and the master copy held in fp32
     {
         std::vector<float> x;
