@@ -1462,14 +1462,37 @@ static void adamw_cuda(CudaCtx* cx, float* params, const float* grads, float* m,
     CUDA_LAUNCH_CHECK(cx->rank, "adamw_kernel");
 }
 
+// 8 rounded weights stored at once: one 16-byte store of 8 bf16, or two of 4 floats (p 16-byte aligned)
+__device__ __forceinline__ void bf16_store8(bf16* p, const bf16* h) {
+    *reinterpret_cast<uint4*>(p) = make_uint4(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16,
+                                              h[4] | (unsigned)h[5] << 16, h[6] | (unsigned)h[7] << 16);
+}
+__device__ __forceinline__ void bf16_store8(float* p, const bf16* h) {
+    *reinterpret_cast<float4*>(p) = make_float4(bf16_to_float(h[0]), bf16_to_float(h[1]), bf16_to_float(h[2]), bf16_to_float(h[3]));
+    *reinterpret_cast<float4*>(p + 4) = make_float4(bf16_to_float(h[4]), bf16_to_float(h[5]), bf16_to_float(h[6]), bf16_to_float(h[7]));
+}
+
 // out (n) = master (n) rounded stochastically to bf16: local elements i0 .. i0 + n - 1 of a shard placed by
-// map, as bf16_from_master_cpu (the same scalar function: the same bits). A grid-stride loop, so any grid
-// and block computes the same thing; threads and blocks (0: as many as n needs) choose the launch.
+// map, as bf16_from_master_cpu (the same scalar function: the same bits). A thread takes 8 consecutive
+// elements: their full indices run on by one along a row of the shard, so full_index's divisions are made
+// once (and again only where the 8 cross a row's end), and they are stored with 16-byte stores where out
+// is aligned. A grid-stride loop over the groups of 8, so any grid and block computes the same thing;
+// threads and blocks (0: as many as n needs) choose the launch.
 template <typename W>
 __global__ void bf16_from_master_kernel(W* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
                                         uint32_t seed) {
-    for (long j = (long)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (long)gridDim.x * blockDim.x)
-        bf16_put(out + j, bf16_round_stochastic(master[j], (uint64_t)full_index(map, i0 + j), step, seed));
+    const long groups = (n + 7) / 8;
+    for (long g = (long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += (long)gridDim.x * blockDim.x) {
+        const long j0 = g * 8, cnt = n - j0 < 8 ? n - j0 : 8, c = (i0 + j0) % map.lcols, f = full_index(map, i0 + j0);
+        bf16 h[8] = {};
+        for (int q = 0; q < cnt; q++) {
+            const long idx = c + q < map.lcols ? f + q : full_index(map, i0 + j0 + q);
+            h[q] = bf16_round_stochastic(master[j0 + q], (uint64_t)idx, step, seed);
+        }
+        if (cnt == 8 && ((uintptr_t)(out + j0) & 15) == 0) bf16_store8(out + j0, h);
+        else
+            for (int q = 0; q < cnt; q++) bf16_put(out + j0 + q, h[q]);
+    }
 }
 
 // W: bf16 (bf16 storage) or float (bf16 values held in fp32), as bf16_from_master_cpu
@@ -1477,7 +1500,7 @@ template <typename W>
 static void bf16_from_master_cuda(CudaCtx* cx, W* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
                                   uint32_t seed, int threads = FLAT_THREADS, unsigned blocks = 0) {
     if (n <= 0) return;
-    if (blocks == 0) blocks = ceil_div(n, threads);
+    if (blocks == 0) blocks = ceil_div(ceil_div(n, 8), threads);
     bf16_from_master_kernel<W><<<blocks, threads, 0, cx->stream>>>(out, master, i0, n, map, step, seed);
     CUDA_LAUNCH_CHECK(cx->rank, "bf16_from_master_kernel");
 }
