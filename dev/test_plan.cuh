@@ -215,9 +215,41 @@ static void test_plan_boxes() {
 // under two busy processes gave P=4 at 0.43 and 0.44 (CI: 0.40). TP_PLAN_BOUND overrides the bound.
 #define PLAN_SWEEPS 5
 #define PLAN_SETS 3
+// A share of the machine that other programs take while a set runs is time the plan cannot know of: one
+// busy loop pinned to one of the 2 cores (50% of the machine) put the pipeline grid at 1.38 and failed all
+// 3 sets (0.381). So each set measures the others' share: the machine's busy CPU time over the set (from
+// /proc/stat, steal included: another virtual machine on our cores) less what this process and its
+// ./tp children took. A set that misses the bound under more than PLAN_BUSY of others is no evidence
+// against the model; if every set did, the check is reported skipped with the shares, not failed.
+#define PLAN_BUSY 0.10
+struct MachineTimes { double busy, total, ours; };
+static MachineTimes machine_times() {
+    MachineTimes t = {0, 0, 0};
+    if (FILE* f = fopen("/proc/stat", "r")) {
+        unsigned long long v[8] = {0};
+        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) == 8) {
+            double hz = (double)sysconf(_SC_CLK_TCK);
+            for (int i = 0; i < 8; i++) t.total += v[i] / hz;
+            t.busy = t.total - (v[3] + v[4]) / hz;  // all but idle and iowait
+        }
+        fclose(f);
+    }
+    struct rusage self, kids;
+    getrusage(RUSAGE_SELF, &self);
+    getrusage(RUSAGE_CHILDREN, &kids);
+    for (const struct rusage* u : {&self, &kids})
+        t.ours += u->ru_utime.tv_sec + 1e-6 * u->ru_utime.tv_usec + u->ru_stime.tv_sec + 1e-6 * u->ru_stime.tv_usec;
+    return t;
+}
+// the share of the machine's CPU time between a and b that other programs took (0 where unknown)
+static double others_share(MachineTimes a, MachineTimes b) {
+    double total = b.total - a.total;
+    return total > 0 ? std::max(0.0, (b.busy - a.busy - (b.ours - a.ours)) / total) : 0;
+}
 // one set of PLAN_SWEEPS sweeps: the worst grid's |median - 1|, and each grid's median in `all`
 // (a sanitizer build, whose accuracy is not checked: one short sweep, that it runs and writes its columns)
-static double plan_sweep_set(int set, int sweeps, int* runs, size_t* grids, std::string* all) {
+static double plan_sweep_set(int set, int sweeps, int* runs, size_t* grids, std::string* all, double* others) {
+    MachineTimes t0 = machine_times();
     std::string d = tmpdir() + "/plan_sweep";
     std::map<std::string, std::vector<double>> ratio;
     *runs = 0;
@@ -254,6 +286,7 @@ static double plan_sweep_set(int set, int sweeps, int* runs, size_t* grids, std:
         *all += buf;
     }
     *grids = ratio.size();
+    *others = others_share(t0, machine_times());
     return worst;
 }
 
@@ -270,7 +303,8 @@ static void test_plan_sweep() {
     // run far slower than the GEMM and collective speeds plan_measure takes would say; one sweep of 8 steps
     bool sanitizer = getenv("TP_BIN") != nullptr;
     int sweeps = sanitizer ? 1 : PLAN_SWEEPS;
-    double worst = plan_sweep_set(0, sweeps, &runs, &grids, &all);
+    double others = 0;
+    double worst = plan_sweep_set(0, sweeps, &runs, &grids, &all, &others);
     check(runs == sweeps && grids >= 3, "%d of %d sweeps wrote predicted_ms_per_step for %zu grids", runs, sweeps, grids);
     if (sanitizer) {
         printf("  skip the plan's accuracy (%s): a sanitizer build\n", all.empty() ? "none" : all.c_str() + 1);
@@ -278,18 +312,34 @@ static void test_plan_sweep() {
         return;
     }
     // up to PLAN_SETS sets; the best one is checked (a passing load misleads a set, a wrong model every set)
-    double last = worst;
-    std::string last_all = all;
+    double last = worst, last_others = others;
+    std::string last_all = all, shares;
+    bool quiet_miss = false;  // a set that missed the bound with the machine to itself
+    auto note = [&](double w, double o) {
+        char b[48];
+        snprintf(b, sizeof(b), "%s%.0f%%", shares.empty() ? "" : ", ", 100 * o);
+        shares += b;
+        if (!(w <= bound) && o <= PLAN_BUSY) quiet_miss = true;
+    };
+    note(last, last_others);
     for (int set = 1; set < PLAN_SETS && !(worst <= bound); set++) {
-        printf("  set %d of %d sweeps: worst |median - 1| %.3f (%s), above %.2f: once more\n", set, PLAN_SWEEPS, last,
-               last_all.empty() ? "none" : last_all.c_str() + 1, bound);
+        printf("  set %d of %d sweeps: worst |median - 1| %.3f (%s), above %.2f, other programs took %.0f%% of the machine: once more\n",
+               set, PLAN_SWEEPS, last, last_all.empty() ? "none" : last_all.c_str() + 1, bound, 100 * last_others);
         int r2 = 0;
         size_t g2 = 0;
-        last = plan_sweep_set(set, sweeps, &r2, &g2, &last_all);
-        if (last < worst) worst = last, runs = r2, grids = g2, all = last_all;
+        last = plan_sweep_set(set, sweeps, &r2, &g2, &last_all, &last_others);
+        note(last, last_others);
+        if (last < worst) worst = last, runs = r2, grids = g2, all = last_all, others = last_others;
     }
-    check_le(worst, bound, "the median over %d sweeps of predicted / measured ms per step (%s), worst grid's |ratio - 1|", runs,
-             all.empty() ? "none" : all.c_str() + 1);
+    if (!(worst <= bound) && !quiet_miss) {
+        printf("  skip the plan's accuracy (best set %.3f: %s): other programs took %s of the machine's CPU time in the sets "
+               "(more than %.0f%%), which no plan of tp's own work can predict\n",
+               worst, all.empty() ? "none" : all.c_str() + 1, shares.c_str(), 100 * PLAN_BUSY);
+        g_skipped++;
+        return;
+    }
+    check_le(worst, bound, "the median over %d sweeps of predicted / measured ms per step (%s; others took %s of the machine), worst grid's |ratio - 1|",
+             runs, all.empty() ? "none" : all.c_str() + 1, shares.c_str());
 }
 
 // The pipeline's step (plan_pp_step): without stages exactly plan_step; and its makespan formula
