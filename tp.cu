@@ -281,10 +281,16 @@ static void setup_weights(Run* run) {
         run->init.resize(gpt_num_params(c));
         if (first) gpt_init_full(c, (uint64_t)a->seed, run->init.data());
     }
-    procs_share(&run->init, a->timeout);
-    if (!run->resuming || run->sample_only) return;
     TrainState* s = &run->state;
-    if (first) state_read(a->outdir, run->saved_step, (long)run->init.size(), true, s);
+    bool resume = run->resuming && !run->sample_only;
+    if (first && resume) {
+        state_read(a->outdir, run->saved_step, (long)run->init.size(), true, s);
+        // a bf16 run's model file holds its weights rounded to bf16; the state file, its fp32 masters
+        if (s->h.masters) run->init.swap(s->masters);
+        s->masters = std::vector<float>();
+    }
+    procs_share(&run->init, a->timeout);
+    if (!resume) return;
     procs_share(&s->h, a->timeout);
     procs_share(&s->flags, a->timeout);
     procs_share(&s->m, a->timeout);

@@ -605,8 +605,52 @@ static void test_bf16_train() {
     std::vector<float> tail(full.size() == 8 ? full.begin() + 4 : full.end(), full.end());
     check(rc1 == 0 && rc2 == 0 && rc3 == 0 && tail.size() == 4 && resumed == tail &&
               model_params(ckpt_path((d + "/full").c_str(), "model", 8)) == model_params(ckpt_path((d + "/half").c_str(), "model", 8)),
-          "bf16 resumed at step 4 without --dtype: steps 5-8 and the step-8 masters bit-identical to the run straight through (exits %d %d %d)",
+          "bf16 resumed at step 4 without --dtype: steps 5-8 and the step-8 weights bit-identical to the run straight through (exits %d %d %d)",
           rc1, rc2, rc3);
+    // the files of a bf16 run: the model file is llm.c's version 5, each weight the nearest bf16 of its fp32
+    // master, which the state file keeps (version 5, masters = 1), the same in both runs
+    {
+        std::string mp = ckpt_path((d + "/full").c_str(), "model", 8);
+        std::vector<char> b = slurp_bytes(mp);
+        TrainState sf, sh;
+        GPTConfig cf = {};
+        std::vector<float> widened;
+        int version = 0;
+        model_read(mp.c_str(), &cf, &widened, &version);
+        state_read((d + "/full").c_str(), 8, gpt_num_params(&cf), true, &sf);
+        state_read((d + "/half").c_str(), 8, gpt_num_params(&cf), true, &sh);
+        long n = gpt_num_params(&cf), wrong = 0, fine = 0;
+        for (long i = 0; i < n && sf.masters.size() == (size_t)n; i++) {
+            wrong += bf16_to_float(bf16_round(sf.masters[i])) != widened[i];
+            fine += sf.masters[i] != widened[i];  // the masters carry bits below bf16's
+        }
+        check(version == 5 && (long)b.size() == 1024 + 2 * n && sf.h.version == 5 && sf.h.masters == 1 && (long)sf.masters.size() == n &&
+                  wrong == 0 && fine > n / 2 && sf.masters == sh.masters,
+              "a bf16 run's model file: version %d, %zu bytes = header + 2 x %ld; its state file: version %lld, masters %lld; "
+              "%ld weights not the nearest bf16 of their master, %ld masters finer than bf16; the resumed run's masters %s",
+              version, b.size(), n, (long long)sf.h.version, (long long)sf.h.masters, wrong, fine,
+              sf.masters == sh.masters ? "bit-identical" : "differ");
+        // the masters are under the state file's checksum, and a model file must be of its state's kind
+        std::string bad = d + "/bad";
+        copy_step(d + "/full", bad, 8);
+        std::string sp = ckpt_path(bad.c_str(), "state", 8);
+        std::vector<char> st = slurp_bytes(sp);
+        bool zeroed = st.size() > (size_t)(4 * n) + 4096;
+        if (zeroed) {
+            memset(st.data() + st.size() - 4 * n + (4 * n) / 2, 0, 4096);  // a page in the middle of the masters
+            FILE* f = fopen(sp.c_str(), "wb");
+            fwrite(st.data(), 1, st.size(), f);
+            fclose(f);
+        }
+        CkptCheck v = ckpt_verify(bad.c_str(), 8);
+        check(zeroed && v.model_ok && !v.state_ok && v.why.find("does not match its checksum") != std::string::npos,
+              "4 KB zeroed in the masters of a bf16 state file: %s", v.why.c_str());
+        copy_step(d + "/full", bad + "2", 8);
+        model_write(ckpt_path((bad + "2").c_str(), "model", 8).c_str(), &cf, widened.data());  // fp32, beside a bf16 state
+        CkptCheck v2 = ckpt_verify((bad + "2").c_str(), 8);
+        check(!v2.model_ok && v2.why.find("is fp32 but its state file is a bf16 run's") != std::string::npos,
+              "an fp32 model file beside a bf16 run's state file: %s", v2.why.c_str());
+    }
     std::string out_f, out_back;
     int rc4 = run_cmd(base + "--dtype fp32 -x 12 -y 1 -o " + d + "/half", &out_f, &err);
     std::vector<float> l4 = grep_floats(out_f, "| loss ");
@@ -616,6 +660,18 @@ static void test_bf16_train() {
     std::vector<float> l5 = grep_floats(out_back, "| loss ");
     check(rc5 == 0 && l5.size() == 4 && out_back.find("--dtype bf16") != std::string::npos && std::isfinite(l5.back()),
           "and back to bf16: exit %d, %zu steps, the change said", rc5, l5.size());
+    {
+        int v12 = 0, v16 = 0;
+        GPTConfig c12 = {}, c16 = {};
+        model_read(ckpt_path((d + "/half").c_str(), "model", 12).c_str(), &c12, nullptr, &v12);
+        model_read(ckpt_path((d + "/half").c_str(), "model", 16).c_str(), &c16, nullptr, &v16);
+        TrainState s12, s16;
+        state_read((d + "/half").c_str(), 12, gpt_num_params(&c12), false, &s12);
+        state_read((d + "/half").c_str(), 16, gpt_num_params(&c16), false, &s16);
+        check(v12 == 3 && s12.h.masters == 0 && v16 == 5 && s16.h.masters == 1,
+              "each checkpoint in its run's dtype: step 12 (fp32) model version %d, masters in the state %lld; step 16 (bf16) %d, %lld",
+              v12, (long long)s12.h.masters, v16, (long long)s16.h.masters);
+    }
     int rc6 = run_cmd(base + "--dtype fp16 -x 2", nullptr, &err);
     int lines = (int)std::count(err.begin(), err.end(), '\n');
     check(rc6 == 1 && err.find("takes bf16 or fp32, not 'fp16'") != std::string::npos && lines == 2, "--dtype fp16: exit %d: %s", rc6,

@@ -35,7 +35,7 @@
 #include "../data/loader.h"
 
 // ----------------------------------------------------------------------------
-// model files (llm.c's GPT-2 format: fp32, or bf16 to read)
+// model files (llm.c's GPT-2 format: fp32, or bf16)
 
 // Reads an llm.c checkpoint's header into c and its tensors into full (full null: the header only, to
 // size the run before allocating anything). Version 3 holds fp32 tensors; version 5 the same tensors in
@@ -77,18 +77,31 @@ static void model_read(const char* path, GPTConfig* c, std::vector<float>* full,
     fclose(f);
 }
 
-// Writes full parameters as an llm.c version-3 checkpoint, atomically. Returns 0, or the errno of the
-// failure (the file at path is then untouched). sum (if set): the hash of every byte of the file.
-static int model_write(const char* path, const GPTConfig* c, const float* full, uint64_t* sum = nullptr) {
+// Writes full parameters as an llm.c checkpoint, atomically: version 3 (fp32), or with in_bf16 version 5, every
+// parameter rounded to the nearest bf16 (ties to even), which is what llm.c's bf16 trainer reads. A bf16
+// run's state file keeps the fp32 masters themselves (state_write), so its resume is exact all the same.
+// Returns 0, or the errno of the failure (the file at path is then untouched). sum (if set): the hash of
+// every byte of the file.
+static int model_write(const char* path, const GPTConfig* c, const float* full, uint64_t* sum = nullptr, bool in_bf16 = false) {
     AtomicFile a;
     if (!atomic_open(&a, path)) return a.err;
     Hasher hs;
     hash_init(&hs);
     a.hash = &hs;
     int h[256] = {0};
-    h[0] = 20240326; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
+    h[0] = 20240326; h[1] = in_bf16 ? 5 : 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
     atomic_write(&a, h, sizeof(h));
-    atomic_write(&a, full, gpt_num_params(c) * sizeof(float));
+    long n = gpt_num_params(c);
+    if (!in_bf16) {
+        atomic_write(&a, full, n * sizeof(float));
+    } else {  // in pieces of 1M numbers, as model_read reads them
+        std::vector<bf16> piece(std::min<long>(n, 1L << 20));
+        for (long at = 0; at < n; at += (long)piece.size()) {
+            long k = std::min<long>((long)piece.size(), n - at);
+            for (long i = 0; i < k; i++) piece[i] = bf16_round(full[at + i]);
+            atomic_write(&a, piece.data(), k * sizeof(bf16));
+        }
+    }
     atomic_close(&a);
     if (sum) *sum = hash_final(&hs);
     return a.err;
@@ -101,11 +114,14 @@ static int model_write(const char* path, const GPTConfig* c, const float* full, 
 // pairs), then AdamW's m and v (nparams floats each), the loader's shard order (nshards int32) and
 // sample permutation (nsamples int64), and its MT19937 as text (rng_bytes). Version 1 had no flags
 // (its header ends before flags_bytes), version 2 no grid (its header ends before replicas: one replica,
-// no accumulation), version 3 no checksums (its header ends before model_sum); tp still reads them all.
+// no accumulation), version 3 no checksums (its header ends before model_sum), version 4 no masters (its
+// header ends before masters); tp still reads them all. masters = 1: the run computed in bf16, its model
+// file is bf16 (version 5), and the fp32 master weights follow the random state here (nparams floats),
+// because the rounded weights of the model file could not continue the run exactly.
 // The checksums live here rather than in the model file, whose layout is llm.c's: model_sum is the hash of
 // every byte of model_N.bin, state_sum of every byte of this file with state_sum itself read as 0.
 #define STATE_MAGIC 20261130
-#define STATE_VERSION 4
+#define STATE_VERSION 5
 struct StateHeader {
     int64_t magic, version, step, adam_t, nparams, P;
     int64_t maxT, V, Vp, L, NH, C, B, T;
@@ -113,10 +129,12 @@ struct StateHeader {
     int64_t flags_bytes;
     int64_t replicas, procs, micro_steps, zero;  // the grid: replicas (all processes), processes, -d's micro-steps, -z
     uint64_t model_sum, state_sum;               // checksums (hash_final) of the model file and of this file
+    int64_t masters;                             // 1: the fp32 master weights are at the end (a bf16 run)
 };
 #define STATE_V1_HEADER_BYTES (19 * sizeof(int64_t))
 #define STATE_V2_HEADER_BYTES (20 * sizeof(int64_t))
 #define STATE_V3_HEADER_BYTES (24 * sizeof(int64_t))
+#define STATE_V4_HEADER_BYTES (26 * sizeof(int64_t))
 
 // what a resume restores besides the weights
 struct TrainState {
@@ -126,6 +144,7 @@ struct TrainState {
     std::vector<int> shard_order;    // the train loader's shard order, position and sample permutation
     std::vector<long> sample_order;
     std::string rng;                 // its MT19937, as the standard library writes one
+    std::vector<float> masters;      // a bf16 run's fp32 master weights (empty: the model file's are they)
 };
 
 static std::string ckpt_path(const char* dir, const char* kind, int step) {
@@ -156,12 +175,14 @@ static std::vector<int> ckpt_steps(const char* dir) {
 
 // Writes a state file atomically; sets h->state_sum (hashed in memory first: the sum goes in the header,
 // which is written first). Returns 0 or the errno of the failure.
+// masters (a bf16 run's fp32 master weights; else null) are written last, with h->masters set.
 static int state_write(const char* path, StateHeader* h, const std::string& flags, const float* m, const float* v,
-                       const DataLoader* d, const std::string& rng) {
+                       const DataLoader* d, const std::string& rng, const float* masters = nullptr) {
+    h->masters = masters != nullptr;
     struct Part { const void* p; size_t n; } parts[] = {
         {h, sizeof(*h)}, {flags.data(), flags.size()}, {m, h->nparams * sizeof(float)}, {v, h->nparams * sizeof(float)},
         {d->shard_order.data(), h->nshards * sizeof(int)}, {d->sample_order.data(), h->nsamples * sizeof(long)},
-        {rng.data(), rng.size()}};
+        {rng.data(), rng.size()}, {masters, masters ? h->nparams * sizeof(float) : 0}};
     h->state_sum = 0;
     Hasher hs;
     hash_init(&hs);
@@ -174,12 +195,16 @@ static int state_write(const char* path, StateHeader* h, const std::string& flag
     return a.err;
 }
 
+// the bytes of the header of h's version
+static long state_header_bytes(const StateHeader* h) {
+    return h->version == 1 ? STATE_V1_HEADER_BYTES : h->version == 2 ? STATE_V2_HEADER_BYTES : h->version == 3 ? STATE_V3_HEADER_BYTES
+         : h->version == 4 ? STATE_V4_HEADER_BYTES : sizeof(StateHeader);
+}
+
 // the size a state file with header h has, whole
 static long state_file_bytes(const StateHeader* h) {
-    long head = h->version == 1 ? STATE_V1_HEADER_BYTES : h->version == 2 ? STATE_V2_HEADER_BYTES
-              : h->version == 3 ? STATE_V3_HEADER_BYTES : sizeof(StateHeader);
-    return head + h->flags_bytes + 2 * h->nparams * (long)sizeof(float) + h->nshards * (long)sizeof(int) +
-           h->nsamples * (long)sizeof(long) + h->rng_bytes;
+    return state_header_bytes(h) + h->flags_bytes + (2 + (h->masters ? 1 : 0)) * h->nparams * (long)sizeof(float) +
+           h->nshards * (long)sizeof(int) + h->nsamples * (long)sizeof(long) + h->rng_bytes;
 }
 
 // Reads a state file's header, of any version, into h (the fields a version lacks filled in). Returns false
@@ -189,11 +214,11 @@ static bool state_header_read(FILE* f, StateHeader* h) {
     if (fread(h, 1, STATE_V1_HEADER_BYTES, f) != STATE_V1_HEADER_BYTES) return false;
     if (h->magic != STATE_MAGIC || h->version < 1 || h->version > STATE_VERSION) return false;
     if (h->version >= 2 && fread(&h->flags_bytes, sizeof(h->flags_bytes), 1, f) != 1) return false;
-    size_t more = h->version == 3 ? STATE_V3_HEADER_BYTES - STATE_V2_HEADER_BYTES : h->version >= 4 ? sizeof(*h) - STATE_V2_HEADER_BYTES : 0;
+    size_t more = h->version >= 3 ? state_header_bytes(h) - STATE_V2_HEADER_BYTES : 0;
     if (more && fread((char*)h + STATE_V2_HEADER_BYTES, 1, more, f) != more) return false;
     if (h->version < 3) h->replicas = h->procs = h->micro_steps = 1;
     return h->nparams > 0 && h->nshards >= 0 && h->nsamples >= 0 && h->rng_bytes >= 0 && h->rng_bytes <= 1 << 20 &&
-           h->flags_bytes >= 0 && h->flags_bytes <= 1 << 20;
+           h->flags_bytes >= 0 && h->flags_bytes <= 1 << 20 && (h->masters == 0 || h->masters == 1);
 }
 
 static std::string file_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
@@ -209,11 +234,13 @@ static std::string model_check(FILE* f, const std::string& path, const StateHead
     std::string name = file_name(path);
     int mh[256];
     long size = file_bytes(f);
-    if (fread(mh, sizeof(int), 256, f) != 256 || mh[0] != 20240326 || mh[1] != 3) return name + " has no llm.c model header";
+    if (fread(mh, sizeof(int), 256, f) != 256 || mh[0] != 20240326 || (mh[1] != 3 && mh[1] != 5)) return name + " has no llm.c model header";
+    // tp writes version 5 (bf16) exactly when it keeps the masters in the state file
+    if ((mh[1] == 5) != (h->masters == 1)) return name + (mh[1] == 5 ? " is bf16 but its state file has no fp32 masters" : " is fp32 but its state file is a bf16 run's");
     GPTConfig c = {};
     c.maxT = mh[2]; c.V = mh[3]; c.L = mh[4]; c.NH = mh[5]; c.C = mh[6]; c.Vp = mh[7];
     if (c.maxT <= 0 || c.V <= 0 || c.L <= 0 || c.NH <= 0 || c.C <= 0 || c.Vp < c.V) return name + " has an invalid header";
-    long want = 1024 + 4 * gpt_num_params(&c);
+    long want = 1024 + (mh[1] == 5 ? 2 : 4) * gpt_num_params(&c);
     char buf[160];
     if (size < want) snprintf(buf, sizeof(buf), " is truncated (%ld of %ld bytes)", size, want);
     else if (size > want) snprintf(buf, sizeof(buf), " is longer than its header says (%ld bytes, not %ld)", size, want);
@@ -269,8 +296,9 @@ static CkptCheck ckpt_verify(const char* dir, int step) {
         z.state_sum = 0;
         Hasher hs;
         hash_init(&hs);
-        hash_update(&hs, &z, sizeof(z));
-        if (!hash_file(sf, sizeof(z), size, &hs)) snprintf(buf, sizeof(buf), " cannot be read");
+        long head = state_header_bytes(&h);
+        hash_update(&hs, &z, head);
+        if (!hash_file(sf, head, size, &hs)) snprintf(buf, sizeof(buf), " cannot be read");
         else if (hash_final(&hs) != h.state_sum) snprintf(buf, sizeof(buf), " does not match its checksum");
     }
     fclose(sf);
@@ -313,6 +341,8 @@ static void state_read(const char* dir, int step, long nparams, bool body, Train
     read_all(f, s->shard_order.data(), h->nshards * sizeof(int), path.c_str());
     read_all(f, s->sample_order.data(), h->nsamples * sizeof(long), path.c_str());
     read_all(f, &s->rng[0], h->rng_bytes, path.c_str());
+    s->masters.resize(h->masters ? h->nparams : 0);
+    if (h->masters) read_all(f, s->masters.data(), h->nparams * sizeof(float), path.c_str());
     fclose(f);
 }
 
@@ -448,11 +478,12 @@ static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* r
         StateHeader h = {STATE_MAGIC, STATE_VERSION, step, m->t, n, rk->P, c->maxT, c->V, c->Vp, c->L, c->NH, c->C,
                          train->B, train->T, train->shard_pos, train->sample_pos, (int64_t)train->shard_order.size(),
                          (int64_t)train->sample_order.size(), (int64_t)rng.str().size(), (int64_t)ck->flags.size(),
-                         train->replicas, g_procs.n, train->micro_steps, m->zero, 0, 0};  // the sums: model_write, state_write
-        int err = model_write(model.c_str(), c, full_params, &h.model_sum);
+                         train->replicas, g_procs.n, train->micro_steps, m->zero, 0, 0, 0};  // the sums: model_write, state_write
+        // a bf16 run: the model file in bf16 (llm.c's version 5), the fp32 masters in the state file
+        int err = model_write(model.c_str(), c, full_params, &h.model_sum, m->bf16);
         const std::string* failed = &model;
         if (err == 0) {
-            err = state_write(state.c_str(), &h, ck->flags, ck->m.data(), ck->v.data(), train, rng.str());
+            err = state_write(state.c_str(), &h, ck->flags, ck->m.data(), ck->v.data(), train, rng.str(), m->bf16 ? full_params : nullptr);
             failed = &state;
         }
         if (err != 0) {
