@@ -502,6 +502,10 @@ static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* r
         }
         printf("saved checkpoint %s (step %d)\n", model.c_str(), step);
         fflush(stdout);
+        // this process's error lines name this step from now on: a peer that dies before the barrier below
+        // leaves this checkpoint whole on disk, and "the last good checkpoint" must say so (the other
+        // processes learn of it at the barrier, and tp.cu sets their note then)
+        ckpt_note(ck->dir, step);
     }
     comm_barrier(world, "checkpoint written");
 }
