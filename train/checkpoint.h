@@ -1,13 +1,15 @@
 // train/checkpoint.h (needs the model, gpt.cu): model files, state files and resume.
 //
 // A checkpoint of step N in DIR is two files:
-//   DIR/model_NNNNNNNN.bin  the weights in llm.c's GPT-2 fp32 format (a header of 256 int32: magic
-//                           20240326, version 3, maxT, V, L, NH, C, Vp; then the 16 tensors, full and
-//                           unsharded, in llm.c's order), so llm.c and any TP degree can read it;
+//   DIR/model_NNNNNNNN.bin  the weights in llm.c's GPT-2 format (a header of 256 int32: magic
+//                           20240326, version 3 (fp32) or, from a bf16 run, 5 (bf16), maxT, V, L, NH, C,
+//                           Vp; then the 16 tensors, full and unsharded, in llm.c's order), so llm.c and
+//                           any TP degree can read it;
 //   DIR/state_NNNNNNNN.bin  what an exact resume needs besides the weights: the step, AdamW's t, m and
 //                           v as full tensors (ZeRO-1's slices gathered), the train loader's position (in
 //                           global batches) and random state, the run's flags (data, steps, schedule, ...),
-//                           so that `-y 1` alone continues it, and the grid that wrote it.
+//                           so that `-y 1` alone continues it, the grid that wrote it, and from a bf16 run
+//                           the fp32 master weights.
 // One rank writes (rank 0 of the world: process 0, replica 0, TP rank 0). The files hold no trace of the
 // grid in their tensors, so a run resumes at another TP degree, replica count, process count or ZeRO
 // stage, as long as the global batch (sequences per step) and T are the same: then every step reads the
