@@ -950,6 +950,40 @@ static void test_corpus() {
     bool ascii = true;
     for (unsigned char ch : text) ascii &= ch < 128;
     check(ascii, "byte-level: every byte < 128, so a vocab of 256 covers it");
+
+    // as words: the tokens of seed s decode to the text of seed s, sentence for sentence
+    const std::vector<std::string>& vocab = grammar_vocab();
+    std::set<std::string> distinct(vocab.begin(), vocab.end());
+    bool nonempty = true;
+    for (const std::string& p : vocab) nonempty &= !p.empty() && p.size() < 256;
+    check(distinct.size() == vocab.size() && nonempty, "word vocab: %zu tokens, all distinct, each 1 to 255 bytes", vocab.size());
+    std::vector<uint16_t> tokens;
+    double token_logprob = 0.0;
+    grammar_generate_tokens(1234, 4 << 20, &tokens, &token_logprob);
+    std::string decoded;
+    for (uint16_t t : tokens) decoded += vocab[t];
+    std::string same;
+    grammar_generate(1234, decoded.size(), &same, nullptr);
+    check(same == decoded,
+          "the %zu word tokens of seed 1234 decode to the same %zu bytes as its byte stream", tokens.size(), decoded.size());
+    double exact_t = grammar_entropy_per_token(), empirical_t = -token_logprob / tokens.size();
+    check_le(fabs(empirical_t - exact_t) / exact_t, 2e-3, "entropy %.5f nats/token exact, %.5f empirical over %zu tokens: rel diff",
+             exact_t, empirical_t, tokens.size());
+    // the two floors describe the same text: per token = per byte x bytes per token
+    double bytes_per_token = (double)decoded.size() / tokens.size();
+    check_le(fabs(exact_t / exact - bytes_per_token) / bytes_per_token, 2e-3,
+             "floor per token / floor per byte = %.4f, bytes per token %.4f in the sample: rel diff", exact_t / exact, bytes_per_token);
+    // prompts: the text of 20000 tokens encodes back to them; words outside the grammar are refused, named
+    std::vector<int> enc;
+    std::string why, part;
+    for (size_t i = 0; i < 20000; i++) part += vocab[tokens[i]];
+    bool back = grammar_encode(part, &enc, &why) && enc.size() == 20000 && std::equal(enc.begin(), enc.end(), tokens.begin());
+    check(back, "encode(decode(20000 word tokens)) gives them back (%s)", why.c_str());
+    bool ok1 = grammar_encode("The dog sleeps.", &enc, &why) && enc.size() == 4 && vocab[enc[0]] == "The" && vocab[enc[3]] == ".";
+    bool ok2 = !grammar_encode("The theme", &enc, &why) && why.find("\"theme\"") != std::string::npos;
+    bool ok3 = !grammar_encode("the dog", &enc, &why) && why.find("\"the\"") != std::string::npos;
+    check(ok1 && ok2 && ok3, "\"The dog sleeps.\" is 4 tokens; \" theme\" (which starts like \" them\") and a lowercase first "
+          "word are refused by name: %s", why.c_str());
 }
 
 static void test_sampling() {
@@ -1116,7 +1150,8 @@ static const TestGroup g_groups[] = {
     {"dp_cli", test_dp_cli, "--dp D -b B against -b D*B from the command line, shuffled"},
     {"mpi", test_mpi, "2 processes under mpirun against 1: losses, replicas, resume, kill, stop, mismatch, bad input"},
     {"mpi_pp", test_mpi_pp, "pipeline stages in different processes under mpirun against one process, resume both ways, a stopped stage"},
-    {"corpus", test_corpus, "the embedded corpus: deterministic, exact entropy"},
+    {"corpus", test_corpus, "the embedded corpus: deterministic, exact entropy per byte and per word token, words = bytes"},
+    {"words", test_words, "the embedded corpus as words: startup lines, the folder's tokenizer.bin, prompts, --corpus bytes"},
     {"sampling", test_sampling, "the same samples at TP = 1, 2, 4"},
     {"serve", test_serve, "the KV cache: logits against the full forward at TP = 1, 2, 4 (SP too), greedy, batches, sliding"},
     {"servecli", test_serve_runs, "--prompts, the decode sweep, --chat 1 through a pipe with Ctrl-C and end of input"},

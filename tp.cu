@@ -64,7 +64,7 @@ struct Run {
     std::vector<float> init;      // the full initial parameters: each rank slices its shard out of them,
                                   // and later gathers its shard back into them to write a checkpoint
     std::vector<uint16_t> corpus_train, corpus_val;  // the embedded corpus, when no -i/-j
-    double floor_nats;            // its entropy per byte, the loss floor (0 if unknown)
+    double floor_nats;            // its entropy per token (word or byte), the loss floor (0 if unknown)
     std::vector<TokenShard> train_shards, val_shards;  // -i and -j, every token checked against the vocab
     bool data_bytes;              // every token of the data is below 256: byte-level
     int val_batches;              // -m, at most the batches the val data holds
@@ -180,10 +180,12 @@ static bool setup_model_shape(Run* run) {
     if (!run->resuming) {
         std::string why;
         const char* model = a->model ? a->model : "L2C128H4";
-        descriptor = gpt_descriptor(model, c, a->vocab ? a->vocab : 256, a->maxT, &why);
+        int words = (int)grammar_vocab().size();
+        descriptor = gpt_descriptor(model, c, a->vocab ? a->vocab : embedded_words(run) ? words : 256, a->maxT, &why);
         if (descriptor) {
             if (a->vocab) run->vocab_from = "from --vocab";
-            else if (!a->train) run->vocab_from = "the embedded corpus is byte-level";
+            else if (embedded_words(run)) run->vocab_from = "the embedded corpus's words";
+            else if (!a->train && !run->sample_only) run->vocab_from = "the embedded corpus as bytes";
         } else if (g_procs.me == 0) {
             struct stat st;
             if (!why.empty() && stat(model, &st) != 0) fatal("-e %s: %s", model, why.c_str());
@@ -228,8 +230,12 @@ static void setup_data(Run* run, bool descriptor) {
     bool embedded = a->train == nullptr;
     if (!run->sample_only && !embedded) data_setup(run, descriptor);
     if (!run->sample_only && embedded) {
-        if (c->V < 256) fatal("the embedded corpus is byte-level and needs a vocab of at least 256, the model has %d", c->V);
-        run->data_bytes = true;
+        int words = (int)grammar_vocab().size();
+        if (a->corpus == CORPUS_WORDS && c->V < words)
+            fatal("the embedded corpus has %d word tokens and needs a vocab of at least %d, the model has %d: give --corpus bytes "
+                  "to train it on the corpus's bytes (vocab 256), or a model of vocab %d or more", words, words, c->V, words);
+        if (c->V < 256) fatal("the embedded corpus as bytes needs a vocab of at least 256, the model has %d", c->V);
+        run->data_bytes = a->corpus == CORPUS_BYTES;
         run->val_batches = a->val_batches;
     }
     procs_share(c, a->timeout);
@@ -301,7 +307,7 @@ static void setup_weights(Run* run) {
 }
 
 // What the run writes and prints: the checkpoints of -o (world rank 0 writes them; it runs in process 0),
-// the embedded corpus (16 MB of train text, the same for any flags, so that a resumed run sees the same
+// the embedded corpus (4M word tokens or 16 MB of train text, the same for any flags, so that a resumed run sees the same
 // data; the val text grows with the val batches of all replicas), the tokenizer and the prompt.
 static void setup_outputs(Run* run) {
     const Args* a = &run->args;
@@ -316,13 +322,20 @@ static void setup_outputs(Run* run) {
         }
     }
     if (!run->sample_only && !a->train) {
-        std::string text;
-        grammar_generate(1, 16L << 20, &text, nullptr);
-        run->corpus_train.assign(text.begin(), text.end());
-        text.clear();
-        grammar_generate(2, (size_t)a->val_batches * a->B * a->T * run->Dg + 1, &text, nullptr);
-        run->corpus_val.assign(text.begin(), text.end());
-        run->floor_nats = grammar_entropy_per_byte();
+        size_t val_tokens = (size_t)a->val_batches * a->B * a->T * run->Dg + 1;
+        if (a->corpus == CORPUS_WORDS) {  // 4M word tokens: about 18 MB of text
+            grammar_generate_tokens(1, 4L << 20, &run->corpus_train, nullptr);
+            grammar_generate_tokens(2, val_tokens, &run->corpus_val, nullptr);
+            run->floor_nats = grammar_entropy_per_token();
+        } else {
+            std::string text;
+            grammar_generate(1, 16L << 20, &text, nullptr);
+            run->corpus_train.assign(text.begin(), text.end());
+            text.clear();
+            grammar_generate(2, val_tokens, &text, nullptr);
+            run->corpus_val.assign(text.begin(), text.end());
+            run->floor_nats = grammar_entropy_per_byte();
+        }
     }
     // sampling: replica 0 samples, and it runs in process 0
     if (first && !run->tokenizer.path.empty()) tokenizer_check(&run->tokenizer, run->cfg.V);

@@ -6,7 +6,9 @@
 //    or 2, vocab size, and for version 2 the end-of-text id), then per token a length byte and that many
 //    bytes.
 // Without --tokenizer, tp looks for a tokenizer.json next to the data, the model or in the run folder
-// (tokenizer_find).
+// (tokenizer_find), and a run folder's tokenizer.bin. A run on the embedded corpus's words (data/grammar.h)
+// uses their table, and writes it to its run folder as llm.c's tokenizer.bin; read back, a file that holds
+// exactly those words encodes prompts too.
 #pragma once
 #include <sys/stat.h>
 #include <cerrno>
@@ -17,11 +19,13 @@
 #include <vector>
 #include "../common/error.h"
 #include "bpe.h"
+#include "grammar.h"
 
 struct Tokenizer {
     std::vector<std::string> pieces;  // empty: byte-level
     int eot = -1;                     // the end-of-text id (the file's, or 50256 for a version-1 file; -1: none)
     bool bpe = false;                 // a tokenizer.json: it can encode, with `merges`
+    bool words = false;               // the embedded corpus's words (grammar_vocab): encodes with grammar_encode
     Bpe merges;
     std::string path;                 // the file it came from
     std::string from;                 // how: "--tokenizer", "found next to -i", ...
@@ -67,6 +71,34 @@ static void tokenizer_read(Tokenizer* tk, const char* path) {
         if (fread(&tk->pieces[i][0], 1, len, f) != len) fatal("tokenizer %s is truncated at token %d", path, i);
     }
     fclose(f);
+    tk->words = tk->pieces == grammar_vocab();
+}
+
+// The embedded corpus's words, as a run on them decodes and encodes its text; no end-of-text token.
+static void tokenizer_words(Tokenizer* tk) {
+    *tk = Tokenizer();
+    tk->pieces = grammar_vocab();
+    tk->words = true;
+    tk->from = "the embedded corpus's words";
+}
+
+// Writes tk's pieces as llm.c's tokenizer file (version 2, end-of-text id -1 when it has none) through a
+// temporary name, so that a run folder decodes its samples on its own.
+static void tokenizer_write_bin(const Tokenizer* tk, const char* path) {
+    std::string tmp = std::string(path) + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) fatal("cannot write %s: %s", tmp.c_str(), strerror(errno));
+    uint32_t h[256] = {20240328, 2, (uint32_t)tk->pieces.size(), (uint32_t)tk->eot};
+    bool ok = fwrite(h, 4, 256, f) == 256;
+    for (const std::string& p : tk->pieces) {
+        unsigned char len = (unsigned char)p.size();
+        ok = ok && !p.empty() && p.size() < 256 && fwrite(&len, 1, 1, f) == 1 && fwrite(p.data(), 1, len, f) == len;
+    }
+    if (fclose(f) != 0 || !ok || rename(tmp.c_str(), path) != 0) {
+        int e = errno;
+        remove(tmp.c_str());
+        fatal("cannot write %s: %s", path, strerror(e));
+    }
 }
 
 // Whether tokenizer tk can decode (and encode) the tokens of a model of vocab V; one line with the fix if not.
@@ -76,7 +108,7 @@ static void tokenizer_check(const Tokenizer* tk, int V) {
     if (tk->bpe && n != V)
         fatal("tokenizer %s has vocab %d but the model has vocab %d: give the tokenizer the data was made with (--tokenizer FILE), "
               "or train a new model on this data (-e with a descriptor takes its vocab from the tokenizer)", path, n, V);
-    if (tk->bpe) return;
+    if (tk->bpe || tk->words) return;  // words: a larger model's extra ids decode as <id>
     // the two mix-ups a user meets: byte-level data with a GPT-2-sized model, and the other way round
     if (n < V && tokenizer_is_bytes(tk))
         fatal("tokenizer %s is byte-level (256 tokens) but the model has vocab %d: a byte-level run needs a vocab-256 model "
@@ -105,9 +137,9 @@ static std::string dir_of(const std::string& path) {
     return s == std::string::npos ? "." : s == 0 ? "/" : path.substr(0, s);
 }
 
-// The tokenizer.json a user means without --tokenizer, or "": next to the train data (-i D/NAME_train...
+// The tokenizer file a user means without --tokenizer, or "": next to the train data (-i D/NAME_train...
 // -> D/NAME_tokenizer.json, as data/prepare.py writes it, else D/tokenizer.json), next to the model file
-// (-e D/model.bin -> D/tokenizer.json, as a run folder holds it), or in the run folder -o. *where says
+// (-e D/model.bin -> D/tokenizer.json, or D/tokenizer.bin, as run folders hold them), or in the run folder -o. *where says
 // which.
 static std::string tokenizer_find(const char* train, const char* model, const char* outdir, std::string* where) {
     if (train) {
@@ -122,13 +154,15 @@ static std::string tokenizer_find(const char* train, const char* model, const ch
             return dir + "/tokenizer.json";
         }
     }
-    if (model && file_exists(dir_of(model) + "/tokenizer.json") && file_exists(model)) {
-        *where = "found next to -e";
-        return dir_of(model) + "/tokenizer.json";
-    }
-    if (outdir && file_exists(std::string(outdir) + "/tokenizer.json")) {
-        *where = "found in -o";
-        return std::string(outdir) + "/tokenizer.json";
+    for (const char* name : {"/tokenizer.json", "/tokenizer.bin"}) {  // a run folder's, .bin for the embedded corpus's words
+        if (model && file_exists(dir_of(model) + name) && file_exists(model)) {
+            *where = "found next to -e";
+            return dir_of(model) + name;
+        }
+        if (outdir && file_exists(std::string(outdir) + name)) {
+            *where = "found in -o";
+            return std::string(outdir) + name;
+        }
     }
     return "";
 }
@@ -153,5 +187,6 @@ static void tokenizer_copy(const std::string& src, const char* dir) {
 
 static std::string tokenizer_decode(const Tokenizer* tk, int id) {
     if (tk->pieces.empty()) return std::string(1, (char)id);
+    if (id < 0 || id >= (int)tk->pieces.size()) return "<" + std::to_string(id) + ">";  // a padded or extra id
     return tk->pieces[id];
 }

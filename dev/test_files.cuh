@@ -338,7 +338,7 @@ static void test_honest_messages() {
     model_write((d + "/short_T.bin").c_str(), &cfg, w.data());  // maxT 64
     w[w.size() - 2 * 64] = NAN;
     model_write((d + "/nan.bin").c_str(), &cfg, w.data());
-    rc = run_cmd("-e " + d + "/nan.bin -b 2 -t 32 -x 3 -v 0 -g 0 --threads 1 -o " + d + "/nan", nullptr, &err);
+    rc = run_cmd("-e " + d + "/nan.bin --corpus bytes -b 2 -t 32 -x 3 -v 0 -g 0 --threads 1 -o " + d + "/nan", nullptr, &err);
     check(rc == 1 && f_lines(err) == 1 && err.find("not finite") != std::string::npos &&
           err.find("no checkpoint of this run is saved in " + d + "/nan yet") != std::string::npos,
           "a non-finite loss says what is saved: %s", f_first_line(err).c_str());
@@ -372,4 +372,57 @@ static void test_honest_messages() {
     printf("  skip the messages after a peer's death under mpirun: this build has no MPI\n");
     g_skipped++;
 #endif
+}
+
+// The embedded corpus as words (the default): the startup lines, the run folder's tokenizer.bin and a
+// sample from the folder alone, prompts inside and outside the vocabulary, --corpus bytes, resuming, and
+// the refusals (a byte-level checkpoint on the words, --corpus changed on resume)
+static void test_words() {
+    printf("words: the embedded corpus as word tokens, its run folder, prompts, --corpus bytes\n");
+    std::string d = tmpdir() + "/words";
+    std::string base = "-e L2C64H4 -b 4 -t 32 -v 10 -m 4 --threads 1 ";
+    std::string out, err;
+    int nv = (int)grammar_vocab().size();
+    int rc = run_cmd(base + "-x 20 -g 24 --tp 2 -o " + d + "/run", &out, &err);
+    std::string want = "vocab " + std::to_string(nv) + " (padded " + std::to_string(round_up(nv, 128)) + "; the embedded corpus's words)";
+    check(rc == 0 && out.find(want) != std::string::npos && out.find("nats per token") != std::string::npos &&
+          f_exists(d + "/run/tokenizer.bin"),
+          "a run on the words: '%s', the floor per token, DIR/tokenizer.bin written (exit %d)", first_line_with(out, "vocab").c_str(), rc);
+    // the folder's tokenizer.bin is llm.c's format and holds exactly the words
+    Tokenizer tk;
+    tokenizer_read(&tk, (d + "/run/tokenizer.bin").c_str());
+    check(tk.words && tk.pieces == grammar_vocab() && tk.eot == -1, "DIR/tokenizer.bin reads back as the %zu words, no end-of-text token",
+          tk.pieces.size());
+    // the checkpoint alone samples words: the prompt is encoded and printed back, the tokens decoded
+    std::string model = d + "/run/model_00000020.bin";
+    rc = run_cmd("-e " + model + " -x 0 -g 12 --threads 1 --prompt 'The dog'", &out, &err);
+    size_t s = out.find("---\nThe dog");
+    check(rc == 0 && s != std::string::npos, "-e DIR/model_N.bin -x 0 --prompt 'The dog': the sample starts with the prompt (exit %d): %s",
+          rc, rc ? err.c_str() : out.substr(s == std::string::npos ? 0 : s, 80).c_str());
+    rc = run_cmd("-e " + model + " -x 0 -g 4 --threads 1 --prompt 'The zebra'", &out, &err);
+    check(rc == 1 && f_lines(err) == 1 && err.find("\"zebra\"") != std::string::npos && err.find("not a word of the embedded corpus") != std::string::npos,
+          "a prompt outside the words: exit %d, one line naming the word: %s", rc, f_first_line(err).c_str());
+    // -y 1 continues on the words; --corpus cannot change under a run
+    rc = run_cmd("-y 1 -o " + d + "/run -x 30 -g 0 --threads 1", &out, &err);
+    check(rc == 0 && out.find("resuming from") != std::string::npos && f_exists(d + "/run/model_00000030.bin"),
+          "-y 1 continues the run on the words to step 30 (exit %d)", rc);
+    rc = run_cmd("-y 1 -o " + d + "/run -x 40 -g 0 --threads 1 --corpus bytes", &out, &err);
+    check(rc == 1 && err.find("--corpus bytes differs from the run") != std::string::npos, "-y 1 --corpus bytes on a run of words: %s",
+          f_first_line(err).c_str());
+    // --corpus bytes: the byte-level corpus and its floor per byte
+    rc = run_cmd(base + "-x 2 -g 0 --corpus bytes", &out, &err);
+    check(rc == 0 && out.find("vocab 256 (padded 256; the embedded corpus as bytes)") != std::string::npos &&
+          out.find("nats per byte") != std::string::npos,
+          "--corpus bytes: '%s' (exit %d)", first_line_with(out, "vocab").c_str(), rc);
+    // a byte-level model cannot read the words: one line with both ways out
+    GPTConfig cfg = make_config(2, 4, 64, 256, 64);
+    std::vector<float> w = init_weights(&cfg, 3);
+    model_write((d + "/bytes.bin").c_str(), &cfg, w.data());
+    rc = run_cmd("-e " + d + "/bytes.bin -b 2 -t 32 -x 2 -v 0 -g 0 --threads 1", &out, &err);
+    check(rc == 1 && f_lines(err) == 1 && err.find("needs a vocab of at least " + std::to_string(nv)) != std::string::npos &&
+          err.find("--corpus bytes") != std::string::npos, "a vocab-256 checkpoint on the words: %s", f_first_line(err).c_str());
+    rc = run_cmd("-e " + d + "/bytes.bin -b 2 -t 32 -x 2 -v 0 -g 0 --threads 1 --corpus bytes", &out, &err);
+    check(rc == 0, "the same checkpoint with --corpus bytes trains (exit %d)", rc);
+    rc = run_cmd("--corpus letters -x 1", &out, &err);
+    check(rc == 1 && err.find("takes words or bytes") != std::string::npos, "--corpus letters: %s", f_first_line(err).c_str());
 }

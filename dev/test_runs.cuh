@@ -60,7 +60,7 @@ static void test_resume() {
     std::vector<float> w = init_weights(&cfg, 3);
     w[w.size() - 2 * 64] = NAN;  // lnfw[0]
     model_write((d + "/nan.bin").c_str(), &cfg, w.data());
-    rc = run_cmd("-e " + d + "/nan.bin -b 4 -t 32 -x 5 -n 1 -v 0 -g 0 --threads 1 --tp 2 -o " + d + "/nan", nullptr, &err);
+    rc = run_cmd("-e " + d + "/nan.bin --corpus bytes -b 4 -t 32 -x 5 -n 1 -v 0 -g 0 --threads 1 --tp 2 -o " + d + "/nan", nullptr, &err);
     check(rc == 1 && err.find("step 1: the loss") != std::string::npos && ckpt_steps((d + "/nan").c_str()).empty(),
           "NaN loss: exit %d, no checkpoint written: %s", rc, strtok(&err[0], "\n"));
     std::string file = d + "/a/model_00000020.bin";
@@ -210,7 +210,7 @@ static std::vector<std::vector<std::string>> read_csv(const std::string& path) {
 static void test_logs() {
     printf("logs: log.csv one row per step, bytes as counted by the formula, sweep.csv, plots\n");
     std::string d = tmpdir() + "/logs";
-    GPTConfig cfg = make_config(2, 4, 64, 256, 1024);  // -e L2C64H4 on the embedded corpus
+    GPTConfig cfg = make_config(2, 4, 64, (int)grammar_vocab().size(), 1024);  // -e L2C64H4 on the embedded corpus's words
     int B = 4, T = 32;
     struct { int P, sp; } runs[] = {{2, 0}, {4, 0}, {2, 1}};
     for (auto& k : runs) {

@@ -55,6 +55,8 @@ static void print_version() {
 
 // --dtype
 enum { DTYPE_FP32 = 0, DTYPE_BF16 = 1 };
+// --corpus: how the embedded corpus is tokenised (data/grammar.h): its grammar's words, or bytes
+enum { CORPUS_WORDS = 0, CORPUS_BYTES = 1 };
 // --bf16-gemm: the CPU path of a bf16 run's matmuls, as common/bf16.h's Bf16Path (the same bits on each)
 enum { BF16_GEMM_AUTO = 0, BF16_GEMM_DP = 1, BF16_GEMM_FMA = 2 };
 
@@ -97,6 +99,7 @@ struct Args {
     int sp;              // --sp: sequence parallelism
     int recompute;       // -r: what the backward recomputes (0..3; 3 with --attention matmul only)
     int attention;       // --attention: 1 fused (FlashAttention-2, the default), 0 matmul (the (T, T) probabilities kept)
+    int corpus;          // --corpus: CORPUS_WORDS (the default) or CORPUS_BYTES, the embedded corpus's tokens
     int dtype;           // --dtype: DTYPE_FP32 (the default) or DTYPE_BF16 (the default for an llm.c bf16 file, -e)
     int bf16_gemm;       // --bf16-gemm: BF16_GEMM_AUTO (the default), BF16_GEMM_DP (vdpbf16ps) or BF16_GEMM_FMA
     int sweep;           // --sweep: time every valid (P, D) instead of training
@@ -127,8 +130,8 @@ static void usage(FILE* out) {
         "  -u N        warmup steps                                             (default 100)\n"
         "  -q F        final learning rate as a fraction of -l, cosine decay    (default 0)\n"
         "  -c WD       weight decay of the matrices (AdamW, decoupled)          (default 0)\n"
-        "  -x N        training steps (0: no training, print a sample and exit) (default 5000)\n"
-        "  -v N        val loss every N steps, and at the last step (0: never)  (default 1250)\n"
+        "  -x N        training steps (0: no training, print a sample and exit) (default 1000)\n"
+        "  -v N        val loss every N steps, and at the last step (0: never)  (default 250)\n"
         "  -m N        val batches (at most the val data's)                     (default 50)\n"
         "  -s N        sample every N steps (0: only at the end)                (default 0)\n"
         "  -g N        tokens to generate per sample                            (default 256)\n"
@@ -148,8 +151,10 @@ static void usage(FILE* out) {
         "  --beta1 B1  --beta2 B2     AdamW betas                               (default 0.9, 0.95)\n"
         "  --clip X    clip the global gradient norm at X (0: off)              (default 1)\n"
         "  --shuffle S 1: shuffled batches, 0: in order as llm.c's -x runs      (default 1)\n"
-        "  --vocab V   vocab size for a descriptor model       (default: 256 for byte-level data and the\n"
-        "              embedded corpus, else GPT-2's 50257)\n"
+        "  --vocab V   vocab size for a descriptor model  (default: the embedded corpus's words, 353;\n"
+        "              256 for byte-level data, -x 0 and --corpus bytes; else GPT-2's 50257)\n"
+        "  --corpus K  the embedded corpus as words (each of its grammar's 353 tokens a word, punctuation\n"
+        "              or separator: 4.4 bytes of text a token) or bytes (vocab 256)   (default words)\n"
         "  --maxT N    maximum sequence length for a descriptor model           (default 1024)\n"
         "  --seed N    initialization seed                                      (default 1337)\n"
         "  --threads N CPU threads per rank (0: cores / ranks)                  (default 0)\n"
@@ -176,7 +181,8 @@ static void usage(FILE* out) {
         "  --temperature X  sampling temperature (0: greedy)                   (default 0.8)\n"
         "  --topk K    sample from the K most likely tokens (0: all)            (default 0)\n"
         "  --sample-seed N  seed of the sampler                                 (default 42)\n"
-        "  --prompt S  text to continue (byte-level or BPE tokenizer.json models) (default: a newline or EOT)\n"
+        "  --prompt S  text to continue (byte-level, embedded-corpus or BPE tokenizer.json models)\n"
+        "              (default: a newline or EOT)\n"
         "  --tokenizer F  a BPE tokenizer.json (decodes samples, encodes --prompt, sets a new model's vocab)\n"
         "              or llm.c's gpt2_tokenizer.bin (decodes)   (default: a tokenizer.json next to -i,\n"
         "              next to -e, or in -o; else bytes or token ids)\n"
@@ -198,7 +204,7 @@ enum OnResume {
     MAY_CHANGE,  // saved; a value given on resume replaces it from the resumed step on
     MUST_KEEP,   // saved; a different value on resume is refused
 };
-enum FlagType { FLAG_STR, FLAG_PATH, FLAG_INT, FLAG_LONG, FLAG_FLOAT, FLAG_DOUBLE, FLAG_DEVICE, FLAG_ATTENTION, FLAG_DTYPE, FLAG_BF16GEMM };
+enum FlagType { FLAG_STR, FLAG_PATH, FLAG_INT, FLAG_LONG, FLAG_FLOAT, FLAG_DOUBLE, FLAG_DEVICE, FLAG_ATTENTION, FLAG_DTYPE, FLAG_BF16GEMM, FLAG_CORPUS };
 
 struct FlagSpec {
     const char* name;
@@ -241,6 +247,7 @@ static const FlagSpec g_flags[] = {
     {"--clip", FLAG_FLOAT, ARG(clip), 0, 1e9, MAY_CHANGE, nullptr},
     {"--shuffle", FLAG_INT, ARG(shuffle), 0, 1, MUST_KEEP, "the saved order of the train data was drawn with it"},
     {"--vocab", FLAG_INT, ARG(vocab), 2, 1 << 20, NOT_SAVED, nullptr},
+    {"--corpus", FLAG_CORPUS, ARG(corpus), 0, 0, MUST_KEEP, "the model's vocab and the saved place in the data are in its tokens"},
     {"--maxT", FLAG_INT, ARG(maxT), 1, 1 << 20, NOT_SAVED, nullptr},
     {"--seed", FLAG_LONG, ARG(seed), 0, (double)(1L << 62), MUST_KEEP, "it only sets the initial weights of a new run"},
     {"--threads", FLAG_INT, ARG(threads), 0, 1024, NOT_SAVED, nullptr},
@@ -367,6 +374,11 @@ static void flag_set(Args* a, const FlagSpec* f, const char* v) {
         else if (!strcmp(v, "bf16")) *(int*)field = DTYPE_BF16;
         else bad_flag("flag %s takes bf16 or fp32, not '%s'", f->name, v);
         break;
+    case FLAG_CORPUS:
+        if (!strcmp(v, "words")) *(int*)field = CORPUS_WORDS;
+        else if (!strcmp(v, "bytes")) *(int*)field = CORPUS_BYTES;
+        else bad_flag("flag %s takes words or bytes, not '%s'", f->name, v);
+        break;
     case FLAG_BF16GEMM:
         if (!strcmp(v, "auto")) *(int*)field = BF16_GEMM_AUTO;
         else if (!strcmp(v, "vdpbf16ps")) *(int*)field = BF16_GEMM_DP;
@@ -397,6 +409,7 @@ static std::string flag_text(const Args* a, const FlagSpec* f, bool exact) {
     case FLAG_DEVICE: return *(const int*)field == DEV_CPU ? "cpu" : *(const int*)field == DEV_CUDA ? "cuda" : "auto";
     case FLAG_ATTENTION: return *(const int*)field ? "fused" : "matmul";
     case FLAG_DTYPE: return *(const int*)field == DTYPE_BF16 ? "bf16" : "fp32";
+    case FLAG_CORPUS: return *(const int*)field == CORPUS_BYTES ? "bytes" : "words";
     case FLAG_BF16GEMM: return *(const int*)field == BF16_GEMM_DP ? "vdpbf16ps" : *(const int*)field == BF16_GEMM_FMA ? "fma" : "auto";
     }
     return buf;
@@ -425,6 +438,10 @@ static std::string args_resume(Args* a, const std::string& saved, const char* di
         kv.push_back({saved.substr(p, e1 - p), saved.substr(e1 + 1, e2 - e1 - 1)});
         p = e2 + 1;
     }
+    // saved by a tp from before --corpus, whose embedded corpus was bytes
+    bool has_corpus = false;
+    for (auto& p : kv) has_corpus |= p.first == "--corpus";
+    if (!has_corpus) kv.push_back({"--corpus", "bytes"});
     std::string changed;
     for (int i = 0; i < NUM_FLAGS; i++) {
         const FlagSpec* f = &g_flags[i];
@@ -455,11 +472,12 @@ static std::string args_resume(Args* a, const std::string& saved, const char* di
 
 static void parse_args(int argc, char** argv, Args* a) {
     *a = Args{};
-    // the defaults are the `make && ./tp` run: the L2C128H4 model on the embedded corpus for 5000 steps, about
-    // 2.5 minutes on 2 AVX-512 CPU cores (L2 for 5000 steps ends closer to the floor than L3 for 3500 in the same
-    // time: at this size more tokens pay more than a third layer) (for GPT-2 sizes give -l, -u, -q and -x as llm.c does, e.g. -l 6e-4 -u 700 -q 0)
+    // the defaults are the `make && ./tp` run: the L2C128H4 model on the embedded corpus's words for 1000
+    // steps, about 30 s on 2 AVX-512 CPU cores, ending about 1% above the floor (as bytes, 5000 steps
+    // ended 12% above it: a byte model spends its steps learning to spell) (for GPT-2 sizes give -l, -u, -q
+    // and -x as llm.c does, e.g. -l 6e-4 -u 700 -q 0)
     a->B = 8; a->T = 128; a->lr = 6e-3f; a->warmup = 100; a->final_frac = 0.0f; a->wd = 0.0f;
-    a->max_steps = 5000; a->val_every = 1250; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
+    a->max_steps = 1000; a->val_every = 250; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
     a->device = -1; a->timeout = 600; a->dp = 1; a->pp = 1;
     a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8; a->kv = 1; a->attention = 1;

@@ -328,7 +328,12 @@ static void print_setup(const Run* run) {
     print_memory(run);
     if (run->S > 1) pp_print_stages(run);
     print_communication(run);
-    if (run->floor_nats > 0)
+    if (run->floor_nats > 0 && !run->data_bytes)
+        printf("data: the embedded corpus, %zu train and %zu val tokens of sentences from a probabilistic grammar, each\n"
+               "      token one of its %zu words, punctuation marks or separators (--corpus bytes: a byte each);\n"
+               "      its entropy is %.4f nats per token (%.4f per byte): the loss floor no model can beat\n",
+               run->corpus_train.size(), run->corpus_val.size(), grammar_vocab().size(), run->floor_nats, grammar_entropy_per_byte());
+    else if (run->floor_nats > 0)
         printf("data: the embedded corpus, %zu train and %zu val bytes of sentences from a probabilistic grammar;\n"
                "      its entropy is %.4f nats per byte: the loss floor no model can beat\n",
                run->corpus_train.size(), run->corpus_val.size(), run->floor_nats);

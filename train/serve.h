@@ -28,6 +28,8 @@ static bool encode_prompt(const Run* run, const std::string& text, std::vector<i
     out->clear();
     if (tk->bpe) {
         *out = bpe_encode(&tk->merges, text);
+    } else if (tk->words) {
+        if (!grammar_encode(text, out, why)) return false;
     } else {
         bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
         bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);

@@ -382,18 +382,30 @@ static void data_setup(Run* run, bool descriptor) {
         }
 }
 
-// The tokenizer: --tokenizer FILE, else a tokenizer.json found next to -i, next to -e or in -o
-// (tokenizer_find). Every process reads it, as a BPE tokenizer sets a new model's vocab; process 0 keeps
-// a copy in -o as tokenizer.json, so the run folder samples and exports on its own.
+// Whether the run reads the embedded corpus as words: no -i, --corpus words, and training (or resuming a
+// run, which may only sample). -x 0 of a descriptor reads no data: its model is byte-level, vocab 256.
+static bool embedded_words(const Run* run) {
+    const Args* a = &run->args;
+    return !a->train && a->corpus == CORPUS_WORDS && (!run->sample_only || run->resuming);
+}
+
+// The tokenizer: --tokenizer FILE, else a tokenizer file found next to -i, next to -e or in -o
+// (tokenizer_find), else the embedded corpus's words for a run on them. Every process reads it, as a BPE
+// tokenizer sets a new model's vocab; process 0 keeps a copy in -o (tokenizer.json, or the words as
+// tokenizer.bin), so the run folder samples and exports on its own.
 static void tokenizer_setup(Run* run, bool first) {
     const Args* a = &run->args;
     Tokenizer* tk = &run->tokenizer;
     std::string where = "--tokenizer";
     std::string path = a->tokenizer ? a->tokenizer : tokenizer_find(a->train, run->model_file.empty() ? a->model : run->model_file.c_str(), a->outdir, &where);
-    if (path.empty()) return;
-    tokenizer_read(tk, path.c_str());
-    tk->from = where;
-    if (first && a->outdir && tk->bpe && !run->sample_only) tokenizer_copy(path, a->outdir);
+    if (!path.empty()) {
+        tokenizer_read(tk, path.c_str());
+        tk->from = where;
+    } else if (embedded_words(run)) {
+        tokenizer_words(tk);
+    }
+    if (first && a->outdir && !run->sample_only && tk->bpe) tokenizer_copy(path, a->outdir);
+    if (first && a->outdir && !run->sample_only && tk->words) tokenizer_write_bin(tk, (std::string(a->outdir) + "/tokenizer.bin").c_str());
 }
 
 // The prompt of the samples: --prompt encoded by a BPE tokenizer.json, or as bytes, which a byte-level
@@ -407,6 +419,12 @@ static void prompt_setup(Run* run) {
     if (tk->bpe) {  // a tokenizer.json: the prompt in its BPE tokens, by default its end-of-text token
         if (!a->prompt) run->prompt = tk->eot >= 0 ? std::vector<int>{tk->eot} : bpe_encode(&tk->merges, "\n");
         else run->prompt = bpe_encode(&tk->merges, a->prompt);
+        if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
+        return;
+    }
+    if (tk->words) {  // the embedded corpus's words: by default a newline, where a sentence starts
+        std::string why;
+        if (!grammar_encode(a->prompt ? a->prompt : "\n", &run->prompt, &why)) fatal("--prompt: %s", why.c_str());
         if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
         return;
     }
