@@ -423,6 +423,23 @@ static void test_words() {
           err.find("--corpus bytes") != std::string::npos, "a vocab-256 checkpoint on the words: %s", f_first_line(err).c_str());
     rc = run_cmd("-e " + d + "/bytes.bin -b 2 -t 32 -x 2 -v 0 -g 0 --threads 1 --corpus bytes", &out, &err);
     check(rc == 0, "the same checkpoint with --corpus bytes trains (exit %d)", rc);
+    // the saved flags of a tp from before --corpus (no --corpus among them) resume on bytes, its corpus then
+    Args old;
+    const char* argv[] = {"tp", "-o", "x"};
+    parse_args(3, (char**)argv, &old);
+    Args words_run = old;
+    words_run.corpus = CORPUS_WORDS;
+    std::string saved = args_saved(&words_run), before;
+    for (size_t p = 0; p < saved.size();) {  // the same flags less --corpus
+        size_t e1 = saved.find('\0', p), e2 = saved.find('\0', e1 + 1);
+        if (saved.compare(p, e1 - p, "--corpus") != 0) before += saved.substr(p, e2 + 1 - p);
+        p = e2 + 1;
+    }
+    Args resumed = old, again = old;
+    args_resume(&resumed, before, "x");
+    args_resume(&again, saved, "x");
+    check(before.size() < saved.size() && resumed.corpus == CORPUS_BYTES && again.corpus == CORPUS_WORDS,
+          "saved flags without --corpus (an older tp's) resume on bytes; with --corpus words, on words");
     rc = run_cmd("--corpus letters -x 1", &out, &err);
     check(rc == 1 && err.find("takes words or bytes") != std::string::npos, "--corpus letters: %s", f_first_line(err).c_str());
 }
