@@ -300,7 +300,8 @@ static void print_setup(const Run* run) {
     else
         printf("tp: %d ranks on the CPU, %d thread%s each; %s\n", run->P, run->threads, run->threads > 1 ? "s" : "", batch);
     if (run->sample_only) {
-        if (a->max_steps == 0) printf("tp: no training (-x 0): a sample of %d tokens\n", a->gen_tokens);
+        if (a->chat) printf("tp: no training (--chat 1): answers of up to %d tokens\n", a->gen_tokens);
+        else if (a->max_steps == 0 || !run->resuming) printf("tp: no training (-x 0): a sample of %d tokens\n", a->gen_tokens);
         else printf("tp: the run in %s is finished (step %d of %d): a sample of %d tokens (give -x larger than %d to train further)\n",
                     a->outdir, run->start_step, a->max_steps, a->gen_tokens, a->max_steps);
         fflush(stdout);
