@@ -1,7 +1,9 @@
 # make             builds ./tp (all that `make && ./tp` needs; with MPI, for mpirun, when mpicxx is found,
 #                  without it with make MPI=0)
-# make test        builds ./test_tp and runs the tests
-# make asan tsan   the tests again, under AddressSanitizer + UndefinedBehaviorSanitizer, and ThreadSanitizer
+# make test        builds ./test_tp and runs the tests (all of them; TEST_GROUPS="ops tp" runs those groups)
+# make asan tsan   some of the tests again, under AddressSanitizer + UndefinedBehaviorSanitizer (the groups
+#                  of ASAN_GROUPS) and ThreadSanitizer (TSAN_GROUPS); ASAN_GROUPS= or TSAN_GROUPS= (empty)
+#                  runs every group under it (on 2 cores: about 6 and 17-21 minutes; the lists: 1.5 and 2.3)
 # make debug       ./tp_debug and ./test_tp_debug for work on kernels: -O0 -g, device debug info with line
 #                  numbers (-G, for cuda-gdb and compute-sanitizer), every kernel launch waited for
 # make gpucheck    on a GPU machine: GPU tests, memcheck, GPT-2 124M benchmark, --plan 1 against the sweep;
@@ -83,8 +85,16 @@ tp: tp.cu $(SOURCES) build/config | nvcc
 test_tp: $(TESTS) $(SOURCES) build/config | nvcc
 	$(NVCC) $(NVFLAGS) -o $@ test_tp.cu $(LDLIBS)
 
+# TEST_GROUPS: the groups `make test` runs, all when empty (as the README's `make test` runs them)
+TEST_GROUPS ?=
 test: test_tp tp
-	./test_tp
+	./test_tp $(TEST_GROUPS)
+# What .ci/run's build without MPI runs (make MPI=0 test TEST_GROUPS='$(NOMPI_GROUPS)'): the groups whose
+# code or checks differ without TP_MPI (mpi: a job of several processes refused in one line; messages: no
+# peer's death to report; build, buildconfig: MPI=0 recorded, and make's lines), the collectives of the comm
+# layer built without MPI, and cli for whole runs of that ./tp at --tp 1, 2 and 4. The rest of the suite is
+# the same code as in make test's build. (mpi_pp is left out: without MPI it has nothing to run but a skip.)
+NOMPI_GROUPS = mpi messages build buildconfig collectives cli
 
 # one line instead of make's "No such file or directory" when the CUDA toolkit is missing
 nvcc:
@@ -115,15 +125,32 @@ tp_asan: tp.cu $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ tp.cu $(LDLIBS)
 test_tp_asan: $(TESTS) $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(ASAN) -o $@ test_tp.cu $(LDLIBS)
+# ASan's groups: the code that reads what a user or a file hands it, where an index from outside can run
+# past a buffer: the token and model files (loader, checkpoint, checksums, bf16_ckpt, resume, resume_epoch,
+# folders, rundir), the command line and its bad input (cli, bad_input, flags), text, tokenizers and prompts
+# (owndata, prepare, bpe, export, servecli, corpus and words: the embedded corpus's tokens, tokenizer.bin),
+# the KV cache's indexing (serve); and ops, every CPU kernel's loads and stores at the tile edges. 80-100 s on 2 cores (the whole suite: 350 s); the groups left out
+# run the same code through other paths or at other sizes (make test runs them all), or check numbers
+# (bperun 46 s, readme 19 s) or timings (plan_sweep 19 s).
+ASAN_GROUPS ?= ops loader checkpoint checksums bf16_ckpt resume resume_epoch folders rundir cli bad_input flags \
+               owndata prepare bpe export servecli serve corpus words
 asan: tp_asan test_tp_asan
-	ASAN_OPTIONS=detect_leaks=0 TP_BIN=./tp_asan ./test_tp_asan
+	ASAN_OPTIONS=detect_leaks=0 TP_BIN=./tp_asan ./test_tp_asan $(ASAN_GROUPS)
 
 tp_tsan: tp.cu $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ tp.cu $(LDLIBS)
 test_tp_tsan: $(TESTS) $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ test_tp.cu $(LDLIBS)
+# TSan's groups: those whose threads share memory: the collectives and the ranks of one process (tp, sp,
+# dp), the pipeline's stages and messages (pp, pp_p2p, pp_stall), a rank that waits on the others' timeouts
+# (hangs), the worker pool, bf16's master copies written by every rank, the KV cache at TP = 2 and 4
+# (serve), and a signal arriving while the ranks run (interrupts). About 135 s on 2 cores (the whole suite:
+# 17-21 minutes); the groups left out start the same threads from the command line or from files (resume,
+# rundir, dp_resume, mpi, mpi_pp, logs: 65-156 s each), or are ops (163 s), whose threads are the worker
+# pool's that pool puts under TSan; make test runs them all, make asan some.
+TSAN_GROUPS ?= collectives tp sp dp hangs pool pp_p2p pp pp_stall bf16 serve interrupts
 tsan: tp_tsan test_tp_tsan
-	TSAN_OPTIONS=halt_on_error=1 TP_BIN=./tp_tsan ./test_tp_tsan
+	TSAN_OPTIONS=halt_on_error=1 TP_BIN=./tp_tsan ./test_tp_tsan $(TSAN_GROUPS)
 
 # for people working on kernels: no optimisation, host and device debug info (-G implies line info), and
 # TP_CUDA_DEBUG, which makes every CUDA_LAUNCH_CHECK wait for its kernel so a fault names the kernel

@@ -18,7 +18,7 @@ static std::string tp_bin() {
 static bool skip_under_tsan(const char* group) {
     const char* b = getenv("TP_BIN");
     if (!b || !strstr(b, "tsan")) return false;
-    printf("  skip %s under TSan: it checks numbers, not threads (make test and make asan run it)\n", group);
+    printf("  skip %s under TSan: it checks numbers, not threads (make test runs it)\n", group);
     g_skipped++;
     return true;
 }

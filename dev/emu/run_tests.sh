@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # run_tests.sh BUILD_DIR: what `make emu` runs once the emulated binaries are built.
 #   1. test_tp's GPU section on the emulated GPU (2 devices: NCCL at P=2, shared GPU memory at P=4), seed 1;
-#   2. the same again with schedule seed 2 and cuBLASLt refusing every algorithm, so the plain-GEMM fallback
-#      of matmul_forward_cuda runs where the first pass used the bias epilogue;
+#   2. its CUDA ops and GPU collectives again (the gpu_ops group) with schedule seed 2 and cuBLASLt refusing
+#      every algorithm, so the plain-GEMM fallback of matmul_forward_cuda runs where the first pass used the
+#      bias epilogue, against the CPU's op (30 s on 2 cores, where the whole gpu group again took 203 s for
+#      the same fallback in its training runs, more than CI's 20 minutes could hold);
 #   3. tp itself on 2 emulated GPUs: 4 ranks through shared GPU memory with peer access, writing a checkpoint,
 #      then 2 ranks through NCCL resuming from it, then 2 data-parallel replicas over NCCL with ZeRO-1, then 2
 #      pipeline stages (a stage per GPU; and with TP=2 in each); the losses against a CPU run of the same steps;
@@ -45,8 +47,8 @@ run() {
 
 # each run is bounded: a hang the emulator does not see (a deadlock in host code) still ends CI
 run "test_tp's GPU section (TP_EMU_SEED=1)" timeout 900 env TP_EMU_SEED=1 "$dir/test_tp_emu" gpu
-run "test_tp's GPU section again (TP_EMU_SEED=2, cuBLASLt refusing: the GEMM fallback)" \
-    timeout 900 env TP_EMU_SEED=2 TP_EMU_LT_REFUSE=1 "$dir/test_tp_emu" gpu
+run "test_tp's GPU ops again (TP_EMU_SEED=2, cuBLASLt refusing: the GEMM fallback)" \
+    timeout 900 env TP_EMU_SEED=2 TP_EMU_LT_REFUSE=1 "$dir/test_tp_emu" gpu_ops
 run "test_tp's GPU point to point on 4 emulated GPUs (ranks with a neighbour on each side)" \
     timeout 300 env TP_EMU_SEED=3 TP_EMU_DEVICES=4 "$dir/test_tp_emu" gpu_p2p
 # one check of tp's own driver: the run exits 0 and its step-`step` loss is within TF32 error of the CPU's
