@@ -1032,15 +1032,21 @@ static void test_sampling() {
 
 // ----------------------------------------------------------------------------
 
-// the GPU tests, or a line saying why they are skipped
+// whether a CUDA GPU is visible, said in a line; without one the line says what is skipped
 static int g_ndev = 0;
-static void test_gpu() {
+static bool gpu_visible(const char* tests, const char* what) {
     if (g_ndev == 0) {
-        printf("GPU tests: skipped, no CUDA GPU visible (the CUDA ops, GPU collectives and GPU training runs)\n");
+        printf("GPU %s: skipped, no CUDA GPU visible (%s)\n", tests, what);
         g_skipped++;
-        return;
+        return false;
     }
-    printf("GPU tests on %d device%s\n", g_ndev, g_ndev > 1 ? "s" : "");
+    printf("GPU %s on %d device%s\n", tests, g_ndev, g_ndev > 1 ? "s" : "");
+    return true;
+}
+
+// the GPU tests, or a line saying why they are skipped
+static void test_gpu() {
+    if (!gpu_visible("tests", "the CUDA ops, GPU collectives and GPU training runs")) return;
     gpu_op_tests(g_argv0, g_ndev);
     gpu_training_tests(g_ndev);
     serve_gpu_tests(g_ndev);
@@ -1049,13 +1055,7 @@ static void test_gpu() {
 // the gpu group's first part alone: every CUDA op against its CPU op and the GPU collectives, without the
 // training runs (make emu's second pass, with cuBLASLt refusing: the GEMM fallback against the CPU's op)
 static void test_gpu_ops() {
-    if (g_ndev == 0) {
-        printf("GPU op tests: skipped, no CUDA GPU visible (the CUDA ops and GPU collectives)\n");
-        g_skipped++;
-        return;
-    }
-    printf("GPU op tests on %d device%s\n", g_ndev, g_ndev > 1 ? "s" : "");
-    gpu_op_tests(g_argv0, g_ndev);
+    if (gpu_visible("op tests", "the CUDA ops and GPU collectives")) gpu_op_tests(g_argv0, g_ndev);
 }
 
 // point to point on the GPU alone, on up to 4 GPUs (a rank with a neighbour on each side sends both ways

@@ -368,22 +368,28 @@ inline bool grammar_encode(const std::string& text, std::vector<int>* out, std::
     return true;
 }
 
-inline double grammar_entropy_per_byte() {
-    const grammar_detail::Grammar& g = grammar_detail::get();
+namespace grammar_detail {
+// A sentence's entropy (nats) over its expected length in terminals (tokens) or bytes, before the first
+// word loses its space.
+inline double sentence_rate(bool tokens, double* len) {
+    const Grammar& g = get();
     size_t n = g.nts.size();
     std::vector<double> H(n, 0), L(n, 0);
     std::vector<int> state(n, 0);
-    grammar_detail::analyze(g, g.start, H, L, state, false);
-    return H[g.start] / (L[g.start] - 1.0);  // -1: the dropped leading space of each sentence
+    analyze(g, g.start, H, L, state, tokens);
+    *len = L[g.start];
+    return H[g.start];
+}
+}  // namespace grammar_detail
+
+inline double grammar_entropy_per_byte() {
+    double bytes, h = grammar_detail::sentence_rate(false, &bytes);
+    return h / (bytes - 1.0);  // -1: the dropped leading space of each sentence
 }
 
 // The same entropy per sentence over the expected tokens per sentence (capitalising the first word
 // replaces a token, it adds none).
 inline double grammar_entropy_per_token() {
-    const grammar_detail::Grammar& g = grammar_detail::get();
-    size_t n = g.nts.size();
-    std::vector<double> H(n, 0), L(n, 0);
-    std::vector<int> state(n, 0);
-    grammar_detail::analyze(g, g.start, H, L, state, true);
-    return H[g.start] / L[g.start];
+    double tokens, h = grammar_detail::sentence_rate(true, &tokens);
+    return h / tokens;
 }
