@@ -3,7 +3,7 @@
 
     python3 data/plot.py DIR [--floor NATS]
 
---floor draws the loss floor (the embedded corpus prints it: "its entropy is ... nats per byte").
+--floor draws the loss floor (the embedded corpus prints it: "its entropy is ... nats per token").
 Needs matplotlib (pip install matplotlib).
 """
 import argparse
