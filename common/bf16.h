@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <ctime>
 #include <vector>
 #include <immintrin.h>
@@ -265,6 +266,46 @@ __attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(fl
     }
 }
 
+#if defined(__AVX512BW__)
+// 16 x 16 words transposed in registers: r[i] holds row i, and afterwards column i (pairs of rows
+// interleaved, then pairs of pairs, then the 128-bit quarters twice). The masked forms with every lane
+// set compute the same as the plain ones, whose undefined pass-through GCC 12 warns about.
+static inline void transpose16_epi32(__m512i r[16]) {
+    const __mmask16 all16 = 0xffff;
+    const __mmask8 all8 = 0xff;
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_mask_unpacklo_epi32(r[i], all16, r[i], r[i + 1]);
+        t[i + 1] = _mm512_mask_unpackhi_epi32(r[i], all16, r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_mask_unpacklo_epi64(t[i], all8, t[i], t[i + 2]);
+        u[i + 1] = _mm512_mask_unpackhi_epi64(t[i], all8, t[i], t[i + 2]);
+        u[i + 2] = _mm512_mask_unpacklo_epi64(t[i + 1], all8, t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_mask_unpackhi_epi64(t[i + 1], all8, t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_mask_shuffle_i32x4(u[i], all16, u[i], u[i + 4], 0x88);
+        t[i + 4] = _mm512_mask_shuffle_i32x4(u[i], all16, u[i], u[i + 4], 0xdd);
+        t[i + 8] = _mm512_mask_shuffle_i32x4(u[i + 8], all16, u[i + 8], u[i + 12], 0x88);
+        t[i + 12] = _mm512_mask_shuffle_i32x4(u[i + 8], all16, u[i + 8], u[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_mask_shuffle_i32x4(t[i], all16, t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_mask_shuffle_i32x4(t[i], all16, t[i], t[i + 8], 0xdd);
+    }
+}
+
+// 32 consecutive fp32 words holding bf16 values (lo: the first 16, hi: the next) -> the 16 pair words of
+// vdpbf16ps (bf16_pair: element 2j's bits high, 2j+1's low), by one permute of their 16-bit halves
+static inline __m512i bf16_pairs_from_words(__m512i lo, __m512i hi) {
+    // output half 2j (low) is element 2j+1's high half, source half 4j+3; half 2j+1 is element 2j's, 4j+1
+    static const uint16_t idx[32] = {3,  1,  7,  5,  11, 9,  15, 13, 19, 17, 23, 21, 27, 25, 31, 29,
+                                     35, 33, 39, 37, 43, 41, 47, 45, 51, 49, 55, 53, 59, 57, 63, 61};
+    return _mm512_permutex2var_epi16(lo, _mm512_loadu_si512((const void*)idx), hi);
+}
+#endif
+
 // the vdpbf16ps path, for bf16 operands (T = bf16) or fp32 words holding bf16 values (T = float)
 template <typename T>
 static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_cs, const T* B, long b_rs,
@@ -283,6 +324,42 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
     // Ap[mb][j][r] = pair j of row m = mb*MR + r of A; rows past M zero
     cpu_for(MB, [&](long mb) {
         uint32_t* d = Ap + (size_t)mb * BF16_MR * KP;
+#if defined(__AVX512BW__)
+        // rows next to each other (a weight gradient's A, dout transposed): the MR rows at k = 2j and 2j+1 are
+        // two runs of 8 words, and pair j of every row is their high halves, one 8-word store
+        if (std::is_same<T, float>::value && a_rs == 1 && mb * BF16_MR + BF16_MR <= M) {
+            const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+            const float* a0 = (const float*)(const void*)(A + mb * BF16_MR);
+            for (int j = 0; j < K / 2; j++) {
+                __m256i e = _mm256_loadu_si256((const __m256i*)(a0 + (long)(2 * j) * a_cs));
+                __m256i o = _mm256_loadu_si256((const __m256i*)(a0 + (long)(2 * j + 1) * a_cs));
+                _mm256_storeu_si256((__m256i*)(d + (size_t)j * BF16_MR), _mm256_or_si256(_mm256_and_si256(e, high), _mm256_srli_epi32(o, 16)));
+            }
+            for (int j = K / 2; j < KP; j++)  // an odd K's last pair
+                for (int r = 0; r < BF16_MR; r++) d[(size_t)j * BF16_MR + r] = pair_at(A + (mb * BF16_MR + r) * a_rs, a_cs, j);
+            return;
+        }
+        // rows contiguous along k (activations, a forward's or an input gradient's A): each row's 32 k made into
+        // 16 pair words by one permute, the MR rows (and MR zero rows) transposed, the first MR words of each
+        // column stored (a masked store)
+        if (std::is_same<T, float>::value && a_cs == 1 && mb * BF16_MR + BF16_MR <= M) {
+            static_assert(BF16_MR == 8, "the transpose below stores 8 rows");
+            const int JV = K / 32 * 16;  // the pairs of whole blocks of 32 k
+            for (int j0 = 0; j0 < JV; j0 += 16) {
+                __m512i r[16];
+                for (int i = 0; i < BF16_MR; i++) {
+                    const float* row = (const float*)(const void*)(A + (mb * BF16_MR + i) * a_rs) + 2 * j0;
+                    r[i] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)row), _mm512_loadu_si512((const void*)(row + 16)));
+                    r[i + BF16_MR] = _mm512_setzero_si512();
+                }
+                transpose16_epi32(r);
+                for (int j = 0; j < 16; j++) _mm512_mask_storeu_epi32((void*)(d + (size_t)(j0 + j) * BF16_MR), (__mmask16)0x00ff, r[j]);
+            }
+            for (int j = JV; j < KP; j++)  // the pairs past the last whole block
+                for (int i = 0; i < BF16_MR; i++) d[(size_t)j * BF16_MR + i] = pair_at(A + (mb * BF16_MR + i) * a_rs, a_cs, j);
+            return;
+        }
+#endif
         for (int r = 0; r < BF16_MR; r++) {
             const long m = mb * BF16_MR + r;
             if (m >= M)
@@ -296,6 +373,26 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
     cpu_for(NB, [&](long nb) {
         uint32_t* d = Bp + (size_t)nb * BF16_NR * KP;
         const int n0 = (int)nb * BF16_NR, nc = N - n0 < BF16_NR ? N - n0 : BF16_NR;
+#if defined(__AVX512BW__)
+        // columns contiguous along k (the weight of a forward, out = inp . W^T): 16 columns by 16 pairs at a
+        // time, each column's 32 k made into 16 pair words by one permute, then transposed into panel rows
+        if (std::is_same<T, float>::value && b_rs == 1 && nc == BF16_NR) {
+            const int JV = K / 32 * 16;  // the pairs of whole blocks of 32 k
+            for (int c0 = 0; c0 < BF16_NR; c0 += 16)
+                for (int j0 = 0; j0 < JV; j0 += 16) {
+                    __m512i r[16];
+                    for (int c = 0; c < 16; c++) {
+                        const float* col = (const float*)(const void*)(B + (long)(n0 + c0 + c) * b_cs) + 2 * j0;
+                        r[c] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)col), _mm512_loadu_si512((const void*)(col + 16)));
+                    }
+                    transpose16_epi32(r);
+                    for (int j = 0; j < 16; j++) _mm512_storeu_si512((void*)(d + (size_t)(j0 + j) * BF16_NR + c0), r[j]);
+                }
+            for (int c = 0; c < BF16_NR; c++)  // the pairs past the last whole block
+                for (int j = JV; j < KP; j++) d[(size_t)j * BF16_NR + c] = pair_at(B + (n0 + c) * b_cs, b_rs, j);
+            return;
+        }
+#endif
         if (b_cs == 1 && nc == BF16_NR) {
             for (int j = 0; j < KP; j++) {
                 const T* e = B + (long)(2 * j) * b_rs + n0;
