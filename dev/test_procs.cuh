@@ -448,9 +448,11 @@ static void test_mpi_pp() {
         check(rc == 0 && w == ref_w, "%-46s: step-10 weights bit-identical to the run in one process%s%s", r.what,
               err.empty() ? "" : ": ", err.substr(0, err.find('\n')).c_str());
     }
-    // a stage's process that stops: the other stage waits for its messages, then says which stage it waited for
-    expect_job_ends(SIGSTOP, {"from stage 1", "between stages 0 and 1, TP rank 0", "at step loss"}, " (stage 1 of --pp 2)",
-                    "--pp 2 -d 256 --tp 1");
+    // a stage's process that stops: the other stage waits for its messages, or in a collective between the
+    // stages (the step's loss, the gradient norm's or the tied wte's sum, wherever the stop caught it), then
+    // says what it waited for
+    expect_job_ends(SIGSTOP, {"from stage 1", "between stages 0 and 1, TP rank 0", "at step loss", "between the stages' TP rank 0"},
+                    " (stage 1 of --pp 2)", "--pp 2 -d 256 --tp 1");
     // refused: local replicas when the stages span processes
     rc = run_in(mpirun(2), base + "-b 2 --tp 1 --pp 2 --dp 2 -d 512", nullptr, &err);
     size_t at = err.find("error: ");
