@@ -229,15 +229,7 @@ static void setup_data(Run* run, bool descriptor) {
     GPTConfig* c = &run->cfg;
     bool embedded = a->train == nullptr;
     if (!run->sample_only && !embedded) data_setup(run, descriptor);
-    if (!run->sample_only && embedded) {
-        int words = (int)grammar_vocab().size();
-        if (a->corpus == CORPUS_WORDS && c->V < words)
-            fatal("the embedded corpus has %d word tokens and needs a vocab of at least %d, the model has %d: give --corpus bytes "
-                  "to train it on the corpus's bytes (vocab 256), or a model of vocab %d or more", words, words, c->V, words);
-        if (c->V < 256) fatal("the embedded corpus as bytes needs a vocab of at least 256, the model has %d", c->V);
-        run->data_bytes = a->corpus == CORPUS_BYTES;
-        run->val_batches = a->val_batches;
-    }
+    if (!run->sample_only && embedded) embedded_setup(run);
     procs_share(c, a->timeout);
     if (a->T > c->maxT) fatal("sequence length -t %d exceeds the model's maximum %d: use -t %d or less", a->T, c->maxT, c->maxT);
 }
@@ -307,8 +299,7 @@ static void setup_weights(Run* run) {
 }
 
 // What the run writes and prints: the checkpoints of -o (world rank 0 writes them; it runs in process 0),
-// the embedded corpus (4M word tokens or 16 MB of train text, the same for any flags, so that a resumed run sees the same
-// data; the val text grows with the val batches of all replicas), the tokenizer and the prompt.
+// the embedded corpus, the tokenizer and the prompt.
 static void setup_outputs(Run* run) {
     const Args* a = &run->args;
     bool first = g_procs.me == 0;
@@ -321,22 +312,7 @@ static void setup_outputs(Run* run) {
             run->ckpt.v.resize(run->init.size());
         }
     }
-    if (!run->sample_only && !a->train) {
-        size_t val_tokens = (size_t)a->val_batches * a->B * a->T * run->Dg + 1;
-        if (a->corpus == CORPUS_WORDS) {  // 4M word tokens: about 18 MB of text
-            grammar_generate_tokens(1, 4L << 20, &run->corpus_train, nullptr);
-            grammar_generate_tokens(2, val_tokens, &run->corpus_val, nullptr);
-            run->floor_nats = grammar_entropy_per_token();
-        } else {
-            std::string text;
-            grammar_generate(1, 16L << 20, &text, nullptr);
-            run->corpus_train.assign(text.begin(), text.end());
-            text.clear();
-            grammar_generate(2, val_tokens, &text, nullptr);
-            run->corpus_val.assign(text.begin(), text.end());
-            run->floor_nats = grammar_entropy_per_byte();
-        }
-    }
+    if (!run->sample_only && !a->train) embedded_generate(run);
     // sampling: replica 0 samples, and it runs in process 0
     if (first && !run->tokenizer.path.empty()) tokenizer_check(&run->tokenizer, run->cfg.V);
     if (first) prompt_setup(run);

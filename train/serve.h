@@ -16,46 +16,6 @@
 #include <string>
 #include <vector>
 
-// ----------------------------------------------------------------------------
-// prompts: the one place text becomes tokens
-
-// text -> tokens for this model, by the rules of --prompt (train/setup.h): a BPE tokenizer.json's tokens,
-// or bytes for a byte-level model (vocab 256, or byte-level data). llm.c's tokenizer file only decodes, and
-// other vocabs have no encoder: false, with why saying so.
-static bool encode_prompt(const Run* run, const std::string& text, std::vector<int>* out, std::string* why) {
-    const Tokenizer* tk = &run->tokenizer;
-    const GPTConfig* c = &run->cfg;
-    out->clear();
-    if (tk->bpe) {
-        *out = bpe_encode(&tk->merges, text);
-    } else if (tk->words) {
-        if (!grammar_encode(text, out, why)) return false;
-    } else {
-        bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
-        bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
-        if (gpt2_tokens) {
-            *why = "tokenizer " + tk->path + " (llm.c's format) only decodes: give the model's BPE tokenizer.json with --tokenizer";
-            return false;
-        }
-        if (!bytes) {
-            *why = "prompts are encoded as bytes, which needs a byte-level model (vocab 256); this model has vocab " + std::to_string(c->V) +
-                   " and no BPE tokenizer.json";
-            return false;
-        }
-        for (unsigned char ch : text) out->push_back(ch);
-    }
-    for (int t : *out)
-        if (t < 0 || t >= c->V) {
-            *why = "the prompt holds token " + std::to_string(t) + ", beyond this model's vocab of " + std::to_string(c->V);
-            return false;
-        }
-    if (out->empty()) {
-        *why = "the prompt is empty";
-        return false;
-    }
-    return true;
-}
-
 // the end-of-text token generation stops at: the tokenizer's (-1: none; a byte-level model has none)
 static int stop_token(const Run* run) {
     int eot = run->tokenizer.eot;

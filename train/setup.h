@@ -382,6 +382,40 @@ static void data_setup(Run* run, bool descriptor) {
         }
 }
 
+// The embedded corpus (no -i): the vocab its tokens need against the model's, before anything is allocated
+static void embedded_setup(Run* run) {
+    const Args* a = &run->args;
+    const GPTConfig* c = &run->cfg;
+    int words = (int)grammar_vocab().size();
+    if (a->corpus == CORPUS_WORDS && c->V < words)
+        fatal("the embedded corpus has %d word tokens and needs a vocab of at least %d, the model has %d: give --corpus bytes "
+              "to train it on the corpus's bytes (vocab 256), or a model of vocab %d or more", words, words, c->V, words);
+    if (c->V < 256) fatal("the embedded corpus as bytes needs a vocab of at least 256, the model has %d", c->V);
+    run->data_bytes = a->corpus == CORPUS_BYTES;
+    run->val_batches = a->val_batches;
+}
+
+// Its tokens and floor: 4M word tokens (about 18 MB of text) or 16 MB of bytes of train text, the same for
+// any flags, so that a resumed run sees the same data; the val text grows with the val batches of all
+// replicas. Words and bytes are the same sentences (data/grammar.h).
+static void embedded_generate(Run* run) {
+    const Args* a = &run->args;
+    size_t val_tokens = (size_t)a->val_batches * a->B * a->T * run->Dg + 1;
+    if (a->corpus == CORPUS_WORDS) {
+        grammar_generate_tokens(1, 4L << 20, &run->corpus_train, nullptr);
+        grammar_generate_tokens(2, val_tokens, &run->corpus_val, nullptr);
+        run->floor_nats = grammar_entropy_per_token();
+        return;
+    }
+    std::string text;
+    grammar_generate(1, 16L << 20, &text, nullptr);
+    run->corpus_train.assign(text.begin(), text.end());
+    text.clear();
+    grammar_generate(2, val_tokens, &text, nullptr);
+    run->corpus_val.assign(text.begin(), text.end());
+    run->floor_nats = grammar_entropy_per_byte();
+}
+
 // Whether the run reads the embedded corpus as words: no -i, --corpus words, and training (or resuming a
 // run, which may only sample). -x 0 of a descriptor reads no data: its model is byte-level, vocab 256.
 static bool embedded_words(const Run* run) {
@@ -408,41 +442,63 @@ static void tokenizer_setup(Run* run, bool first) {
     if (first && a->outdir && !run->sample_only && tk->words) tokenizer_write_bin(tk, (std::string(a->outdir) + "/tokenizer.bin").c_str());
 }
 
-// The prompt of the samples: --prompt encoded by a BPE tokenizer.json, or as bytes, which a byte-level
-// model reads; else the tokenizer's end-of-text token, a newline for a byte-level model.
+// ----------------------------------------------------------------------------
+// prompts: the one place text becomes tokens
+
+// text -> tokens for this model (--prompt, --prompts, --chat): a BPE tokenizer.json's tokens, the embedded
+// corpus's words, or bytes for a byte-level model (vocab 256, or byte-level data). llm.c's tokenizer file
+// only decodes, and other vocabs have no encoder: false, with why saying so and what to do.
+static bool encode_prompt(const Run* run, const std::string& text, std::vector<int>* out, std::string* why) {
+    const Tokenizer* tk = &run->tokenizer;
+    const GPTConfig* c = &run->cfg;
+    out->clear();
+    if (tk->bpe) {
+        *out = bpe_encode(&tk->merges, text);
+    } else if (tk->words) {
+        if (!grammar_encode(text, out, why)) return false;
+    } else {
+        bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
+        bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
+        if (gpt2_tokens) {
+            *why = "tokenizer " + tk->path + " (llm.c's format) only decodes: give the model's BPE tokenizer.json with --tokenizer "
+                   "(Hugging Face's GPT-2 has one; prepare.py --vocab N writes one)";
+            return false;
+        }
+        if (!bytes) {
+            *why = "prompts are encoded as bytes, which needs a byte-level model (vocab 256); this model has vocab " + std::to_string(c->V) +
+                   " and no BPE tokenizer.json: give its tokenizer with --tokenizer, or train on byte-level data (tp then picks vocab 256)";
+            return false;
+        }
+        for (unsigned char ch : text) out->push_back(ch);
+    }
+    for (int t : *out)
+        if (t < 0 || t >= c->V) {
+            *why = "the prompt holds token " + std::to_string(t) + ", beyond this model's vocab of " + std::to_string(c->V);
+            return false;
+        }
+    if (out->empty()) {
+        *why = "the prompt is empty";
+        return false;
+    }
+    return true;
+}
+
+// The prompt of the samples: --prompt through encode_prompt; without it, the tokenizer's end-of-text token,
+// or a newline where the model reads text (bytes, the embedded corpus's words: a sentence starts there)
 static void prompt_setup(Run* run) {
     const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
     const Tokenizer* tk = &run->tokenizer;
+    std::string why;
+    if (a->prompt) {
+        if (!encode_prompt(run, a->prompt, &run->prompt, &why)) fatal("--prompt: %s", why.c_str());
+        return;
+    }
     bool gpt2_tokens = !tk->pieces.empty() && !tokenizer_is_bytes(tk);
     bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
-    if (tk->bpe) {  // a tokenizer.json: the prompt in its BPE tokens, by default its end-of-text token
-        if (!a->prompt) run->prompt = tk->eot >= 0 ? std::vector<int>{tk->eot} : bpe_encode(&tk->merges, "\n");
-        else run->prompt = bpe_encode(&tk->merges, a->prompt);
-        if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
-        return;
-    }
-    if (tk->words) {  // the embedded corpus's words: by default a newline, where a sentence starts
-        std::string why;
-        if (!grammar_encode(a->prompt ? a->prompt : "\n", &run->prompt, &why)) fatal("--prompt: %s", why.c_str());
-        if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
-        return;
-    }
-    if (!a->prompt) {
-        run->prompt.push_back(bytes ? '\n' : tk->pieces.empty() ? c->V - 1 : tk->eot);
-        return;
-    }
-    if (gpt2_tokens)
-        fatal("--prompt is text, and tokenizer %s (llm.c's format) only decodes: give the model's BPE tokenizer.json with "
-              "--tokenizer (Hugging Face's GPT-2 has one; prepare.py --vocab N writes one), or drop --prompt", tk->path.c_str());
-    if (!bytes)
-        fatal("--prompt is text that tp encodes as bytes, which needs a byte-level model (vocab 256); this model has vocab %d: "
-              "drop --prompt, or train on byte-level data (tp then picks vocab 256)", c->V);
-    for (const char* p = a->prompt; *p; p++) {
-        if ((unsigned char)*p >= c->V) fatal("--prompt holds byte %d, beyond this model's vocab of %d", (unsigned char)*p, c->V);
-        run->prompt.push_back((unsigned char)*p);
-    }
-    if (run->prompt.empty()) fatal("--prompt is empty: give some text or drop the flag");
+    if (tk->bpe) run->prompt = tk->eot >= 0 ? std::vector<int>{tk->eot} : bpe_encode(&tk->merges, "\n");
+    else if (tk->words) grammar_encode("\n", &run->prompt, &why);
+    else run->prompt.push_back(bytes ? '\n' : tk->pieces.empty() ? c->V - 1 : tk->eot);
 }
 
 // ----------------------------------------------------------------------------
