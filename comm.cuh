@@ -65,8 +65,9 @@ enum Device { DEV_CPU, DEV_CUDA };
 
 enum CommBackend { COMM_HOST, COMM_CUDA, COMM_NCCL };
 
-// The kinds of collective that move data, for the accounting. The payload of each, in floats: an
-// all-reduce of n counts n, a reduce-scatter of P*n inputs P*n, an all-gather of n per rank P*n.
+// The kinds of collective that move data, for the accounting. The payload of each, in 32-bit words (a
+// float each; comm_allgather_bf16 moves two bf16 in a word): an all-reduce of n counts n, a reduce-scatter
+// of P*n inputs P*n, an all-gather of n per rank P*n.
 enum CommKind { KIND_ALLREDUCE, KIND_REDUCESCATTER, KIND_ALLGATHER, COMM_KINDS };
 
 // The bytes one rank sends for `floats` of payload of a kind, as a ring algorithm (what NCCL runs
@@ -79,7 +80,8 @@ static double comm_ring_bytes(int kind, double floats, int P) {
 
 struct CommCall {
     int op;
-    long count;
+    long count;         // 32-bit words (floats, or pairs of bf16 where bf16)
+    bool bf16;          // the words carry bf16 values (comm_allgather_bf16)
     const char* where;  // a static string naming the place in the model, e.g. "attproj fwd"
     int layer;          // -1 when not inside a layer
     long seq;           // how many collectives this rank has issued before this one
@@ -168,7 +170,8 @@ struct Comm {
     int rank, P;  // in the whole group, across processes
     int local;    // among the group's ranks in this process (the index into the group's per-rank arrays)
     long seq;
-    double moved[COMM_KINDS];  // floats moved through collectives (the payload, counted once per collective), by kind
+    double moved[COMM_KINDS];  // 32-bit words moved through collectives (the payload, counted once per collective), by kind
+    bool next_bf16;            // the next collective is comm_allgather_bf16's (comm_begin marks its call)
     int tp_rank;         // a pipeline group's rank: its TP rank in its stage, for the messages (-1: not one)
     double p2p_sent;     // floats this rank sent point to point (comm_send)
     double p2p_seconds;  // time spent in comm_recv waiting for a message: a pipeline stage's idle time
@@ -216,6 +219,9 @@ static void comm_reducescatter(Comm* c, float* out, const float* in, long n, con
 // out (P*n) on every rank <- the concatenation of every rank's in (n), rank 0 first. in must not overlap
 // out, except as out + rank*n (in place: the rank's own slice is already there), as NCCL allows.
 static void comm_allgather(Comm* c, float* out, const float* in, long n, const char* where, int layer);
+// the same for n bf16 values a rank (n even), at half the bytes: gpt.cu's sequence-parallel gathers in a
+// --dtype bf16 run, whose values are bf16 already
+static void comm_allgather_bf16(Comm* c, uint16_t* out, const uint16_t* in, long n, const char* where, int layer);
 // The all-reduce and the reduce-scatter, started: the result may be read only after comm_finish. On a
 // GPU the collective runs on the rank's communication stream after the work queued so far on its stream,
 // beside the work queued next (gpt.cu's backward queues a weight gradient there), and comm_finish makes
@@ -279,6 +285,7 @@ static void comm_init(Comm* c, CommGroup* g, int local) {
     c->p2p_sent = c->p2p_seconds = 0;
     c->tp_rank = -1;
     for (int k = 0; k < COMM_KINDS; k++) c->moved[k] = 0;
+    c->next_bf16 = false;
     c->backend = COMM_HOST;
     c->gpu = -1;
     c->stream = nullptr;
@@ -300,8 +307,10 @@ static void comm_count(Comm* c, int op, double floats) {
 }
 
 static void comm_describe(const CommCall* k, char* buf, size_t n) {
-    if (k->layer >= 0) snprintf(buf, n, "#%ld %s of %ld floats at %s (layer %d)", k->seq, comm_op_name(k->op), k->count, k->where, k->layer);
-    else snprintf(buf, n, "#%ld %s of %ld floats at %s", k->seq, comm_op_name(k->op), k->count, k->where);
+    long count = k->bf16 ? 2 * k->count : k->count;
+    const char* what = k->bf16 ? "bf16" : "floats";
+    if (k->layer >= 0) snprintf(buf, n, "#%ld %s of %ld %s at %s (layer %d)", k->seq, comm_op_name(k->op), count, what, k->where, k->layer);
+    else snprintf(buf, n, "#%ld %s of %ld %s at %s", k->seq, comm_op_name(k->op), count, what, k->where);
 }
 
 // Prints where every rank of the group in this process is and ends the process: the other ranks may be
@@ -327,7 +336,7 @@ static void comm_describe(const CommCall* k, char* buf, size_t n) {
 
 // two ranks' calls are the same collective: same op, count and place in the model
 static bool comm_same(const CommCall* a, const CommCall* b) {
-    return a->op == b->op && a->count == b->count && a->layer == b->layer && strcmp(a->where, b->where) == 0;
+    return a->op == b->op && a->count == b->count && a->bf16 == b->bf16 && a->layer == b->layer && strcmp(a->where, b->where) == 0;
 }
 
 // Waits until the group's P ranks of this process arrive. The last to arrive checks that every rank is in
@@ -366,6 +375,8 @@ static void comm_begin(Comm* c, int op, long count, const float* ptr, const char
     CommCall* k = &c->g->call[c->local];
     k->op = op;
     k->count = count;
+    k->bf16 = c->next_bf16;
+    c->next_bf16 = false;
     k->where = where;
     k->layer = layer;
     k->seq = c->seq++;
@@ -951,6 +962,16 @@ static void comm_allgather(Comm* c, float* out, const float* in, long n, const c
     if (c->g->nproc > 1) { comm_procs_collective_allgather(c, out, in, n, where, layer); return; }
 #endif
     shm_allgather(c, out, in, n, where, layer);
+}
+
+// An all-gather only copies, and moves no bits it does not hand over unchanged (memcpy, cudaMemcpy,
+// ncclAllGather, MPI between processes of one kind of host), so n bf16 values go as n/2 32-bit words through
+// the same call: half the bytes of the same values in fp32 words. The call is marked bf16 for the sequence
+// check and the messages.
+static void comm_allgather_bf16(Comm* c, uint16_t* out, const uint16_t* in, long n, const char* where, int layer) {
+    if (n % 2) fatal("rank %d: a bf16 all-gather of an odd count (%ld) at %s: it moves pairs of bf16", c->rank, n, where);
+    c->next_bf16 = true;
+    comm_allgather(c, (float*)(void*)out, (const float*)(const void*)in, n / 2, where, layer);
 }
 
 // (A group on NCCL lines up only its ranks in this process: barriers across processes go through a host

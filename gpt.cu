@@ -362,6 +362,7 @@ struct Acts {
     float *ce_max, *ce_sums, *losses;  // (B, T), (B, T, 2), (B, T)
     float* partial;                    // (B, T, C) a row-parallel layer's partial output, summed in place
     float* gathered;                   // (B, T, C) with --sp 1: the all-gathered tokens (else empty)
+    float* wire;                       // (B, T, C) bf16 with --sp 1 and --dtype bf16: what the gathers move
     // backward scratch
     float *dres, *dln, *datty, *dqkv, *dfch;  // (N,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
     float* attd;                       // (B, NHl, T) fused attention's D = rowsum(datty * atty)
@@ -383,9 +384,10 @@ static long act_copies(const ActsLayout* lay, int i, int L) {
 }
 
 // split: sequence parallelism on (N = B*T/P tokens per rank); recompute: -r 0..3 (0..2 with fused);
-// fused: --attention fused (else matmul)
+// fused: --attention fused (else matmul); bf16: --dtype bf16 (the SP gathers' bf16 buffer, in floats: two
+// bf16 a float)
 static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute, bool fused,
-                        ActsLayout* lay) {
+                        bool bf16, ActsLayout* lay) {
     long C = c->C, BT = (long)B * T, N = split ? BT / s->P : BT;
     const int LAYER = ACT_PER_LAYER, ONCE = ACT_ONCE;
     int ln = recompute >= 2 ? ACT_REUSED : LAYER, gelu = recompute >= 1 ? ACT_REUSED : LAYER;
@@ -407,6 +409,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {BT, ONCE}, {2 * BT, ONCE}, {BT, ONCE},                                 // ce_max, ce_sums, losses
         {BT * C, ONCE},                                                         // partial
         {BT * C, split ? ONCE : ACT_UNUSED},                                    // gathered
+        {(BT * C + 1) / 2, split && bf16 ? ONCE : ACT_UNUSED},                  // wire
         {N * C, ONCE}, {BT * C, ONCE}, {BT * s->Cl, ONCE}, {BT * 3 * s->Cl, ONCE}, {BT * s->C4l, ONCE},  // dres, dln, datty, dqkv, dfch
         {rows, fused ? ONCE : ACT_UNUSED},                                      // attd
     };
@@ -418,9 +421,10 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
 }
 
 // the activation floats of one rank: what gpt_alloc_acts allocates
-static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute, bool fused) {
+static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute, bool fused,
+                        bool bf16) {
     ActsLayout lay;
-    acts_layout(c, s, B, T, split, recompute, fused, &lay);
+    acts_layout(c, s, B, T, split, recompute, fused, bf16, &lay);
     long n = 0;
     for (int i = 0; i < NUM_ACTS; i++) n += lay.size[i] * act_copies(&lay, i, s->L);
     return n;
@@ -429,9 +433,9 @@ static long acts_floats(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
 // of those, what every layer keeps for itself (the rest is the layers' shared buffers and the buffers
 // outside the layers)
 static long acts_floats_per_layer(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute,
-                                  bool fused) {
+                                  bool fused, bool bf16) {
     ActsLayout lay;
-    acts_layout(c, s, B, T, split, recompute, fused, &lay);
+    acts_layout(c, s, B, T, split, recompute, fused, bf16, &lay);
     long n = 0;
     for (int i = 0; i < NUM_ACTS; i++) n += lay.kind[i] == ACT_PER_LAYER ? lay.size[i] : 0;
     return n;
@@ -485,6 +489,7 @@ struct GPT {
     // activations, allocated for one (B, T)
     int B, T;
     bool split;     // this allocation splits the tokens (sp_splits)
+    bool acts_bf16; // this allocation is a --dtype bf16 run's (the SP gathers' wire buffer)
     int ntok, t0;   // the tokens of the token-wise regions on this rank: N and the first one
     float* acts_mem;
     Acts acts;
@@ -737,7 +742,7 @@ static void gpt_free(GPT* m, Rank* rk) {
 // (Re)allocates the activations for batches of (B, T).
 static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
     bool split = sp_splits(m->sp, rk->P, B, T);
-    bool same = m->B == B && m->T == T && m->split == split;
+    bool same = m->B == B && m->T == T && m->split == split && m->acts_bf16 == m->bf16;
     if (m->acts_mem && same) return;
     if (!same && m->nslots) {  // a new shape: every slot's activations are of the old one
         int k = m->slot;
@@ -753,8 +758,8 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
         fatal("fused attention takes head sizes up to %d, this model's is %d: use --attention matmul", ATT_HS_MAX, m->hs);
     if (m->fused && m->recompute >= 3)
         fatal("-r 3 recomputes the attention probabilities, which fused attention never keeps: use -r 2, or --attention matmul");
-    acts_layout(&m->cfg, &m->plan, B, T, split, m->recompute, m->fused, &m->layout);
-    m->acts_mem = dev_alloc(rk, acts_floats(&m->cfg, &m->plan, B, T, split, m->recompute, m->fused));
+    acts_layout(&m->cfg, &m->plan, B, T, split, m->recompute, m->fused, m->bf16, &m->layout);
+    m->acts_mem = dev_alloc(rk, acts_floats(&m->cfg, &m->plan, B, T, split, m->recompute, m->fused, m->bf16));
     float** ptrs = (float**)&m->acts;
     float* p = m->acts_mem;
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -766,6 +771,7 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
     m->B = B;
     m->T = T;
     m->split = split;
+    m->acts_bf16 = m->bf16;
     m->ntok = split ? B * T / rk->P : B * T;
     m->t0 = split ? rk->rank * m->ntok : 0;
 }
@@ -782,11 +788,37 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
 // two functions below serve both passes. A ring all-reduce is a reduce-scatter followed by an
 // all-gather, so SP moves the same bytes here as TP; it moves more in two places, both marked below.
 
+// Whether a --dtype bf16 run's SP all-gathers of bf16 values move as bf16: pairs of bf16 travel as 32-bit
+// words, so every rank's rows must be an even count, which an even C makes for any P (every GPT-2 size).
+// (test hook g_sp_wire_fp32: they move as fp32 words, as before bf16 on the wire; the same bits result)
+static bool g_sp_wire_fp32 = false;
+static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16 && c->C % 2 == 0 && !g_sp_wire_fp32; }
+
+// out (B, T, C) <- every rank's rows x (N, C), rank 0's first: SP's all-gather (the f operator's forward,
+// the g operator's backward). out may be x's own place in out (x = out + t0*C).
+// kept: x holds bf16 values, rounded by keep_bf16 before the gather (a layernorm output, or the output
+// gradient of attproj or fcproj, in a --dtype bf16 run). Those move as bf16: the same values, exactly, in
+// half the bytes. The rank packs its rows into its place in acts.wire, the all-gather fills in the other
+// ranks' rows, and every row is widened back into out. (The row-parallel partial sums stay fp32 on the
+// wire: the README's bf16 section measures what bf16 partial sums would cost. So does the embedding's
+// gradient, which is the fp32 residual-stream gradient.)
+static void gather_tokens(GPT* m, Rank* rk, float* out, const float* x, bool kept, const char* where, int l) {
+    long n = (long)m->ntok * m->cfg.C;
+    if (kept && sp_wire_bf16(&m->cfg, m->bf16)) {
+        bf16* wire = (bf16*)(void*)m->acts.wire;
+        OP(rk, bf16_pack, wire + (long)rk->rank * n, x, n);
+        comm_allgather_bf16(&rk->tp, wire, wire + (long)rk->rank * n, n, where, l);
+        OP(rk, bf16_widen, out, wire, (long)rk->P * n);
+        return;
+    }
+    comm_allgather(&rk->tp, out, x, n, where, l);
+}
+
 // Every token's rows, (B, T, C), from this rank's rows x (N, C). With SP an all-gather into
-// acts.gathered; without SP x already holds every token and is returned as it is.
-static float* all_tokens(GPT* m, Rank* rk, float* x, const char* where, int l) {
+// acts.gathered; without SP x already holds every token and is returned as it is. kept: as gather_tokens.
+static float* all_tokens(GPT* m, Rank* rk, float* x, bool kept, const char* where, int l) {
     if (!m->split) return x;
-    comm_allgather(&rk->tp, m->acts.gathered, x, (long)m->ntok * m->cfg.C, where, l);
+    gather_tokens(m, rk, m->acts.gathered, x, kept, where, l);
     return m->acts.gathered;
 }
 
@@ -898,7 +930,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     keep_bf16(m, rk, la.ln1, (long)N * C);
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
-    float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 fwd", lg);
+    float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 fwd", lg);
     OP(rk, matmul_forward, la.qkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl, m->bf16);
     // heads are independent, so attention needs nothing from the other ranks; nor does the cache,
     // which holds this rank's heads only
@@ -918,7 +950,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // fcproj is row-parallel over the same units: again a partial sum, again g.
     OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
     keep_bf16(m, rk, la.ln2, (long)N * C);
-    float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 fwd", lg);
+    float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 fwd", lg);
     OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l, m->bf16);
     OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
     keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
@@ -966,7 +998,7 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode) {
     float* last = LAYER_BUF(m, residual3, L - 1);
     OP(rk, layernorm_forward, a->lnf + (long)m->t0 * C, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, N, C);
     keep_bf16(m, rk, a->lnf + (long)m->t0 * C, (long)N * C);
-    if (m->split) comm_allgather(tp, a->lnf, a->lnf + (long)m->t0 * C, (long)N * C, "lnf fwd", -1);
+    if (m->split) gather_tokens(m, rk, a->lnf, a->lnf + (long)m->t0 * C, true, "lnf fwd", -1);
     OP(rk, matmul_forward, a->logits, a->lnf, p->wte, nullptr, BT, C, Vl, m->bf16);
 }
 
@@ -1104,7 +1136,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // all-gather of the output gradient). Its bias was added once after the sum, and its gradient,
         // the column sum of every token's dres, comes out the same on every rank.
         keep_bf16(m, rk, a->dres, (long)N * C);  // bf16: the output gradients of the matmuls too
-        float* dout = all_tokens(m, rk, a->dres, "fcproj bwd", lg);
+        float* dout = all_tokens(m, rk, a->dres, true, "fcproj bwd", lg);
         if (m->recompute >= 1) {  // -r 1: not kept
             OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
             keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
@@ -1121,7 +1153,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
             OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
             keep_bf16(m, rk, la.ln2, (long)N * C);
         }
-        float* ln2_all = all_tokens(m, rk, la.ln2, "ln2 bwd", lg);
+        float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, p->fcw + (long)l * C4l * C, BT, C, C4l, m->bf16);
         float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", lg);
         OP(rk, matmul_backward, nullptr, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_all,
@@ -1133,7 +1165,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // attention block, the same pattern: attproj row-parallel (no communication, SP: all-gather),
         // attention on local heads, qkv column-parallel with the f all-reduce of dln1 (SP: reduce-scatter).
         keep_bf16(m, rk, a->dres, (long)N * C);
-        dout = all_tokens(m, rk, a->dres, "attproj bwd", lg);
+        dout = all_tokens(m, rk, a->dres, true, "attproj bwd", lg);
         OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout, la.atty,
            p->attprojw + (long)l * C * Cl, BT, Cl, C, m->bf16);
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse
@@ -1147,7 +1179,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
             keep_bf16(m, rk, la.ln1, (long)N * C);
         }
-        float* ln1_all = all_tokens(m, rk, la.ln1, "ln1 bwd", lg);
+        float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl, m->bf16);
         float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", lg);
         OP(rk, matmul_backward, nullptr, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_all,
@@ -1162,7 +1194,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
     // (SP: all-gathered) and scatters it into the wte rows it owns; wpe gets the rows of this rank's
     // tokens (all of them without SP: the same sum on every rank).
     OP(rk, position_backward, g->wpe, a->dres, N, m->t0, T, C);
-    float* demb = all_tokens(m, rk, a->dres, "embedding bwd", -1);
+    float* demb = all_tokens(m, rk, a->dres, false, "embedding bwd", -1);
     OP(rk, encoder_backward, g->wte, demb, m->tokens, s->v0, Vl, BT, C);
     // (with SP the layernorms' and wpe's gradients are still partial sums over the ranks' tokens here:
     // gpt_update all-reduces them once per step, after every micro-step's backward has added its part)
@@ -1178,14 +1210,16 @@ static void gpt_backward(GPT* m, Rank* rk) {
 //       ring), plus 2L all-gathers of X that re-gather the layernorm outputs in the backward, plus, once
 //       per step, the all-reduce of the replicated parameters' gradients, T C + 4 L C + 2 C:
 //       reduce-scatter A (4L+2) X, all-gather A (6L+2) X, all-reduce A 3 B T + 1 + T C + 4 L C + 2 C.
-static void step_comm_floats(const GPTConfig* c, int B, int T, bool split, int A, double out[COMM_KINDS]) {
+//   SP in bf16 (bf16: --dtype bf16, and sp_wire_bf16): the all-gathers of bf16 values, all but the
+//       embedding's gradient, move as bf16, two to a 32-bit word: all-gather A ((6L+1) X / 2 + X) words.
+static void step_comm_floats(const GPTConfig* c, int B, int T, bool split, int A, bool bf16, double out[COMM_KINDS]) {
     double L = c->L, C = c->C, BT = (double)B * T, X = BT * C;
     for (int k = 0; k < COMM_KINDS; k++) out[k] = 0;
     if (!split) {
         out[KIND_ALLREDUCE] = A * ((4 * L + 2) * X + 3 * BT) + 1;
     } else {
         out[KIND_REDUCESCATTER] = A * (4 * L + 2) * X;
-        out[KIND_ALLGATHER] = A * (6 * L + 2) * X;
+        out[KIND_ALLGATHER] = sp_wire_bf16(c, bf16) ? A * ((6 * L + 1) * X / 2 + X) : A * (6 * L + 2) * X;
         out[KIND_ALLREDUCE] = A * 3 * BT + 1 + T * C + 4 * L * C + 2 * C;
     }
 }

@@ -1527,6 +1527,56 @@ static void round_bf16_cuda(CudaCtx* cx, float* x, long n) {
     CUDA_LAUNCH_CHECK(cx->rank, "round_bf16_kernel");
 }
 
+// out (n) = x (n) as bf16 storage, nearest even, as bf16_pack_cpu. A thread takes 8 elements: two 16-byte
+// loads and one 16-byte store where both are 16-byte aligned and n is a multiple of 8 (VEC 8), else one
+// element (VEC 1).
+template <int VEC>
+__global__ void bf16_pack_kernel(bf16* out, const float* x, long n) {
+    long j = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (j >= n) return;
+    if (VEC == 8) {
+        float4 a = *reinterpret_cast<const float4*>(x + j), b = *reinterpret_cast<const float4*>(x + j + 4);
+        uint4 w;  // little-endian: element 2i in the low half of word i
+        w.x = (uint32_t)bf16_round(a.x) | (uint32_t)bf16_round(a.y) << 16;
+        w.y = (uint32_t)bf16_round(a.z) | (uint32_t)bf16_round(a.w) << 16;
+        w.z = (uint32_t)bf16_round(b.x) | (uint32_t)bf16_round(b.y) << 16;
+        w.w = (uint32_t)bf16_round(b.z) | (uint32_t)bf16_round(b.w) << 16;
+        *reinterpret_cast<uint4*>(out + j) = w;
+    } else {
+        out[j] = bf16_round(x[j]);
+    }
+}
+
+static void bf16_pack_cuda(CudaCtx* cx, bf16* out, const float* x, long n) {
+    if (n <= 0) return;
+    if (aligned16(out) && aligned16(x) && n % 8 == 0) bf16_pack_kernel<8><<<ceil_div(n / 8, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, x, n);
+    else bf16_pack_kernel<1><<<ceil_div(n, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, x, n);
+    CUDA_LAUNCH_CHECK(cx->rank, "bf16_pack_kernel");
+}
+
+// out (n) = x (n) widened to fp32, as bf16_widen_cpu: 8 elements a thread (one 16-byte load, two 16-byte
+// stores) where aligned and n is a multiple of 8, else one
+template <int VEC>
+__global__ void bf16_widen_kernel(float* out, const bf16* x, long n) {
+    long j = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (j >= n) return;
+    if (VEC == 8) {
+        uint4 w = *reinterpret_cast<const uint4*>(x + j);
+        bf16 h[8] = {(bf16)(w.x & 0xffff), (bf16)(w.x >> 16), (bf16)(w.y & 0xffff), (bf16)(w.y >> 16),
+                     (bf16)(w.z & 0xffff), (bf16)(w.z >> 16), (bf16)(w.w & 0xffff), (bf16)(w.w >> 16)};
+        bf16_store8(out + j, h);
+    } else {
+        out[j] = bf16_to_float(x[j]);
+    }
+}
+
+static void bf16_widen_cuda(CudaCtx* cx, float* out, const bf16* x, long n) {
+    if (n <= 0) return;
+    if (aligned16(out) && aligned16(x) && n % 8 == 0) bf16_widen_kernel<8><<<ceil_div(n / 8, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, x, n);
+    else bf16_widen_kernel<1><<<ceil_div(n, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, x, n);
+    CUDA_LAUNCH_CHECK(cx->rank, "bf16_widen_kernel");
+}
+
 // Sum of squares in double, deterministically: pass 1 has a grid fixed by n alone (so the same on every
 // GPU); thread j of the grid adds elements j, j + stride, ... in order, the block adds its threads in a
 // fixed tree: partial (grid). Pass 2, one block, adds the partials in a fixed order and does

@@ -387,7 +387,7 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
                      res.values_per_step, expect);
         } else {
             double f[COMM_KINDS], worst = 0;
-            step_comm_floats(cfg, B, T, true, 1, f);
+            step_comm_floats(cfg, B, T, true, 1, false, f);
             for (int k = 0; k < COMM_KINDS; k++) worst = worse(worst, fabs(res.moved[k] - f[k]));
             check_le(worst, 0, "P=%d floats per step: reduce-scatter %.0f, all-gather %.0f, all-reduce %.0f vs (4L+2)BTC, (6L+2)BTC, "
                      "3BT + 1 + TC + 4LC + 2C: largest difference", P, res.moved[KIND_REDUCESCATTER], res.moved[KIND_ALLGATHER],
@@ -450,8 +450,8 @@ static void test_acts_table() {
                     long outside = N * C + BT * C + 2 * N + BT * (c.Vp / P) + 4 * BT + BT * C + (split ? BT * C : 0) + N * C +
                                    BT * C + HT + 3 * HT + 4 * HT + (r >= 1 ? 4 * HT : 0) + (r >= 2 ? 2 * N * C : 0) +
                                    (!fused && r >= 3 ? att : 0) + (fused ? rows : 0);
-                    long table = acts_floats(&c, &s, B, T, split, r, fused != 0);
-                    long table_layer = acts_floats_per_layer(&c, &s, B, T, split, r, fused != 0);
+                    long table = acts_floats(&c, &s, B, T, split, r, fused != 0, false);
+                    long table_layer = acts_floats_per_layer(&c, &s, B, T, split, r, fused != 0, false);
                     worst = std::max(worst, std::max(labs(table - (L * per_layer + outside)), labs(table_layer - per_layer)));
                     cases++;
                 }
@@ -478,7 +478,7 @@ static void test_acts_table() {
             gpt_forward(&m, &rk, tok.data(), tok.data() + 1, 2, 24, true);
             if (r == 0) {
                 for (int i = 0; i < NUM_ACTS; i++) got += m.layout.size[i] * act_copies(&m.layout, i, cfg.L);
-                want = acts_floats(&m.cfg, &m.plan, 2, 24, true, 2, fused);
+                want = acts_floats(&m.cfg, &m.plan, 2, 24, true, 2, fused, false);
             }
             gpt_free(&m, &rk);
         });
@@ -905,7 +905,7 @@ static void test_dp() {
         // the payload per step by kind against the formulas
         double dp_expect[COMM_KINDS], tp_expect[COMM_KINDS], off = 0, dp_total = 0, tp_total = 0;
         dp_step_floats(&cfg, g.P, g.D, g.zero, dp_expect);
-        step_comm_floats(&cfg, B, T, g.sp, g.accum, tp_expect);
+        step_comm_floats(&cfg, B, T, g.sp, g.accum, false, tp_expect);
         for (int k = 0; k < COMM_KINDS; k++) {
             off += fabs(res.dp_moved[k] - dp_expect[k]) + fabs(res.tp_moved[k] - tp_expect[k]);
             dp_total += res.dp_moved[k];

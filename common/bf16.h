@@ -127,6 +127,22 @@ static void round_bf16_cpu(float* x, long n) {
     });
 }
 
+// out (n) = x (n) as bf16 storage, each the nearest bf16 (ties to even): what a --dtype bf16 run's
+// sequence-parallel all-gathers send. Their x holds bf16 values already (keep_bf16), so this keeps the
+// high half of each word and is exact; the gathered values are widened back with bf16_widen_cpu.
+static void bf16_pack_cpu(bf16* out, const float* x, long n) {
+    cpu_for_range(n, [&](long lo, long hi) {
+        for (long j = lo; j < hi; j++) out[j] = bf16_round(x[j]);
+    });
+}
+
+// out (n) = x (n) widened to fp32 (exactly)
+static void bf16_widen_cpu(float* out, const bf16* x, long n) {
+    cpu_for_range(n, [&](long lo, long hi) {
+        for (long j = lo; j < hi; j++) out[j] = bf16_to_float(x[j]);
+    });
+}
+
 // ----------------------------------------------------------------------------
 // GEMM: C (M x N) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B through two strides each (as
 // gemm_cpu in kernels_cpu.h: a(m,k) = A[m*a_rs + k*a_cs], b(k,n) = B[k*b_rs + n*b_cs]), C and bias fp32.

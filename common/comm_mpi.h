@@ -258,7 +258,7 @@ static void comm_nccl_init_procs(CommGroup* g, const int* gpus) {
 
 // what a process says about its next collective on a group
 struct CommWire {
-    int32_t op, layer;
+    int32_t op, layer, bf16, pad;
     int64_t count, seq;
     char where[48];
 };
@@ -270,7 +270,7 @@ struct CommWire {
 static void comm_procs_agree(Comm* c, char* what, size_t n) {
     CommGroup* g = c->g;
     const CommCall* k = &g->call[c->local];
-    CommWire mine = {k->op, k->layer, k->count, k->seq, {0}};
+    CommWire mine = {k->op, k->layer, k->bf16, 0, k->count, k->seq, {0}};
     snprintf(mine.where, sizeof(mine.where), "%s", k->where);
     std::vector<CommWire> all(g->nproc);
     comm_describe(k, what, n);
@@ -281,8 +281,9 @@ static void comm_procs_agree(Comm* c, char* what, size_t n) {
     comm_mpi_wait(&req, g->timeout_s, what);
     for (int p = 0; p < g->nproc; p++) {
         const CommWire* o = &all[p];
-        if (o->op != mine.op || o->layer != mine.layer || o->count != mine.count || o->seq != mine.seq || strcmp(o->where, mine.where)) {
-            CommCall other = {o->op, (long)o->count, o->where, o->layer, (long)o->seq, nullptr};
+        if (o->op != mine.op || o->layer != mine.layer || o->bf16 != mine.bf16 || o->count != mine.count || o->seq != mine.seq ||
+            strcmp(o->where, mine.where)) {
+            CommCall other = {o->op, (long)o->count, o->bf16 != 0, o->where, o->layer, (long)o->seq, nullptr};
             char theirs[320];
             comm_describe(&other, theirs, sizeof(theirs));
             fatal("collective mismatch between processes: this process issued %s where process %d issued %s; every process "

@@ -552,6 +552,31 @@ static void test_bf16_train() {
         long mism_g, mism_p;
         replicated_mismatch(&cfg, g.P, res, &mism_g, &mism_p);
         check_le(mism_g + mism_p, 0, "%-18s replicated tensors differing in bits across ranks (%ld grads, %ld weights)", what, mism_g, mism_p);
+        if (!g.sp) continue;
+        // SP's all-gathers of bf16 values move as bf16 (gather_tokens): against the same run with them in
+        // fp32 words, every bit the same and the gathers' bytes (6L+1)/2 + 1 of (6L+2), to the word
+        TpResult wide;
+        g_sp_wire_fp32 = true;
+        run_tp(&cfg, init, g.P, steps_tp, data, B, T, 1e-3f, 1.0f, &wide, g.sp, g.recompute, true, true);
+        g_sp_wire_fp32 = false;
+        auto differ = [](const std::vector<float>& a, const std::vector<float>& b) {
+            long n = 0;
+            for (size_t i = 0; i < a.size() && i < b.size(); i++) n += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+            return n + (long)(a.size() != b.size());
+        };
+        long dl = differ(res.losses, wide.losses), dg = differ(res.grads_full, wide.grads_full), dw = differ(res.params_full, wide.params_full);
+        check(dl + dg + dw == 0, "%-18s the gathers in bf16 against fp32 words: %ld losses, %ld step-0 gradients, %ld weights after %d "
+              "steps differ in bits", what, dl, dg, dw, steps_tp);
+        double want[COMM_KINDS], want32[COMM_KINDS], off = 0;
+        step_comm_floats(&cfg, B, T, true, 1, true, want);
+        step_comm_floats(&cfg, B, T, true, 1, false, want32);
+        for (int k = 0; k < COMM_KINDS; k++) off += fabs(res.moved[k] - want[k]) + fabs(wide.moved[k] - want32[k]);
+        check_le(off, 0, "%-18s words of 4 bytes per step against the formulas: all-gather %.0f in bf16, %.0f in fp32 words "
+                 "(%.4f = ((6L+1)/2 + 1)/(6L+2)); reduce-scatter %.0f and all-reduce %.0f both: difference", what,
+                 res.moved[KIND_ALLGATHER], wide.moved[KIND_ALLGATHER], res.moved[KIND_ALLGATHER] / wide.moved[KIND_ALLGATHER],
+                 res.moved[KIND_REDUCESCATTER], res.moved[KIND_ALLREDUCE]);
+        check(res.moved[KIND_REDUCESCATTER] == wide.moved[KIND_REDUCESCATTER] && res.moved[KIND_ALLREDUCE] == wide.moved[KIND_ALLREDUCE],
+              "%-18s the partial sums' reduce-scatters and the all-reduces move fp32 in both", what);
     }
 
     // the matmuls of a bf16 run on the CPU's two paths (--bf16-gemm): vdpbf16ps and fp32 fmas, the same bits

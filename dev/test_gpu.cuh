@@ -550,6 +550,45 @@ static void test_round_bf16(CudaCtx* cx) {
     }
 }
 
+// bf16_pack and bf16_widen (SP's gathers of bf16 values): against the CPU's, bit for bit, on the vector
+// path (16-byte aligned, n a multiple of 8) and the scalar one (n not, or either side misaligned)
+static void test_bf16_wire(CudaCtx* cx) {
+    printf("bf16_pack, bf16_widen (SP's all-gathers of bf16 values)\n");
+    std::vector<float> x;
+    Rnd rd = {29};
+    for (int i = 0; i < 40000; i++) {
+        uint32_t u = (uint32_t)(rnd_uniform(&rd) * 4294967295.0);
+        if (i % 2) u &= 0xffff0000u;  // half of them bf16 values already, as the gathers' are
+        float f;
+        memcpy(&f, &u, 4);
+        x.push_back(f);
+    }
+    for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, 1.00390625f, 1.01171875f}) x.push_back(f);
+    for (long n : {(long)x.size(), (long)x.size() - 3}) {  // a multiple of 8, and not
+        for (int pad : {0, 1}) {                            // 16-byte aligned, and not (both sides)
+            const char* how = n % 8 == 0 && pad == 0 ? " (128-bit loads and stores)" : pad ? " (misaligned: one at a time)" : " (one at a time)";
+            std::vector<bf16> want(n), got(n);
+            bf16_pack_cpu(want.data(), x.data(), n);
+            DevBuf d = dev_up(cx, std::vector<float>(x.begin(), x.begin() + n), pad);
+            float* wire = cuda_alloc(cx, n / 2 + 2);
+            bf16* h = (bf16*)(void*)wire + pad;
+            bf16_pack_cuda(cx, h, d.p, n);
+            cuda_download(cx, got.data(), h, n * sizeof(bf16));
+            check_le(memcmp(got.data(), want.data(), n * sizeof(bf16)) != 0, 0, "%-22s %ld floats%s: differing from the CPU's (bits)",
+                     "bf16_pack", n, how);
+            // and back: the CPU's bf16 widened on the GPU, against the CPU's widening
+            std::vector<float> back(n), gback(n);
+            bf16_widen_cpu(back.data(), want.data(), n);
+            bf16_widen_cuda(cx, d.p, h, n);
+            cuda_download(cx, gback.data(), d.p, n * sizeof(float));
+            check_le(memcmp(gback.data(), back.data(), n * sizeof(float)) != 0, 0, "%-22s %ld bf16%s: differing from the CPU's (bits)",
+                     "bf16_widen", n, how);
+            cuda_free(cx, d.base);
+            cuda_free(cx, wire);
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // collectives on the GPU
 
@@ -1020,6 +1059,17 @@ static void gpu_training_tests(int ndev) {
         check_le(worst_loss(tp16, gpu16), 1e-3, "GPU bf16 TP=2 vs GPU bf16 TP=1: losses over %d steps, worst rel err", steps);
         check_le(rel_err(tp16.grads_full.data(), gpu16.grads_full.data(), (long)gpu16.grads_full.size()), 1e-2,
                  "GPU bf16 TP=2 vs GPU bf16 TP=1: step-0 gradients rel err");
+        // SP in bf16: its gathers move bf16 (bf16_pack, the bf16 all-gather, bf16_widen on the GPU), the same
+        // bits as in fp32 words
+        TpResult sp16, sp16_wide;
+        run_tp(&cfg, init, 2, steps, data, B, T, 1e-3f, 1.0f, &sp16, true, 0, true, true);
+        g_sp_wire_fp32 = true;
+        run_tp(&cfg, init, 2, steps, data, B, T, 1e-3f, 1.0f, &sp16_wide, true, 0, true, true);
+        g_sp_wire_fp32 = false;
+        check_le(worst_loss(sp16, gpu16), 1e-3, "GPU bf16 TP=2 SP vs GPU bf16 TP=1: losses over %d steps, worst rel err", steps);
+        bool same = sp16.losses == sp16_wide.losses && sp16.params_full == sp16_wide.params_full && sp16.grads_full == sp16_wide.grads_full;
+        check(same, "GPU bf16 TP=2 SP: the gathers in bf16 (%.0f words a step) and in fp32 words (%.0f): the same losses, step-0 "
+              "gradients and weights after %d steps", sp16.moved[KIND_ALLGATHER], sp16_wide.moved[KIND_ALLGATHER], steps);
         GridResult dp16;
         run_grid(&cfg, init, 1, 2, 1, 1, steps, data, B, T, &dp16, false, 0, 1, PP_1F1B, DTYPE_BF16);
         check_le(dp16.mismatches, 0, "GPU bf16 (P 1, D 2, -z 1): weight checksums differing from replica 0's (%ld compared)", dp16.compared);
@@ -1076,6 +1126,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     test_adamw_sumsq(&cx);
     test_bf16_from_master(&cx);
     test_round_bf16(&cx);
+    test_bf16_wire(&cx);
     test_gemm_bf16(&cx);
     cuda_ctx_free(&cx);
     for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);

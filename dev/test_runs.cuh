@@ -224,7 +224,7 @@ static void test_logs() {
         bool ok = rc == 0 && rows.size() == 8 && rows[0] == header;
         // the bytes a ring sends for the formula's floats, by kind
         double f[COMM_KINDS], e[COMM_KINDS], total = 0, worst = 0;
-        step_comm_floats(&cfg, B, T, k.sp, 1, f);
+        step_comm_floats(&cfg, B, T, k.sp, 1, false, f);
         for (int q = 0; q < COMM_KINDS; q++) total += e[q] = comm_ring_bytes(q, f[q], k.P);
         for (size_t i = 1; ok && i < rows.size(); i++) {
             ok = rows[i].size() == header.size() && atoi(rows[i][0].c_str()) == (int)i && atof(rows[i][6].c_str()) >= 0 &&
@@ -261,7 +261,7 @@ static void test_logs() {
         }
         got.push_back({P, D});
         double f[COMM_KINDS], sent[COMM_KINDS];
-        step_comm_floats(&cfg, B, T, false, 1, f);
+        step_comm_floats(&cfg, B, T, false, 1, false, f);
         bytes_off = worse(bytes_off, fabs(atof(rows[i][9].c_str()) - ring_bytes(f, P, sent) / 1e6));
         int kind_col[3][2] = {{12, KIND_ALLREDUCE}, {13, KIND_REDUCESCATTER}, {14, KIND_ALLGATHER}};  // the TP bytes by kind
         for (auto& kc : kind_col) bytes_off = worse(bytes_off, fabs(atof(rows[i][kc[0]].c_str()) - sent[kc[1]] / 1e6));

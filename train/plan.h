@@ -139,9 +139,9 @@ static PlanStep plan_step(const GPTConfig* c, const PlanShape* sh, int P, int D,
     r.compute_s = k->slow * (sh->A * (k->split_s + k->rest_s) + k->update_s);
     bool split = sp_splits(sh->sp, P, sh->B, sh->T);
     double m[COMM_KINDS], n[COMM_KINDS], per_step[COMM_KINDS];
-    step_comm_floats(c, sh->B, sh->T, split, sh->A, m);
+    step_comm_floats(c, sh->B, sh->T, split, sh->A, false, m);  // every payload in elements of e bytes
     step_comm_calls(c, split, sh->A, n);
-    step_comm_floats(c, sh->B, sh->T, split, 0, per_step);  // A = 0: the once-per-step part alone
+    step_comm_floats(c, sh->B, sh->T, split, 0, false, per_step);  // A = 0: the once-per-step part alone
     double bw_mb = 0;  // the bandwidth time of the micro-batches' collectives
     for (int kind = 0; kind < COMM_KINDS && P > 1; kind++) {
         double s = comm_ring_bytes(kind, m[kind], P) * sh->e / 4;

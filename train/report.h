@@ -84,16 +84,17 @@ static void print_memory(const Run* run) {
     bool split = sp_splits(a->sp, run->P, a->B, a->T);
     ShardPlan s;
     shard_plan_init(&s, c, run->P, 0);
-    double per_layer = 4.0 * acts_floats_per_layer(c, &s, a->B, a->T, split, r, fused);
-    double total = 4.0 * acts_floats(c, &s, a->B, a->T, split, r, fused);
+    bool bf16 = a->dtype == DTYPE_BF16;
+    double per_layer = 4.0 * acts_floats_per_layer(c, &s, a->B, a->T, split, r, fused, bf16);
+    double total = 4.0 * acts_floats(c, &s, a->B, a->T, split, r, fused, bf16);
     printf("  activations per layer (%s attention): N*(%dC + 4) + B*T*%dC/P%s floats, N = %s tokens per rank: %.2f MB x %d layers,\n"
            "  plus %.2f MB outside the layers\n", fused ? "fused" : "matmul", r >= 2 ? 2 : 4, r >= 1 ? 8 : 12,
            fused ? " + B*NH*T/P" : r >= 3 ? "" : " + B*NH*T*T/P", split ? "B*T/P" : "B*T", per_layer / 1e6, c->L,
            (total - c->L * per_layer) / 1e6);
     if (a->dtype == DTYPE_BF16)
         printf("  --dtype bf16: the parameters are the fp32 master weights and the layers' bf16 copy of them; the copy and\n"
-               "  the activations hold bf16 values in fp32 words for now, so bf16 computes bf16's numbers without saving memory;\n"
-               "  %s\n", run->device == DEV_CUDA ? "the GPU's matmuls multiply them exactly in TF32 or fp32, with fp32 sums"
+               "  the activations hold bf16 values in fp32 words for now, so bf16 computes bf16's numbers without saving memory%s;\n"
+               "  %s\n", split && sp_wire_bf16(c, true) ? " (SP's all-gathers move them as bf16, through a B*T*C bf16 buffer)" : "", run->device == DEV_CUDA ? "the GPU's matmuls multiply them exactly in TF32 or fp32, with fp32 sums"
                          : bf16_dp_used() ? "the CPU's matmuls multiply them on vdpbf16ps (AVX512-BF16; --bf16-gemm)"
                                           : "the CPU's matmuls multiply them with fp32 fmas (the bits of vdpbf16ps; --bf16-gemm)");
 }
@@ -123,8 +124,9 @@ static void print_communication(const Run* run) {
     bool split = sp_splits(a->sp, run->P, a->B, a->T);
     int A = run->accum;
     double f[COMM_KINDS], tp_only[COMM_KINDS], sent = 0, sent_tp = 0;
-    step_comm_floats(c, a->B, a->T, split, A, f);
-    step_comm_floats(c, a->B, a->T, false, A, tp_only);
+    bool bf16 = a->dtype == DTYPE_BF16, wire_bf16 = split && sp_wire_bf16(c, bf16);
+    step_comm_floats(c, a->B, a->T, split, A, bf16, f);
+    step_comm_floats(c, a->B, a->T, false, A, bf16, tp_only);
     for (int k = 0; k < COMM_KINDS; k++) {
         sent += comm_ring_bytes(k, f[k], run->P);
         sent_tp += comm_ring_bytes(k, tp_only[k], run->P);
@@ -141,6 +143,13 @@ static void print_communication(const Run* run) {
         printf("communication per step%s: all-reduce of %s%s(4L+2)*B*T*C + 3*B*T%s + 1 = %.0f floats;\n", micro, times, A > 1 ? "(" : "",
                A > 1 ? ")" : "", f[KIND_ALLREDUCE]);
         printf("  each rank sends %.2f MB, as a ring does (2(P-1)/P of an all-reduce's data)\n", sent / 1e6);
+    } else if (wire_bf16) {  // the gathers of bf16 values move as bf16 (gpt.cu's gather_tokens)
+        printf("communication per step%s: reduce-scatter %s(4L+2)*B*T*C = %.0f floats, all-gather %s((6L+1)*B*T*C bf16 +\n"
+               "  B*T*C floats) = %.0f words of 4 bytes and all-reduce %s3*B*T + 1 + T*C + 4*L*C + 2*C = %.0f floats; each rank\n"
+               "  sends %.2f MB, as a ring does ((P-1)/P of a reduce-scatter's or all-gather's data, 2(P-1)/P of an all-reduce's);\n"
+               "  TP alone sends %.2f MB; the partial sums and the embedding's gradient move in fp32, the layernorm outputs and\n"
+               "  the output gradients the gathers collect are bf16 values and move as bf16\n",
+               micro, times, f[KIND_REDUCESCATTER], times, f[KIND_ALLGATHER], times, f[KIND_ALLREDUCE], sent / 1e6, sent_tp / 1e6);
     } else {
         printf("communication per step%s: reduce-scatter %s(4L+2)*B*T*C = %.0f, all-gather %s(6L+2)*B*T*C = %.0f and\n"
                "  all-reduce %s3*B*T + 1 + T*C + 4*L*C + 2*C = %.0f floats; each rank sends %.2f MB, as a ring does\n"

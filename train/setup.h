@@ -53,7 +53,7 @@ static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B,
     mem.params = (bf16 ? 2 : 1) * 4.0 * npad;
     mem.grads = 4.0 * npad;
     mem.moments = 2 * 4.0 * (zero ? npad / D : n);
-    mem.acts = 4.0 * slots * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute, fused);
+    mem.acts = 4.0 * slots * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute, fused, bf16);
     return mem;
 }
 
