@@ -484,6 +484,11 @@ struct GPT {
     bool bf16;
     float* wbf_mem;       // (npad) the bf16 weights
     bool wbf_stale;       // params_mem changed since wbf_mem was rounded from it
+    // bf16 with ZeRO-1 over D > 1 replicas: each replica rounds its own slice of the masters and the replicas
+    // all-gather the bf16 copy, not the masters (gpt_update). wire_mem is that gather's bf16 buffer; the
+    // masters outside the replica's slice are then out of date (masters_partial) until gpt_gather_masters.
+    float* wire_mem;      // (npad / 2) npad bf16
+    bool masters_partial;
     uint32_t bf16_seed;   // the stochastic rounding's seed (the run's --seed)
     float* norm2;  // (2) squared gradient norm: [sharded tensors summed over ranks, replicated tensors]
     // activations, allocated for one (B, T)
@@ -610,29 +615,45 @@ static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full,
 static void gpt_set_dtype(GPT* m, Rank* rk, bool bf16, uint32_t seed) {
     m->bf16 = bf16;
     m->bf16_seed = seed;
+    if (m->masters_partial) fatal("rank %d: --dtype changed while the masters are partial (gpt_gather_masters first)", rk->rank);
     if (bf16 && !m->wbf_mem) m->wbf_mem = dev_alloc(rk, m->npad);
+    if (bf16 && m->zero && rk->dp.P > 1 && !m->wire_mem) m->wire_mem = dev_alloc(rk, m->npad / 2);
     if (!bf16 && m->wbf_mem) {
         dev_free(rk, m->wbf_mem);
         m->wbf_mem = nullptr;
+    }
+    if (!bf16 && m->wire_mem) {
+        dev_free(rk, m->wire_mem);
+        m->wire_mem = nullptr;
     }
     params_point(&m->params, bf16 ? m->wbf_mem : m->params_mem, &m->plan);
     m->wbf_stale = bf16;
 }
 
-// The bf16 copy of the whole shard from the masters at step m->t, tensor by tensor (each has its own map
-// to the full model). Every replica rounds its whole shard after ZeRO-1's all-gather of the masters: the
-// same bits on each, from the same masters.
-static void gpt_round_weights(GPT* m, Rank* rk) {
+// The bf16 copy of elements [lo, hi) of the shard from the masters at step m->t, tensor by tensor (each has
+// its own map to the full model). Each element's rounding depends on its value, its full index, the step
+// and the seed alone, so a replica that rounds its ZeRO-1 slice makes the bits every replica would.
+static void gpt_round_weights(GPT* m, Rank* rk, long lo, long hi) {
     long off = 0, loff = 0;  // the tensor's first element in the full model, in the shard
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         const TensorShard* t = &m->plan.t[i];
         long n = shard_local_size(t);
-        OP(rk, bf16_from_master, m->wbf_mem + loff, m->params_mem + loff, 0L, n, shard_full_index(t, rk->rank, off),
-           (uint32_t)m->t, m->bf16_seed);
+        long a = std::max(lo, loff), b = std::min(hi, loff + n);
+        if (b > a)
+            OP(rk, bf16_from_master, m->wbf_mem + a, m->params_mem + a, a - loff, b - a, shard_full_index(t, rk->rank, off),
+               (uint32_t)m->t, m->bf16_seed);
         off += shard_full_size(t);
         loff += n;
     }
-    m->wbf_stale = false;
+}
+
+// With ZeRO-1 in a bf16 run the step all-gathers the bf16 copy, and a replica's masters outside its slice
+// fall behind. A checkpoint (which saves the masters) and a sample from the gathered weights first call this:
+// every replica calls it, and the replicas all-gather their slices of the masters, in fp32.
+static void gpt_gather_masters(GPT* m, Rank* rk) {
+    if (!m->masters_partial) return;
+    comm_allgather(&rk->dp, m->params_mem, m->params_mem + m->slice0, m->nslice, "masters dp", -1);
+    m->masters_partial = false;
 }
 
 // A bf16 run keeps activation x (n) in bf16: an operand of a matmul, rounded to nearest where it is made,
@@ -726,6 +747,7 @@ static void gpt_free_slot_mem(GPT* m, Rank* rk) {
 static void gpt_free(GPT* m, Rank* rk) {
     dev_free(rk, m->params_mem);
     if (m->wbf_mem) dev_free(rk, m->wbf_mem);
+    if (m->wire_mem) dev_free(rk, m->wire_mem);
     dev_free(rk, m->grads_mem);
     dev_free(rk, m->m_mem);
     dev_free(rk, m->v_mem);
@@ -790,9 +812,10 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
 
 // Whether a --dtype bf16 run's SP all-gathers of bf16 values move as bf16: pairs of bf16 travel as 32-bit
 // words, so every rank's rows must be an even count, which an even C makes for any P (every GPT-2 size).
-// (test hook g_sp_wire_fp32: they move as fp32 words, as before bf16 on the wire; the same bits result)
-static bool g_sp_wire_fp32 = false;
-static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16 && c->C % 2 == 0 && !g_sp_wire_fp32; }
+// (test hook g_bf16_wire_fp32: what a bf16 run moves as bf16 moves as it did before, SP's gathers as fp32
+// words and ZeRO-1's all-gather as the fp32 masters; the tests show that the same bits result)
+static bool g_bf16_wire_fp32 = false;
+static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16 && c->C % 2 == 0 && !g_bf16_wire_fp32; }
 
 // out (B, T, C) <- every rank's rows x (N, C), rank 0's first: SP's all-gather (the f operator's forward,
 // the g operator's backward). out may be x's own place in out (x = out + t0*C).
@@ -971,7 +994,10 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode) {
     Comm* tp = &rk->tp;
     int B = m->B, T = m->T, L = s->L, C = m->cfg.C, Vl = s->Vl;
     int BT = B * T, N = m->ntok;
-    if (m->bf16 && m->wbf_stale) gpt_round_weights(m, rk);  // the first forward since the masters changed
+    if (m->bf16 && m->wbf_stale) {  // the first forward since the masters changed
+        gpt_round_weights(m, rk, 0, m->nparams);
+        m->wbf_stale = false;
+    }
     if (s->first) {
 
         // Vocab-parallel embedding: each rank holds wte rows [v0, v0+Vl) and looks up only the tokens it
@@ -1298,15 +1324,29 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
         if (b[i] > a[i])
             OP(rk, adamw, m->params_mem + a[i], m->grads_mem + a[i], m->m_mem + (a[i] - lo), m->v_mem + (a[i] - lo), b[i] - a[i],
                opt->lr, opt->beta1, opt->beta2, opt->eps, param_decays(i) ? opt->wd : 0.0f, m->t, m->norm2, opt->clip);
+    if (dp->P > 1 && m->zero && m->bf16 && !g_bf16_wire_fp32) {
+        // ZeRO-1 in bf16: the layers read the bf16 copy, so that is what the replicas exchange. This replica
+        // rounds its slice (the bits any replica would round, being keyed on the full index), and the
+        // all-gather moves the slices as bf16: half the bytes of gathering the fp32 masters. The masters
+        // stay split like m and v, until a checkpoint gathers them (gpt_gather_masters).
+        bf16* wire = (bf16*)(void*)m->wire_mem;
+        gpt_round_weights(m, rk, lo, hi);
+        OP(rk, bf16_pack, wire + lo, m->wbf_mem + lo, m->nslice);
+        comm_allgather_bf16(dp, wire, wire + lo, m->nslice, "params dp", -1);
+        OP(rk, bf16_widen, m->wbf_mem, wire, m->npad);
+        m->masters_partial = true;
+        return;
+    }
     if (dp->P > 1 && m->zero) comm_allgather(dp, m->params_mem, m->params_mem + m->slice0, m->nslice, "params dp", -1);
     m->wbf_stale = m->bf16;  // the next forward rounds the bf16 weights from the new masters
 }
 
 // A checksum of this rank's parameters (FNV-1a over their bits). Replicas must hold bit-identical weights,
-// so TP rank r's checksum is the same in every replica; tp.cu compares them.
+// so TP rank r's checksum is the same in every replica; tp.cu compares them. With the masters split over
+// the replicas (ZeRO-1 in bf16) the weights all of them hold are the bf16 copy.
 static uint64_t gpt_checksum(GPT* m, Rank* rk) {
     std::vector<uint32_t> w(m->nparams);
-    dev_download(rk, w.data(), m->params_mem, m->nparams * sizeof(float));
+    dev_download(rk, w.data(), m->masters_partial ? m->wbf_mem : m->params_mem, m->nparams * sizeof(float));
     uint64_t h = 1469598103934665603ull;
     for (uint32_t x : w) h = (h ^ x) * 1099511628211ull;
     return h;

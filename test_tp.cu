@@ -839,6 +839,7 @@ static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P
                 out->pp_sent = st.pp_sent;
             }
         }
+        gpt_gather_masters(&rr.m, &rr.rk);  // (ZeRO-1 in bf16: every replica takes part)
         if (d == 0) gpt_gather(&rr.m, &rr.rk, rr.m.params_mem, out->params_full.data());
         if (d == 0) gpt_gather(&rr.m, &rr.rk, rr.m.grads_mem, out->grads_full.data());
         if (perturb) {
@@ -904,7 +905,7 @@ static void test_dp() {
         check(res.distinct == steps, "%-34s the weights change at every step (%ld distinct checksums in %d steps)", name, res.distinct, steps);
         // the payload per step by kind against the formulas
         double dp_expect[COMM_KINDS], tp_expect[COMM_KINDS], off = 0, dp_total = 0, tp_total = 0;
-        dp_step_floats(&cfg, g.P, g.D, g.zero, dp_expect);
+        dp_step_floats(&cfg, g.P, g.D, g.zero, false, dp_expect);
         step_comm_floats(&cfg, B, T, g.sp, g.accum, false, tp_expect);
         for (int k = 0; k < COMM_KINDS; k++) {
             off += fabs(res.dp_moved[k] - dp_expect[k]) + fabs(res.tp_moved[k] - tp_expect[k]);

@@ -556,9 +556,9 @@ static void test_bf16_train() {
         // SP's all-gathers of bf16 values move as bf16 (gather_tokens): against the same run with them in
         // fp32 words, every bit the same and the gathers' bytes (6L+1)/2 + 1 of (6L+2), to the word
         TpResult wide;
-        g_sp_wire_fp32 = true;
+        g_bf16_wire_fp32 = true;
         run_tp(&cfg, init, g.P, steps_tp, data, B, T, 1e-3f, 1.0f, &wide, g.sp, g.recompute, true, true);
-        g_sp_wire_fp32 = false;
+        g_bf16_wire_fp32 = false;
         auto differ = [](const std::vector<float>& a, const std::vector<float>& b) {
             long n = 0;
             for (size_t i = 0; i < a.size() && i < b.size(); i++) n += memcmp(&a[i], &b[i], sizeof(float)) != 0;
@@ -610,14 +610,34 @@ static void test_bf16_train() {
     std::vector<int> sdata = random_tokens(10L * 8 * 2 * 16 + 1, small.V, 99);
     GridResult big;
     run_grid(&small, sinit, 1, 1, 0, 1, 10, sdata, 4, 16, &big, false, 0, 1, PP_1F1B, DTYPE_BF16);
+    GridResult z[2];
     for (int zero : {0, 1}) {
-        GridResult res;
+        GridResult& res = z[zero];
         run_grid(&small, sinit, 2, 2, zero, 1, 10, sdata, 2, 16, &res, false, 0, 1, PP_1F1B, DTYPE_BF16);
         check(res.mismatches == 0 && res.distinct == 10, "bf16 (P 2, D 2%s): %ld of %ld weight checksums differ from replica 0's, %ld distinct in 10 steps",
               zero ? ", -z 1" : "", res.mismatches, res.compared, res.distinct);
         check_le(loss_gap(res.losses, big.losses), 1e-3, "bf16 (P 2, D 2%s) against one rank with -b 4: per-step losses, largest difference",
                  zero ? ", -z 1" : "");
+        double want[COMM_KINDS], off = 0;
+        dp_step_floats(&small, 2, 2, zero, true, want);
+        for (int k = 0; k < COMM_KINDS; k++) off += fabs(res.dp_moved[k] - want[k]);
+        check_le(off, 0, "bf16 (P 2, D 2%s) DP words per step against the formula: reduce-scatter %.0f, all-gather %.0f (the bf16 weights), "
+                 "all-reduce %.0f: difference", zero ? ", -z 1" : "", res.dp_moved[KIND_REDUCESCATTER], res.dp_moved[KIND_ALLGATHER],
+                 res.dp_moved[KIND_ALLREDUCE]);
     }
+    // ZeRO-1 in bf16 gathers the bf16 copy each replica rounds of its slice, where -z 0 rounds all of it:
+    // the same bits where the masters are the same (the sums' order differs only in the gradient norm)
+    check(z[1].dp_moved[KIND_ALLGATHER] * 2 == z[1].dp_moved[KIND_REDUCESCATTER],
+          "bf16 (P 2, D 2, -z 1): the weights' all-gather moves half the gradient's reduce-scatter's bytes (%.0f and %.0f words)",
+          z[1].dp_moved[KIND_ALLGATHER], z[1].dp_moved[KIND_REDUCESCATTER]);
+    GridResult wide;  // -z 1 gathering the fp32 masters and rounding all of them, as before
+    g_bf16_wire_fp32 = true;
+    run_grid(&small, sinit, 2, 2, 1, 1, 10, sdata, 2, 16, &wide, false, 0, 1, PP_1F1B, DTYPE_BF16);
+    g_bf16_wire_fp32 = false;
+    bool same = wide.losses == z[1].losses && wide.norms == z[1].norms && memcmp(wide.params_full.data(), z[1].params_full.data(),
+                                                                                  wide.params_full.size() * sizeof(float)) == 0;
+    check(same, "bf16 (P 2, D 2, -z 1): gathering the bf16 copy (%.0f words a step) against gathering the fp32 masters (%.0f): the "
+          "same losses, norms and masters after 10 steps, to the bit", z[1].dp_moved[KIND_ALLGATHER], wide.dp_moved[KIND_ALLGATHER]);
 
     // the command line: saved with the run, a bit-exact resume, a resume that switches, a bad value
     std::string d = tmpdir();

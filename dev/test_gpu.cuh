@@ -1063,9 +1063,9 @@ static void gpu_training_tests(int ndev) {
         // bits as in fp32 words
         TpResult sp16, sp16_wide;
         run_tp(&cfg, init, 2, steps, data, B, T, 1e-3f, 1.0f, &sp16, true, 0, true, true);
-        g_sp_wire_fp32 = true;
+        g_bf16_wire_fp32 = true;
         run_tp(&cfg, init, 2, steps, data, B, T, 1e-3f, 1.0f, &sp16_wide, true, 0, true, true);
-        g_sp_wire_fp32 = false;
+        g_bf16_wire_fp32 = false;
         check_le(worst_loss(sp16, gpu16), 1e-3, "GPU bf16 TP=2 SP vs GPU bf16 TP=1: losses over %d steps, worst rel err", steps);
         bool same = sp16.losses == sp16_wide.losses && sp16.params_full == sp16_wide.params_full && sp16.grads_full == sp16_wide.grads_full;
         check(same, "GPU bf16 TP=2 SP: the gathers in bf16 (%.0f words a step) and in fp32 words (%.0f): the same losses, step-0 "

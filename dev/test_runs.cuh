@@ -265,7 +265,7 @@ static void test_logs() {
         bytes_off = worse(bytes_off, fabs(atof(rows[i][9].c_str()) - ring_bytes(f, P, sent) / 1e6));
         int kind_col[3][2] = {{12, KIND_ALLREDUCE}, {13, KIND_REDUCESCATTER}, {14, KIND_ALLGATHER}};  // the TP bytes by kind
         for (auto& kc : kind_col) bytes_off = worse(bytes_off, fabs(atof(rows[i][kc[0]].c_str()) - sent[kc[1]] / 1e6));
-        dp_step_floats(&cfg, P, D, 0, f);
+        dp_step_floats(&cfg, P, D, 0, false, f);
         bytes_off = worse(bytes_off, fabs(atof(rows[i][10].c_str()) - ring_bytes(f, D, sent) / 1e6));
     }
     check(rc == 0 && got == want && out.find("speedup") != std::string::npos,

@@ -463,6 +463,7 @@ struct Checkpoints {
 // everyone goes on.
 static void checkpoint_save(Checkpoints* ck, float* full_params, GPT* m, Rank* rk, Comm* world, const DataLoader* train, int step) {
     long n = gpt_num_params(&m->cfg);
+    gpt_gather_masters(m, rk);  // ZeRO-1 in bf16: the replicas' slices of the masters (every replica calls it)
     if (rk->dp.rank == 0) gpt_gather(m, rk, m->params_mem, full_params);
     gpt_gather_moments(m, rk, m->m_mem, ck->m.data());
     gpt_gather_moments(m, rk, m->v_mem, ck->v.data());

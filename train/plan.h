@@ -150,7 +150,7 @@ static PlanStep plan_step(const GPTConfig* c, const PlanShape* sh, int P, int D,
     }
     r.tp_bw_s = bw_mb;
     double dm[COMM_KINDS];
-    dp_step_floats(c, P, D, sh->zero, dm);
+    dp_step_floats(c, P, D, sh->zero, false, dm);  // every payload in elements of e bytes
     for (int kind = 0; kind < COMM_KINDS && D > 1; kind++)
         if (dm[kind] > 0) r.dp_s += k->dp_lat + comm_ring_bytes(kind, dm[kind], D) * sh->e / 4 / k->dp_busbw;
     r.total_s = r.compute_s + r.tp_s + r.dp_s;

@@ -104,11 +104,18 @@ static void print_dp_communication(const Run* run) {
     if (run->Dg == 1) return;
     const Args* a = &run->args;
     double f[COMM_KINDS], sent[COMM_KINDS];
-    dp_step_floats(&run->cfg, run->P, run->Dg, a->zero, f);
+    bool bf16 = a->dtype == DTYPE_BF16;
+    dp_step_floats(&run->cfg, run->P, run->Dg, a->zero, bf16, f);
     double mb = ring_bytes(f, run->Dg, sent) / 1e6;
     if (!a->zero)
         printf("communication over each DP group (%d replicas), once per step: all-reduce of the rank's shard of the gradient,\n"
                "  N = %.0f floats; each rank sends %.2f MB, as a ring does (2(D-1)/D of the data)\n", run->Dg, f[KIND_ALLREDUCE], mb);
+    else if (bf16)
+        printf("communication over each DP group (%d replicas), once per step (ZeRO-1): reduce-scatter of the rank's padded\n"
+               "  shard of the gradient, N' = %.0f floats, all-gather of its bf16 weights, N' bf16 (the replica rounds its\n"
+               "  slice of the fp32 masters), and all-reduce of 2 (the norm); each rank sends %.2f MB, as a ring does ((D-1)/D\n"
+               "  of each), 3/4 of the fp32 all-reduce's\n",
+               run->Dg, f[KIND_REDUCESCATTER], mb);
     else
         printf("communication over each DP group (%d replicas), once per step (ZeRO-1): reduce-scatter of the rank's padded\n"
                "  shard of the gradient and all-gather of its parameters, N' = %.0f floats each, and all-reduce of 2 (the\n"

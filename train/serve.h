@@ -480,6 +480,7 @@ static void print_sample(Run* run, RankRun* rr, int step) {
 // stages wait at a barrier; with the stages in several processes, process 0 collects theirs first. Every
 // rank of the run calls it.
 static void print_sample_gathered(Run* run, RankRun* rr, int step) {
+    gpt_gather_masters(&rr->m, &rr->rk);  // ZeRO-1 in bf16: the replicas' slices of the masters
     if (rr->rk.dp.rank == 0) gpt_gather(&rr->m, &rr->rk, rr->m.params_mem, run->init.data());
     comm_barrier(&rr->world, "sample gathered");
     if (run->Sp > 1 && rr->world.local == 0)  // the stages of other processes send process 0 their layers

@@ -41,7 +41,8 @@ struct RankMemory {
 
 // fused: --attention fused (else matmul). Pipeline parallelism: a rank of stage `stage` of S, keeping
 // `slots` micro-batches' activations (pp_slots). bf16: --dtype bf16, whose parameters are the fp32 masters
-// and the layers' bf16 copy of them (held in fp32, gpt_set_dtype).
+// and the layers' bf16 copy of them (held in fp32, gpt_set_dtype), and with ZeRO-1 the bf16 buffer the
+// replicas gather the copy through (2 bytes a parameter).
 static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused,
                               int S = 1, int stage = 0, int slots = 1, bool bf16 = false) {
     ShardPlan s;
@@ -50,7 +51,7 @@ static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B,
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += shard_local_size(&s.t[i]);
     long npad = shard_padded(n, zero, D);  // as gpt_build allocates it
     RankMemory mem;
-    mem.params = (bf16 ? 2 : 1) * 4.0 * npad;
+    mem.params = (bf16 ? 2 : 1) * 4.0 * npad + (bf16 && zero && D > 1 ? 2.0 * npad : 0);
     mem.grads = 4.0 * npad;
     mem.moments = 2 * 4.0 * (zero ? npad / D : n);
     mem.acts = 4.0 * slots * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute, fused, bf16);
@@ -59,17 +60,18 @@ static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B,
 
 static double memory_total(const RankMemory* m) { return m->params + m->grads + m->moments + m->acts; }
 
-// The payload of one step's DP collectives for one rank, by kind (as comm.cuh counts it): the all-reduce
-// of its shard of the gradient, N floats; with ZeRO-1 the reduce-scatter of the padded shard N' and the
-// all-gather of the updated parameters N', plus the all-reduce of the two squared norms. None with one
-// replica.
-static void dp_step_floats(const GPTConfig* c, int P, int D, int zero, double out[COMM_KINDS]) {
+// The payload of one step's DP collectives for one rank, by kind (as comm.cuh counts it, in 32-bit words):
+// the all-reduce of its shard of the gradient, N floats; with ZeRO-1 the reduce-scatter of the padded shard
+// N' and the all-gather of the updated parameters N', plus the all-reduce of the two squared norms; in bf16
+// (bf16: --dtype bf16) that all-gather moves the bf16 copy, N' bf16 in N'/2 words. None with one replica.
+static void dp_step_floats(const GPTConfig* c, int P, int D, int zero, bool bf16, double out[COMM_KINDS]) {
     for (int k = 0; k < COMM_KINDS; k++) out[k] = 0;
     if (D == 1) return;
     double shard = rank_memory(c, P, D, zero, 1, 1, false, 0, true).params / 4;
     if (!zero) out[KIND_ALLREDUCE] = shard;
     else {
-        out[KIND_REDUCESCATTER] = out[KIND_ALLGATHER] = shard;
+        out[KIND_REDUCESCATTER] = shard;
+        out[KIND_ALLGATHER] = bf16 ? shard / 2 : shard;
         out[KIND_ALLREDUCE] = 2;
     }
 }
