@@ -523,18 +523,26 @@ static void test_bf16_from_master(CudaCtx* cx) {
     }
 }
 
-// round_bf16: in place to the nearest bf16, the vector path (aligned, n a multiple of 4) and the scalar one
-static void test_round_bf16(CudaCtx* cx) {
-    printf("round_bf16 (activations kept in bf16)\n");
+// 40,000 floats of random bits (every other one cut to a bf16 value with bf16_half), then zeros,
+// infinities, a NaN, a denormal and two ties of bf16 rounding
+static std::vector<float> random_bit_floats(uint64_t seed, bool bf16_half) {
     std::vector<float> x;
-    Rnd rd = {23};
+    Rnd rd = {seed};
     for (int i = 0; i < 40000; i++) {
         uint32_t u = (uint32_t)(rnd_uniform(&rd) * 4294967295.0);
+        if (bf16_half && i % 2) u &= 0xffff0000u;
         float f;
         memcpy(&f, &u, 4);
         x.push_back(f);
     }
-    for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, 1.00390625f, 1.01171875f}) x.push_back(f);  // and two ties
+    for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, 1.00390625f, 1.01171875f}) x.push_back(f);
+    return x;
+}
+
+// round_bf16: in place to the nearest bf16, the vector path (aligned, n a multiple of 4) and the scalar one
+static void test_round_bf16(CudaCtx* cx) {
+    printf("round_bf16 (activations kept in bf16)\n");
+    std::vector<float> x = random_bit_floats(23, false);
     for (long n : {(long)x.size(), (long)x.size() - 3}) {  // a multiple of 4, and not
         for (int pad : {0, 1}) {                            // 16-byte aligned, and not
             std::vector<float> want(x.begin(), x.begin() + n), got(n);
@@ -554,16 +562,7 @@ static void test_round_bf16(CudaCtx* cx) {
 // path (16-byte aligned, n a multiple of 8) and the scalar one (n not, or either side misaligned)
 static void test_bf16_wire(CudaCtx* cx) {
     printf("bf16_pack, bf16_widen (SP's all-gathers of bf16 values)\n");
-    std::vector<float> x;
-    Rnd rd = {29};
-    for (int i = 0; i < 40000; i++) {
-        uint32_t u = (uint32_t)(rnd_uniform(&rd) * 4294967295.0);
-        if (i % 2) u &= 0xffff0000u;  // half of them bf16 values already, as the gathers' are
-        float f;
-        memcpy(&f, &u, 4);
-        x.push_back(f);
-    }
-    for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, 1.00390625f, 1.01171875f}) x.push_back(f);
+    std::vector<float> x = random_bit_floats(29, true);  // half of them bf16 values already, as the gathers' are
     for (long n : {(long)x.size(), (long)x.size() - 3}) {  // a multiple of 8, and not
         for (int pad : {0, 1}) {                            // 16-byte aligned, and not (both sides)
             const char* how = n % 8 == 0 && pad == 0 ? " (128-bit loads and stores)" : pad ? " (misaligned: one at a time)" : " (one at a time)";
@@ -1073,6 +1072,13 @@ static void gpu_training_tests(int ndev) {
         GridResult dp16;
         run_grid(&cfg, init, 1, 2, 1, 1, steps, data, B, T, &dp16, false, 0, 1, PP_1F1B, DTYPE_BF16);
         check_le(dp16.mismatches, 0, "GPU bf16 (P 1, D 2, -z 1): weight checksums differing from replica 0's (%ld compared)", dp16.compared);
+        GridResult dp16_wide;  // ZeRO-1 gathering the fp32 masters, as before the bf16 copy was gathered
+        g_bf16_wire_fp32 = true;
+        run_grid(&cfg, init, 1, 2, 1, 1, steps, data, B, T, &dp16_wide, false, 0, 1, PP_1F1B, DTYPE_BF16);
+        g_bf16_wire_fp32 = false;
+        check(dp16.losses == dp16_wide.losses && dp16.params_full == dp16_wide.params_full,
+              "GPU bf16 (P 1, D 2, -z 1): gathering the bf16 copy (%.0f words a step) and the fp32 masters (%.0f): the same losses "
+              "and masters after %d steps", dp16.dp_moved[KIND_ALLGATHER], dp16_wide.dp_moved[KIND_ALLGATHER], steps);
     }
     // data parallelism on the GPU: replicas through shared GPU memory (one GPU) or NCCL (one GPU per rank)
     for (int P : {1, 2}) {
