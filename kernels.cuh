@@ -49,6 +49,8 @@ struct CudaCtx {
     size_t attn_bytes;
     void* red;          // partial sums of the deterministic reductions
     size_t red_bytes;
+    void* packed;       // a bf16 run's matmul operands in bf16 (pack_operands_bf16)
+    size_t packed_bytes;
     void* retired[CUDA_RETIRED];  // scratch outgrown, freed by cuda_ctx_free (cuda_scratch says why)
     int nretired;
 };
@@ -111,6 +113,7 @@ static void cuda_ctx_free(CudaCtx* cx) {
     CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
     if (cx->attn) CUDA_CHECK(cx->rank, cudaFree(cx->attn));
     if (cx->red) CUDA_CHECK(cx->rank, cudaFree(cx->red));
+    if (cx->packed) CUDA_CHECK(cx->rank, cudaFree(cx->packed));
     for (int i = 0; i < cx->nretired; i++) CUDA_CHECK(cx->rank, cudaFree(cx->retired[i]));
     CUBLAS_CHECK(cx->rank, cublasLtDestroy(cx->cublaslt));
     CUBLAS_CHECK(cx->rank, cublasDestroy(cx->cublas));
@@ -409,13 +412,47 @@ static dim3 colsum_grid(CudaCtx* cx, int N, int n) {
 // ----------------------------------------------------------------------------
 // Linear layers
 
-// out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL. bf16 (inp and weight hold
-// bf16 values) changes nothing here: TF32 and fp32 both multiply bf16 values exactly (8 significant bits fit
-// in TF32's 11) and sum in fp32, as gemm_bf16_cuda's bf16 operands would; that GEMM waits for bf16 storage
+// A bf16 run's matmul operands hold bf16 values in fp32 words (keep_bf16, the weights' bf16 copy). On the
+// GPU they are packed into bf16 storage (bf16_pack_cuda, 16-byte loads and stores) and multiplied by cuBLAS
+// on bf16 tensor cores with fp32 accumulation (gemm_bf16_cuda): twice TF32's rate on sm_80 and sm_90, for a
+// pass over the operands that is memory-bound. Products of bf16 values are exact in fp32, so this computes
+// what TF32 or fp32 would on the same operands, up to the order of the fp32 sums. The packed operands live
+// in one scratch of the rank (cx->packed), each from a 16-byte boundary; it grows to the largest matmul's
+// operands (the LM head's backward: dlogits, wte and lnf, B*T*Vp/P + Vp*C/P + B*T*C bf16).
+static void bf16_pack_cuda(CudaCtx* cx, bf16* out, const float* x, long n);  // (with the bf16 ops below)
+
+// The operands x[0..n) (each holding bf16 values, sizes[i] of them) packed into consecutive 16-byte-aligned
+// parts of cx->packed, returned in out[i]
+static void pack_operands_bf16(CudaCtx* cx, int n, const float* const* x, const long* sizes, bf16** out) {
+    long total = 0;
+    for (int i = 0; i < n; i++) total += (sizes[i] + 7) / 8 * 8;
+    bf16* base = (bf16*)cuda_scratch(cx, &cx->packed, &cx->packed_bytes, (size_t)total * sizeof(bf16));
+    for (int i = 0; i < n; i++) {
+        out[i] = base;
+        bf16_pack_cuda(cx, base, x[i], sizes[i]);
+        base += (sizes[i] + 7) / 8 * 8;
+    }
+}
+
+// out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL. bf16: inp and weight hold
+// bf16 values, multiplied as bf16 (above).
 static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const float* weight, const float* bias,
                                 int N, int IC, int OC, bool bf16 = false) {
-    (void)bf16;
     if (N <= 0 || OC <= 0) return;
+    if (bf16) {
+        const float* x[2] = {inp, weight};
+        long sizes[2] = {(long)N * IC, (long)OC * IC};
+        ::bf16* h[2];  // (:: because the flag bf16 hides the type)
+        pack_operands_bf16(cx, 2, x, sizes, h);
+        float beta = 0.0f;
+        if (bias) {  // out = bias, then out = inp . W^T + 1 * out: the CPU op's (acc + bias)
+            bias_broadcast_kernel<<<ceil_div((long)N * OC, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, bias, N, OC);
+            CUDA_LAUNCH_CHECK(cx->rank, "bias_broadcast_kernel");
+            beta = 1.0f;
+        }
+        gemm_bf16_cuda(cx, false, true, N, OC, IC, 1.0f, h[0], IC, h[1], IC, beta, out, OC);
+        return;
+    }
     // cuBLASLt's bias epilogue wants a 16-byte aligned bias; every GPT-2 shape gives one
     if (bias && aligned16(bias) && matmul_forward_lt(cx, out, inp, weight, bias, N, IC, OC)) return;
     float beta = 0.0f;
@@ -434,11 +471,19 @@ static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const
 // bf16: as in matmul_forward_cuda
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, int N, int IC, int OC, bool bf16 = false) {
-    (void)bf16;
     if (N <= 0) return;
-    if (dinp) gemm_cuda(cx, false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
-    // op(A) = dout^T (OC x N): dout stored (N x OC), transposed
-    if (dweight) gemm_cuda(cx, true, false, OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dweight, IC, 0, 1);
+    if (bf16 && (dinp || dweight)) {  // dout holds bf16 values too (keep_bf16 of the output gradient)
+        const float* x[3] = {dout, dinp ? weight : nullptr, dweight ? inp : nullptr};
+        long sizes[3] = {(long)N * OC, dinp ? (long)OC * IC : 0, dweight ? (long)N * IC : 0};
+        ::bf16* h[3];
+        pack_operands_bf16(cx, 3, x, sizes, h);
+        if (dinp) gemm_bf16_cuda(cx, false, false, N, IC, OC, 1.0f, h[0], OC, h[1], IC, 0.0f, dinp, IC);
+        if (dweight) gemm_bf16_cuda(cx, true, false, OC, IC, N, 1.0f, h[0], OC, h[2], IC, 1.0f, dweight, IC);
+    } else {
+        if (dinp) gemm_cuda(cx, false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
+        // op(A) = dout^T (OC x N): dout stored (N x OC), transposed
+        if (dweight) gemm_cuda(cx, true, false, OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dweight, IC, 0, 1);
+    }
     if (dbias) {
         dim3 grid = colsum_grid(cx, N, OC);
         float* partial = (float*)cuda_scratch(cx, &cx->red, &cx->red_bytes, (size_t)grid.x * OC * sizeof(float));

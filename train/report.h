@@ -94,7 +94,7 @@ static void print_memory(const Run* run) {
     if (a->dtype == DTYPE_BF16)
         printf("  --dtype bf16: the parameters are the fp32 master weights and the layers' bf16 copy of them; the copy and\n"
                "  the activations hold bf16 values in fp32 words for now, so bf16 computes bf16's numbers without saving memory%s;\n"
-               "  %s\n", split && sp_wire_bf16(c, true) ? " (SP's all-gathers move them as bf16, through a B*T*C bf16 buffer)" : "", run->device == DEV_CUDA ? "the GPU's matmuls multiply them exactly in TF32 or fp32, with fp32 sums"
+               "  %s\n", split && sp_wire_bf16(c, true) ? " (SP's all-gathers move them as bf16, through a B*T*C bf16 buffer)" : "", run->device == DEV_CUDA ? "the GPU's matmuls pack them to bf16 and multiply them on bf16 tensor cores, with fp32 sums"
                          : bf16_dp_used() ? "the CPU's matmuls multiply them on vdpbf16ps (AVX512-BF16; --bf16-gemm)"
                                           : "the CPU's matmuls multiply them with fp32 fmas (the bits of vdpbf16ps; --bf16-gemm)");
 }

@@ -123,6 +123,15 @@ static double host_free_bytes() {
 // Not measured here (no GPU yet): a round allowance.
 #define CUDA_CONTEXT_BYTES 1e9
 
+// A bf16 run on a GPU packs each matmul's operands into a scratch of the rank (kernels.cuh,
+// pack_operands_bf16): the largest backward's dout, weight and input, 2 bytes each (and 8 of padding each)
+static double gpu_bf16_pack_bytes(const GPTConfig* c, int P, int B, int T) {
+    double BT = (double)B * T, C = c->C;
+    double ic[5] = {C, C / P, C, 4 * C / P, C}, oc[5] = {3 * C / P, C, 4 * C / P, C, (double)c->Vp / P}, most = 0;
+    for (int i = 0; i < 5; i++) most = std::max(most, BT * oc[i] + oc[i] * ic[i] + BT * ic[i]);
+    return 2.0 * (most + 24);
+}
+
 // The estimate of a run at P ranks x D local replicas, in bytes.
 struct MemoryEstimate {
     double rank;     // what one rank holds: the memory table's total
@@ -166,6 +175,7 @@ static bool memory_fits(const Run* run, int P, int D, std::string* why) {
     const Args* a = &run->args;
     int B = run->sample_only ? 1 : a->B;
     MemoryEstimate e = memory_estimate(run, P, D);
+    double packed = a->dtype == DTYPE_BF16 ? gpu_bf16_pack_bytes(&run->cfg, P, B, a->T) : 0;  // (on a GPU)
     P *= D * run->Sl;  // the ranks of this process
     double rank = e.rank, ma = e.acts, host = e.host;
     const char* lower = "lower -b or -t (the activations grow with B x T)";
@@ -183,6 +193,7 @@ static bool memory_fits(const Run* run, int P, int D, std::string* why) {
     }
     // on CUDA, rank r runs on GPU r % ngpu: GPU 0 holds the most ranks
     int per_gpu = (P + run->ngpu - 1) / run->ngpu;
+    rank += packed;
     double need = CUDA_CONTEXT_BYTES + ESTIMATE_MARGIN * per_gpu * rank;
     size_t free_b = 0, total_b = 0;
     if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && need > (double)free_b) {
