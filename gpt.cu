@@ -366,6 +366,10 @@ struct Acts {
     // backward scratch
     float *dres, *dln, *datty, *dqkv, *dfch;  // (N,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
     float* attd;                       // (B, NHl, T) fused attention's D = rowsum(datty * atty)
+    // --dtype bf16: what a layer keeps of ln1, ln2, atty and fch_gelu for its backward, which are bf16 values,
+    // in bf16 storage (bf16_pack; each layer's part from a 16-byte boundary). Those four are then buffers every
+    // layer reuses, widened back from here in the backward (bf16_widen) where -r would recompute them.
+    float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // per layer: (N, C), (N, C), (B, T, Cl), (B, T, 4 Cl) bf16
 };
 #define NUM_ACTS ((int)(sizeof(Acts) / sizeof(float*)))
 
@@ -383,6 +387,11 @@ static long act_copies(const ActsLayout* lay, int i, int L) {
     return lay->kind[i] == ACT_PER_LAYER ? L : lay->kind[i] == ACT_UNUSED ? 0 : 1;
 }
 
+// Test hook: what a bf16 run keeps or moves as bf16 (the layers' kept activations, SP's gathers, ZeRO-1's
+// weights) is kept and moved in fp32 words instead, as it was before bf16 storage; the tests show that the
+// same bits result.
+static bool g_bf16_in_fp32 = false;
+
 // split: sequence parallelism on (N = B*T/P tokens per rank); recompute: -r 0..3 (0..2 with fused);
 // fused: --attention fused (else matmul); bf16: --dtype bf16 (the SP gathers' bf16 buffer, in floats: two
 // bf16 a float)
@@ -390,14 +399,18 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
                         bool bf16, ActsLayout* lay) {
     long C = c->C, BT = (long)B * T, N = split ? BT / s->P : BT;
     const int LAYER = ACT_PER_LAYER, ONCE = ACT_ONCE;
-    int ln = recompute >= 2 ? ACT_REUSED : LAYER, gelu = recompute >= 1 ? ACT_REUSED : LAYER;
+    // bf16 keeps ln1, ln2, atty and fch_gelu in bf16 (the *_kept buffers), unless -r recomputes them
+    bf16 = bf16 && !g_bf16_in_fp32;
+    bool ln_kept = bf16 && recompute < 2, gelu_kept = bf16 && recompute < 1;
+    int ln = recompute >= 2 || ln_kept ? ACT_REUSED : LAYER, gelu = recompute >= 1 || gelu_kept ? ACT_REUSED : LAYER;
     int att = fused ? ACT_UNUSED : recompute >= 3 ? ACT_REUSED : LAYER;
     long rows = B * s->NHl * (long)T;  // one float per (b, local head, t): the log-sum-exp, and D
+    auto half = [](long n) { return (n + 7) / 8 * 4; };  // the floats n bf16 take, in whole 16-byte units
     struct { long size; int kind; } t[] = {
         {N * C, ONCE},                                                          // encoded
         {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln1, ln1_mean, ln1_rstd
         {BT * 3 * s->Cl, LAYER},                                                // qkv
-        {BT * s->Cl, LAYER},                                                    // atty
+        {BT * s->Cl, bf16 ? ACT_REUSED : LAYER},                                // atty
         {B * s->NHl * (long)T * T, att},                                        // att
         {rows, fused ? LAYER : ACT_UNUSED},                                     // lse
         {N * C, LAYER},                                                         // residual2
@@ -412,6 +425,9 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {(BT * C + 1) / 2, split && bf16 ? ONCE : ACT_UNUSED},                  // wire
         {N * C, ONCE}, {BT * C, ONCE}, {BT * s->Cl, ONCE}, {BT * 3 * s->Cl, ONCE}, {BT * s->C4l, ONCE},  // dres, dln, datty, dqkv, dfch
         {rows, fused ? ONCE : ACT_UNUSED},                                      // attd
+        {half(N * C), ln_kept ? LAYER : ACT_UNUSED}, {half(N * C), ln_kept ? LAYER : ACT_UNUSED},  // ln1_kept, ln2_kept
+        {half(BT * s->Cl), bf16 ? LAYER : ACT_UNUSED},                          // atty_kept
+        {half(BT * s->C4l), gelu_kept ? LAYER : ACT_UNUSED},                    // gelu_kept
     };
     static_assert(sizeof(t) / sizeof(t[0]) == NUM_ACTS, "Acts and acts_layout disagree");
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -450,6 +466,7 @@ struct LayerActs {
     float* residual;  // (N, C) the layer's input: encoded for layer 0, else the previous layer's residual3
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *lse, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
+    float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // (bf16 storage; see Acts)
 };
 
 // one micro-batch's activations, kept from its forward to its backward (pipeline parallelism: gpt_select_slot)
@@ -531,6 +548,10 @@ static LayerActs layer_acts(const GPT* m, int l) {
     la.fch = LAYER_BUF(m, fch, l);
     la.fch_gelu = LAYER_BUF(m, fch_gelu, l);
     la.residual3 = LAYER_BUF(m, residual3, l);
+    la.ln1_kept = LAYER_BUF(m, ln1_kept, l);
+    la.ln2_kept = LAYER_BUF(m, ln2_kept, l);
+    la.atty_kept = LAYER_BUF(m, atty_kept, l);
+    la.gelu_kept = LAYER_BUF(m, gelu_kept, l);
     return la;
 }
 
@@ -662,6 +683,13 @@ static void gpt_gather_masters(GPT* m, Rank* rk) {
 static void keep_bf16(GPT* m, Rank* rk, float* x, long n) {
     if (m->bf16) OP(rk, round_bf16, x, n);
 }
+
+// Whether this configuration allocates Acts buffer `name` (acts_layout). A bf16 run keeps ln1, ln2, atty and
+// fch_gelu for the backward in bf16 storage (the *_kept buffers, where -r does not recompute them): the
+// forward packs each after keep_bf16 (bf16_pack, exact: the values are bf16) and the backward widens it back
+// (bf16_widen) where -r would recompute it, so it reads the very values the forward used, from half the memory.
+#define ACT_USED(m, name) ((m)->layout.kind[offsetof(Acts, name) / sizeof(float*)] != ACT_UNUSED)
+static bf16* as_bf16(float* p) { return (bf16*)(void*)p; }
 
 // Writes this rank's shard of a per-rank tensor set (params, grads, or m and v without ZeRO) into the
 // full tensors in host memory. Ranks share the process, so gathering is each rank filling its own
@@ -812,10 +840,7 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
 
 // Whether a --dtype bf16 run's SP all-gathers of bf16 values move as bf16: pairs of bf16 travel as 32-bit
 // words, so every rank's rows must be an even count, which an even C makes for any P (every GPT-2 size).
-// (test hook g_bf16_wire_fp32: what a bf16 run moves as bf16 moves as it did before, SP's gathers as fp32
-// words and ZeRO-1's all-gather as the fp32 masters; the tests show that the same bits result)
-static bool g_bf16_wire_fp32 = false;
-static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16 && c->C % 2 == 0 && !g_bf16_wire_fp32; }
+static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16 && c->C % 2 == 0 && !g_bf16_in_fp32; }
 
 // out (B, T, C) <- every rank's rows x (N, C), rank 0's first: SP's all-gather (the f operator's forward,
 // the g operator's backward). out may be x's own place in out (x = out + t0*C).
@@ -828,7 +853,7 @@ static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16 && c->C % 
 static void gather_tokens(GPT* m, Rank* rk, float* out, const float* x, bool kept, const char* where, int l) {
     long n = (long)m->ntok * m->cfg.C;
     if (kept && sp_wire_bf16(&m->cfg, m->bf16)) {
-        bf16* wire = (bf16*)(void*)m->acts.wire;
+        bf16* wire = as_bf16(m->acts.wire);
         OP(rk, bf16_pack, wire + (long)rk->rank * n, x, n);
         comm_allgather_bf16(&rk->tp, wire, wire + (long)rk->rank * n, n, where, l);
         OP(rk, bf16_widen, out, wire, (long)rk->P * n);
@@ -951,6 +976,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // its own tokens of it).
     OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
     keep_bf16(m, rk, la.ln1, (long)N * C);
+    if (ACT_USED(m, ln1_kept)) OP(rk, bf16_pack, as_bf16(la.ln1_kept), la.ln1, (long)N * C);
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
     float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 fwd", lg);
@@ -962,6 +988,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     else if (m->fused) OP(rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);  // keeps out and lse
     else OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);  // keeps the (T, T) probabilities
     keep_bf16(m, rk, la.atty, (long)BT * Cl);
+    if (ACT_USED(m, atty_kept)) OP(rk, bf16_pack, as_bf16(la.atty_kept), la.atty, (long)BT * Cl);
     // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
     // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
     // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
@@ -973,10 +1000,12 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // fcproj is row-parallel over the same units: again a partial sum, again g.
     OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
     keep_bf16(m, rk, la.ln2, (long)N * C);
+    if (ACT_USED(m, ln2_kept)) OP(rk, bf16_pack, as_bf16(la.ln2_kept), la.ln2, (long)N * C);
     float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 fwd", lg);
     OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l, m->bf16);
     OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
     keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
+    if (ACT_USED(m, gelu_kept)) OP(rk, bf16_pack, as_bf16(la.gelu_kept), la.fch_gelu, (long)BT * C4l);
     OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C, m->bf16);
     float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", lg);
     OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
@@ -1166,6 +1195,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 1) {  // -r 1: not kept
             OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
             keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
+        } else if (ACT_USED(m, gelu_kept)) {  // bf16: kept in bf16
+            OP(rk, bf16_widen, la.fch_gelu, as_bf16(la.gelu_kept), (long)BT * C4l);
         }
         OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, la.fch_gelu,
            p->fcprojw + (long)l * C * C4l, BT, C4l, C, m->bf16);
@@ -1178,6 +1209,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 2) {  // -r 2: not kept
             OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
             keep_bf16(m, rk, la.ln2, (long)N * C);
+        } else if (ACT_USED(m, ln2_kept)) {
+            OP(rk, bf16_widen, la.ln2, as_bf16(la.ln2_kept), (long)N * C);
         }
         float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, p->fcw + (long)l * C4l * C, BT, C, C4l, m->bf16);
@@ -1192,6 +1225,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // attention on local heads, qkv column-parallel with the f all-reduce of dln1 (SP: reduce-scatter).
         keep_bf16(m, rk, a->dres, (long)N * C);
         dout = all_tokens(m, rk, a->dres, true, "attproj bwd", lg);
+        if (ACT_USED(m, atty_kept)) OP(rk, bf16_widen, la.atty, as_bf16(la.atty_kept), (long)BT * Cl);
         OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout, la.atty,
            p->attprojw + (long)l * C * Cl, BT, Cl, C, m->bf16);
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse
@@ -1204,6 +1238,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 2) {
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
             keep_bf16(m, rk, la.ln1, (long)N * C);
+        } else if (ACT_USED(m, ln1_kept)) {
+            OP(rk, bf16_widen, la.ln1, as_bf16(la.ln1_kept), (long)N * C);
         }
         float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl, m->bf16);
@@ -1324,12 +1360,12 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
         if (b[i] > a[i])
             OP(rk, adamw, m->params_mem + a[i], m->grads_mem + a[i], m->m_mem + (a[i] - lo), m->v_mem + (a[i] - lo), b[i] - a[i],
                opt->lr, opt->beta1, opt->beta2, opt->eps, param_decays(i) ? opt->wd : 0.0f, m->t, m->norm2, opt->clip);
-    if (dp->P > 1 && m->zero && m->bf16 && !g_bf16_wire_fp32) {
+    if (dp->P > 1 && m->zero && m->bf16 && !g_bf16_in_fp32) {
         // ZeRO-1 in bf16: the layers read the bf16 copy, so that is what the replicas exchange. This replica
         // rounds its slice (the bits any replica would round, being keyed on the full index), and the
         // all-gather moves the slices as bf16: half the bytes of gathering the fp32 masters. The masters
         // stay split like m and v, until a checkpoint gathers them (gpt_gather_masters).
-        bf16* wire = (bf16*)(void*)m->wire_mem;
+        bf16* wire = as_bf16(m->wire_mem);
         gpt_round_weights(m, rk, lo, hi);
         OP(rk, bf16_pack, wire + lo, m->wbf_mem + lo, m->nslice);
         comm_allgather_bf16(dp, wire, wire + lo, m->nslice, "params dp", -1);

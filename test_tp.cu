@@ -434,7 +434,8 @@ static void test_acts_table() {
         for (int P : {1, 2, 4, 6})
             for (int sp = 0; sp < 2; sp++)
                 for (int r = 0; r <= 3; r++)
-                  for (int fused = 0; fused < 2; fused++) {
+                  for (int fused = 0; fused < 2; fused++)
+                  for (int bf16 = 0; bf16 < 2; bf16++) {
                     if (!tp_valid(&c, P) || (fused && r >= 3)) continue;
                     ShardPlan s;
                     shard_plan_init(&s, &c, P, 0);
@@ -444,14 +445,25 @@ static void test_acts_table() {
                     // per layer: token-wise N*(aC + 4), head-wise B*T*bC/P, attention B*NH*T*T/P with matmul or
                     // the log-sum-exps B*NH*T/P with fused (as printed)
                     long per_layer = N * ((r >= 2 ? 2 : 4) * C + 4) + (r >= 1 ? 8 : 12) * HT + (fused ? rows : r >= 3 ? 0 : att);
+                    // bf16: ln1, ln2 (unless -r 2), atty and fch_gelu (unless -r 1) kept in bf16, each layer's in
+                    // whole 16-byte units, and one fp32 copy of each that the layers share; SP's bf16 gather buffer
+                    auto half = [](long n) { return (n + 7) / 8 * 4; };
+                    long shared = 0;
+                    if (bf16) {
+                        long HTl = BT * (C / P);
+                        if (r < 2) per_layer += 2 * (half(N * C) - N * C), shared += 2 * N * C;
+                        per_layer += half(HTl) - HTl, shared += HTl;
+                        if (r < 1) per_layer += half(4 * HTl) - 4 * HTl, shared += 4 * HTl;
+                        if (split) shared += (BT * C + 1) / 2;
+                    }
                     // outside the layers: encoded, lnf (every token) and its statistics, logits, the loss's
                     // 4 floats per token, partial, gathered (SP), dres, dln, datty, dqkv, dfch, and one copy
                     // of what -r recomputes; fused attention's D (B*NH*T/P)
                     long outside = N * C + BT * C + 2 * N + BT * (c.Vp / P) + 4 * BT + BT * C + (split ? BT * C : 0) + N * C +
                                    BT * C + HT + 3 * HT + 4 * HT + (r >= 1 ? 4 * HT : 0) + (r >= 2 ? 2 * N * C : 0) +
-                                   (!fused && r >= 3 ? att : 0) + (fused ? rows : 0);
-                    long table = acts_floats(&c, &s, B, T, split, r, fused != 0, false);
-                    long table_layer = acts_floats_per_layer(&c, &s, B, T, split, r, fused != 0, false);
+                                   (!fused && r >= 3 ? att : 0) + (fused ? rows : 0) + shared;
+                    long table = acts_floats(&c, &s, B, T, split, r, fused != 0, bf16 != 0);
+                    long table_layer = acts_floats_per_layer(&c, &s, B, T, split, r, fused != 0, bf16 != 0);
                     worst = std::max(worst, std::max(labs(table - (L * per_layer + outside)), labs(table_layer - per_layer)));
                     cases++;
                 }

@@ -1062,9 +1062,9 @@ static void gpu_training_tests(int ndev) {
         // bits as in fp32 words
         TpResult sp16, sp16_wide;
         run_tp(&cfg, init, 2, steps, data, B, T, 1e-3f, 1.0f, &sp16, true, 0, true, true);
-        g_bf16_wire_fp32 = true;
+        g_bf16_in_fp32 = true;
         run_tp(&cfg, init, 2, steps, data, B, T, 1e-3f, 1.0f, &sp16_wide, true, 0, true, true);
-        g_bf16_wire_fp32 = false;
+        g_bf16_in_fp32 = false;
         check_le(worst_loss(sp16, gpu16), 1e-3, "GPU bf16 TP=2 SP vs GPU bf16 TP=1: losses over %d steps, worst rel err", steps);
         bool same = sp16.losses == sp16_wide.losses && sp16.params_full == sp16_wide.params_full && sp16.grads_full == sp16_wide.grads_full;
         check(same, "GPU bf16 TP=2 SP: the gathers in bf16 (%.0f words a step) and in fp32 words (%.0f): the same losses, step-0 "
@@ -1073,9 +1073,9 @@ static void gpu_training_tests(int ndev) {
         run_grid(&cfg, init, 1, 2, 1, 1, steps, data, B, T, &dp16, false, 0, 1, PP_1F1B, DTYPE_BF16);
         check_le(dp16.mismatches, 0, "GPU bf16 (P 1, D 2, -z 1): weight checksums differing from replica 0's (%ld compared)", dp16.compared);
         GridResult dp16_wide;  // ZeRO-1 gathering the fp32 masters, as before the bf16 copy was gathered
-        g_bf16_wire_fp32 = true;
+        g_bf16_in_fp32 = true;
         run_grid(&cfg, init, 1, 2, 1, 1, steps, data, B, T, &dp16_wide, false, 0, 1, PP_1F1B, DTYPE_BF16);
-        g_bf16_wire_fp32 = false;
+        g_bf16_in_fp32 = false;
         check(dp16.losses == dp16_wide.losses && dp16.params_full == dp16_wide.params_full,
               "GPU bf16 (P 1, D 2, -z 1): gathering the bf16 copy (%.0f words a step) and the fp32 masters (%.0f): the same losses "
               "and masters after %d steps", dp16.dp_moved[KIND_ALLGATHER], dp16_wide.dp_moved[KIND_ALLGATHER], steps);
