@@ -14,11 +14,14 @@
 //                   each started before its matmul's weight gradient and waited for after it, so that on
 //                   a GPU the sum runs beside that GEMM (my_tokens_summed_start)
 //   gpt_update:     over the DP group, the all-reduce of the gradient (or with ZeRO-1 its reduce-scatter,
-//                   the all-reduce of the slices' norms and the all-gather of the updated parameters);
+//                   the all-reduce of the slices' norms and the all-gather of the updated parameters: with
+//                   --dtype bf16 of their bf16 copy, as bf16);
 //                   over the TP group, the all-reduce of the sharded tensors' squared gradient norm, and
 //                   with SP the all-reduce of the layernorm and wpe gradients
 //                   with pipeline stages (--pp), over the two end stages the all-reduce of the tied
 //                   wte's gradient, and over the stages the all-reduce of the squared gradient norm
+//   gpt_gather_moments, gpt_gather_masters: with ZeRO-1, the all-gathers over the DP group of AdamW's m and v
+//                   and (bf16) of the fp32 masters' slices, for a checkpoint only
 //   gpt_logits_row: an all-gather of one position's logits (sampling only, never in training)
 //   gpt_prefill:    the forward's embedding, attproj and fcproj collectives (g), no loss
 //   gpt_decode:     the same for one position of each of B rows, B*C floats each: the embedding all-reduce
@@ -29,7 +32,8 @@
 // and 1 for the gradient norm; over the DP group, the rank's shard of the gradient once per step. With
 // sequence parallelism (--sp 1) each all-reduce around a layer becomes a reduce-scatter or an all-gather
 // (all_tokens and my_tokens_summed below), the backward all-gathers the layernorm outputs again, and
-// gpt_update all-reduces the layernorm and wpe gradients (step_comm_floats counts it all).
+// gpt_update all-reduces the layernorm and wpe gradients (step_comm_floats counts it all). With --dtype
+// bf16 the all-gathers of bf16 values move as bf16 (gather_tokens).
 // Pipeline parallelism cuts the layers into stages (ShardPlan's l0 and L): a stage runs the layers it holds,
 // and what crosses between two stages is not a collective but a point-to-point message of the residual
 // stream (gpt_stage_input, gpt_stage_output, gpt_stage_grad), which train/pipeline.h sends and receives
