@@ -397,8 +397,8 @@ static long act_copies(const ActsLayout* lay, int i, int L) {
 static bool g_bf16_in_fp32 = false;
 
 // split: sequence parallelism on (N = B*T/P tokens per rank); recompute: -r 0..3 (0..2 with fused);
-// fused: --attention fused (else matmul); bf16: --dtype bf16 (the SP gathers' bf16 buffer, in floats: two
-// bf16 a float)
+// fused: --attention fused (else matmul); bf16: --dtype bf16 (the kept activations in bf16 and SP's bf16
+// gather buffer, sized in floats: two bf16 a float)
 static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bool split, int recompute, bool fused,
                         bool bf16, ActsLayout* lay) {
     long C = c->C, BT = (long)B * T, N = split ? BT / s->P : BT;
@@ -426,7 +426,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {BT, ONCE}, {2 * BT, ONCE}, {BT, ONCE},                                 // ce_max, ce_sums, losses
         {BT * C, ONCE},                                                         // partial
         {BT * C, split ? ONCE : ACT_UNUSED},                                    // gathered
-        {(BT * C + 1) / 2, split && bf16 ? ONCE : ACT_UNUSED},                  // wire
+        {(BT * C + 1) / 2, split && bf16 && C % 2 == 0 ? ONCE : ACT_UNUSED},    // wire (sp_wire_bf16)
         {N * C, ONCE}, {BT * C, ONCE}, {BT * s->Cl, ONCE}, {BT * 3 * s->Cl, ONCE}, {BT * s->C4l, ONCE},  // dres, dln, datty, dqkv, dfch
         {rows, fused ? ONCE : ACT_UNUSED},                                      // attd
         {half(N * C), ln_kept ? LAYER : ACT_UNUSED}, {half(N * C), ln_kept ? LAYER : ACT_UNUSED},  // ln1_kept, ln2_kept
@@ -515,7 +515,7 @@ struct GPT {
     // activations, allocated for one (B, T)
     int B, T;
     bool split;     // this allocation splits the tokens (sp_splits)
-    bool acts_bf16; // this allocation is a --dtype bf16 run's (the SP gathers' wire buffer)
+    bool acts_bf16; // this allocation is a --dtype bf16 run's (its kept activations, SP's wire buffer)
     int ntok, t0;   // the tokens of the token-wise regions on this rank: N and the first one
     float* acts_mem;
     Acts acts;

@@ -454,7 +454,7 @@ static void test_acts_table() {
                         if (r < 2) per_layer += 2 * (half(N * C) - N * C), shared += 2 * N * C;
                         per_layer += half(HTl) - HTl, shared += HTl;
                         if (r < 1) per_layer += half(4 * HTl) - 4 * HTl, shared += 4 * HTl;
-                        if (split) shared += (BT * C + 1) / 2;
+                        if (split && C % 2 == 0) shared += (BT * C + 1) / 2;
                     }
                     // outside the layers: encoded, lnf (every token) and its statistics, logits, the loss's
                     // 4 floats per token, partial, gathered (SP), dres, dln, datty, dqkv, dfch, and one copy
