@@ -370,10 +370,12 @@ struct Acts {
     // backward scratch
     float *dres, *dln, *datty, *dqkv, *dfch;  // (N,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
     float* attd;                       // (B, NHl, T) fused attention's D = rowsum(datty * atty)
-    // --dtype bf16: what a layer keeps of ln1, ln2, atty and fch_gelu for its backward, which are bf16 values,
-    // in bf16 storage (bf16_pack; each layer's part from a 16-byte boundary). Those four are then buffers every
-    // layer reuses, widened back from here in the backward (bf16_widen) where -r would recompute them.
+    // --dtype bf16: what a layer keeps of ln1, ln2, atty, fch and fch_gelu for its backward, which are bf16
+    // values (keep_bf16 rounds each where it is made), in bf16 storage (bf16_pack; each layer's part from a
+    // 16-byte boundary). Those five are then buffers every layer reuses, widened back from here in the
+    // backward (bf16_widen) where -r would recompute them.
     float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // per layer: (N, C), (N, C), (B, T, Cl), (B, T, 4 Cl) bf16
+    float* fch_kept;                                     // per layer: (B, T, 4 Cl) bf16
 };
 #define NUM_ACTS ((int)(sizeof(Acts) / sizeof(float*)))
 
@@ -403,7 +405,8 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
                         bool bf16, ActsLayout* lay) {
     long C = c->C, BT = (long)B * T, N = split ? BT / s->P : BT;
     const int LAYER = ACT_PER_LAYER, ONCE = ACT_ONCE;
-    // bf16 keeps ln1, ln2, atty and fch_gelu in bf16 (the *_kept buffers), unless -r recomputes them
+    // bf16 keeps ln1, ln2 and fch_gelu in bf16 (the *_kept buffers) unless -r recomputes them, and atty and
+    // fch always
     bf16 = bf16 && !g_bf16_in_fp32;
     bool ln_kept = bf16 && recompute < 2, gelu_kept = bf16 && recompute < 1;
     int ln = recompute >= 2 || ln_kept ? ACT_REUSED : LAYER, gelu = recompute >= 1 || gelu_kept ? ACT_REUSED : LAYER;
@@ -419,7 +422,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {rows, fused ? LAYER : ACT_UNUSED},                                     // lse
         {N * C, LAYER},                                                         // residual2
         {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln2, ln2_mean, ln2_rstd
-        {BT * s->C4l, LAYER}, {BT * s->C4l, gelu},                              // fch, fch_gelu
+        {BT * s->C4l, bf16 ? ACT_REUSED : LAYER}, {BT * s->C4l, gelu},          // fch, fch_gelu
         {N * C, LAYER},                                                         // residual3
         {BT * C, ONCE}, {N, ONCE}, {N, ONCE},                                   // lnf, lnf_mean, lnf_rstd
         {BT * s->Vl, ONCE},                                                     // logits
@@ -432,6 +435,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {half(N * C), ln_kept ? LAYER : ACT_UNUSED}, {half(N * C), ln_kept ? LAYER : ACT_UNUSED},  // ln1_kept, ln2_kept
         {half(BT * s->Cl), bf16 ? LAYER : ACT_UNUSED},                          // atty_kept
         {half(BT * s->C4l), gelu_kept ? LAYER : ACT_UNUSED},                    // gelu_kept
+        {half(BT * s->C4l), bf16 ? LAYER : ACT_UNUSED},                         // fch_kept
     };
     static_assert(sizeof(t) / sizeof(t[0]) == NUM_ACTS, "Acts and acts_layout disagree");
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -470,7 +474,7 @@ struct LayerActs {
     float* residual;  // (N, C) the layer's input: encoded for layer 0, else the previous layer's residual3
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *lse, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
-    float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // (bf16 storage; see Acts)
+    float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept, *fch_kept;  // (bf16 storage; see Acts)
 };
 
 // one micro-batch's activations, kept from its forward to its backward (pipeline parallelism: gpt_select_slot)
@@ -556,6 +560,7 @@ static LayerActs layer_acts(const GPT* m, int l) {
     la.ln2_kept = LAYER_BUF(m, ln2_kept, l);
     la.atty_kept = LAYER_BUF(m, atty_kept, l);
     la.gelu_kept = LAYER_BUF(m, gelu_kept, l);
+    la.fch_kept = LAYER_BUF(m, fch_kept, l);
     return la;
 }
 
@@ -688,8 +693,8 @@ static void keep_bf16(GPT* m, Rank* rk, float* x, long n) {
     if (m->bf16) OP(rk, round_bf16, x, n);
 }
 
-// Whether this configuration allocates Acts buffer `name` (acts_layout). A bf16 run keeps ln1, ln2, atty and
-// fch_gelu for the backward in bf16 storage (the *_kept buffers, where -r does not recompute them): the
+// Whether this configuration allocates Acts buffer `name` (acts_layout). A bf16 run keeps ln1, atty, ln2, fch
+// and fch_gelu for the backward in bf16 storage (the *_kept buffers, where -r does not recompute them): the
 // forward packs each after keep_bf16 (bf16_pack, exact: the values are bf16) and the backward widens it back
 // (bf16_widen) where -r would recompute it, so it reads the very values the forward used, from half the memory.
 #define ACT_USED(m, name) ((m)->layout.kind[offsetof(Acts, name) / sizeof(float*)] != ACT_UNUSED)
@@ -1007,6 +1012,8 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     if (ACT_USED(m, ln2_kept)) OP(rk, bf16_pack, as_bf16(la.ln2_kept), la.ln2, (long)N * C);
     float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 fwd", lg);
     OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l, m->bf16);
+    keep_bf16(m, rk, la.fch, (long)BT * C4l);  // the pre-activation in bf16, as the GELU's input and as kept
+    if (ACT_USED(m, fch_kept)) OP(rk, bf16_pack, as_bf16(la.fch_kept), la.fch, (long)BT * C4l);
     OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
     keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
     if (ACT_USED(m, gelu_kept)) OP(rk, bf16_pack, as_bf16(la.gelu_kept), la.fch_gelu, (long)BT * C4l);
@@ -1196,6 +1203,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // the column sum of every token's dres, comes out the same on every rank.
         keep_bf16(m, rk, a->dres, (long)N * C);  // bf16: the output gradients of the matmuls too
         float* dout = all_tokens(m, rk, a->dres, true, "fcproj bwd", lg);
+        if (ACT_USED(m, fch_kept)) OP(rk, bf16_widen, la.fch, as_bf16(la.fch_kept), (long)BT * C4l);
         if (m->recompute >= 1) {  // -r 1: not kept
             OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
             keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);

@@ -53,6 +53,8 @@ struct Run {
     int threads;                  // OpenMP threads per rank (CPU)
     int ngpu;                     // CUDA devices visible to this process
     double peak_flops;            // dense TF32 peak of one GPU, for MFU (0: unknown)
+    bool gpu_bf16;                // the GPU has bf16 tensor cores (sm_80 and newer)
+    bool dtype_default;           // --dtype was decided by the hardware (dtype_setup), not given or read
     CommGroup* tp_groups;         // (D Sl) the tensor-parallel group of local stage s of local replica d, [d Sl + s]: its P ranks
     CommGroup* dp_groups;         // (Sl P) the data-parallel group of TP rank r of local stage s, [s P + r]: that rank of
                                   // every replica, in every process (null with one replica)
@@ -195,9 +197,10 @@ static bool setup_model_shape(Run* run) {
             int version = 3;
             model_read(model, c, nullptr, &version);
             // llm.c's GPU trainer saves bf16: the run takes the file's precision unless --dtype says otherwise
+            // (so an llm.c parity command line, with its version 3 file, computes llm.c's fp32 numbers)
             Args* args = &run->args;
-            bool given = args->given[flag_find("--dtype") - g_flags];
-            if (version == 5 && !given) args->dtype = DTYPE_BF16;
+            bool given = args->dtype != DTYPE_AUTO;
+            if (!given) args->dtype = version == 5 ? DTYPE_BF16 : DTYPE_FP32;
             if (version == 5)
                 printf("tp: %s holds bf16 weights (llm.c version 5): widened exactly into fp32 master weights; %s\n", model,
                        args->dtype == DTYPE_BF16 ? (given ? "--dtype bf16" : "computing in bf16 as the file is (--dtype fp32 for fp32)")
@@ -240,6 +243,7 @@ static void setup_ranks(Run* run) {
     const Args* a = &run->args;
     const GPTConfig* c = &run->cfg;
     int ngpu = device_setup(run);
+    dtype_setup(run);
     pp_setup(run);
     int units = std::max(1, (run->device == DEV_CUDA ? ngpu : cpu_cores()) / g_procs.node_n);
     run->P = a->tp;

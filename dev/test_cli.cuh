@@ -23,10 +23,15 @@ static bool skip_under_tsan(const char* group) {
     return true;
 }
 
-// runs `launcher tp args` (launcher: empty, or e.g. "mpirun -np 2"), returns its exit status
+// runs `launcher tp args` (launcher: empty, or e.g. "mpirun -np 2"), returns its exit status. The groups
+// that run ./tp check fp32's numbers (TP=P against TP=1 at fp32's bounds, llm.c's, the README's), so a
+// command that does not choose --dtype, and is not a resume (-y 1: the run's saved --dtype), gets --dtype
+// fp32 first; the bf16 groups, and the test of --dtype's default itself, say what they want.
 static int run_in(const std::string& launcher, const std::string& args, std::string* out, std::string* err) {
     std::string d = tmpdir();
-    std::string cmd = launcher + (launcher.empty() ? "" : " ") + tp_bin() + " " + args + " >" + d + "/out.txt 2>" + d + "/err.txt </dev/null";
+    bool pin = args.find("--dtype") == std::string::npos && args.find("-y 1") == std::string::npos;
+    std::string cmd = launcher + (launcher.empty() ? "" : " ") + tp_bin() + (pin ? " --dtype fp32 " : " ") + args + " >" + d +
+                      "/out.txt 2>" + d + "/err.txt </dev/null";
     int rc = system(cmd.c_str());
     auto slurp = [](const std::string& p) {
         std::string s;

@@ -53,8 +53,8 @@ static void print_version() {
     printf(", host compiler %s\n", __VERSION__);
 }
 
-// --dtype
-enum { DTYPE_FP32 = 0, DTYPE_BF16 = 1 };
+// --dtype (auto: as the -e file is, else bf16 where the hardware has bf16 arithmetic; tp.cu's dtype_setup)
+enum { DTYPE_FP32 = 0, DTYPE_BF16 = 1, DTYPE_AUTO = 2 };
 // --corpus: how the embedded corpus is tokenised (data/grammar.h): its grammar's words, or bytes
 enum { CORPUS_WORDS = 0, CORPUS_BYTES = 1 };
 // --bf16-gemm: the CPU path of a bf16 run's matmuls, as common/bf16.h's Bf16Path (the same bits on each)
@@ -100,7 +100,7 @@ struct Args {
     int recompute;       // -r: what the backward recomputes (0..3; 3 with --attention matmul only)
     int attention;       // --attention: 1 fused (FlashAttention-2, the default), 0 matmul (the (T, T) probabilities kept)
     int corpus;          // --corpus: CORPUS_WORDS (the default) or CORPUS_BYTES, the embedded corpus's tokens
-    int dtype;           // --dtype: DTYPE_FP32 (the default) or DTYPE_BF16 (the default for an llm.c bf16 file, -e)
+    int dtype;           // --dtype: DTYPE_FP32, DTYPE_BF16, or DTYPE_AUTO (the default) until dtype_setup decides
     int bf16_gemm;       // --bf16-gemm: BF16_GEMM_AUTO (the default), BF16_GEMM_DP (vdpbf16ps) or BF16_GEMM_FMA
     int sweep;           // --sweep: time every valid (P, D) instead of training
     int sweep_steps;
@@ -168,8 +168,9 @@ static void usage(FILE* out) {
         "  --attention A  fused: FlashAttention-2 tiles, no (T, T) matrix kept, one log-sum-exp per row;\n"
         "              matmul: the probabilities materialised per layer (the readable version)  (default fused)\n"
         "  --dtype D   bf16: the layers compute from a bf16 copy of the fp32 master weights (stochastic\n"
-        "              rounding), matmul operands in bf16, fp32 sums, AdamW on fp32 masters; fp32: all fp32\n"
-        "              (default fp32; bf16 for an llm.c bf16 model file given to -e)\n"
+        "              rounding), matmul operands in bf16, fp32 sums, AdamW on fp32 masters; fp32: all fp32;\n"
+        "              auto: an llm.c model file's own (-e), else bf16 on a CPU with AVX512-BF16 or a GPU\n"
+        "              of sm_80 and newer, fp32 elsewhere                               (default auto)\n"
         "  --bf16-gemm G  the CPU's bf16 matmuls: vdpbf16ps (AVX512-BF16), fma (fp32 fmas) or auto (the\n"
         "              faster here, measured at start); the same bits on each            (default auto)\n"
         "  --sweep 1   time every valid P, and every (P, D) with P x D up to the cores or GPUs, and print a\n"
@@ -372,7 +373,8 @@ static void flag_set(Args* a, const FlagSpec* f, const char* v) {
     case FLAG_DTYPE:
         if (!strcmp(v, "fp32")) *(int*)field = DTYPE_FP32;
         else if (!strcmp(v, "bf16")) *(int*)field = DTYPE_BF16;
-        else bad_flag("flag %s takes bf16 or fp32, not '%s'", f->name, v);
+        else if (!strcmp(v, "auto")) *(int*)field = DTYPE_AUTO;
+        else bad_flag("flag %s takes bf16, fp32 or auto, not '%s'", f->name, v);
         break;
     case FLAG_CORPUS:
         if (!strcmp(v, "words")) *(int*)field = CORPUS_WORDS;
@@ -408,7 +410,7 @@ static std::string flag_text(const Args* a, const FlagSpec* f, bool exact) {
     case FLAG_DOUBLE: snprintf(buf, sizeof(buf), exact ? "%.17g" : "%g", *(const double*)field); break;
     case FLAG_DEVICE: return *(const int*)field == DEV_CPU ? "cpu" : *(const int*)field == DEV_CUDA ? "cuda" : "auto";
     case FLAG_ATTENTION: return *(const int*)field ? "fused" : "matmul";
-    case FLAG_DTYPE: return *(const int*)field == DTYPE_BF16 ? "bf16" : "fp32";
+    case FLAG_DTYPE: return *(const int*)field == DTYPE_BF16 ? "bf16" : *(const int*)field == DTYPE_AUTO ? "auto" : "fp32";
     case FLAG_CORPUS: return *(const int*)field == CORPUS_BYTES ? "bytes" : "words";
     case FLAG_BF16GEMM: return *(const int*)field == BF16_GEMM_DP ? "vdpbf16ps" : *(const int*)field == BF16_GEMM_FMA ? "fma" : "auto";
     }
@@ -479,7 +481,7 @@ static void parse_args(int argc, char** argv, Args* a) {
     a->B = 8; a->T = 128; a->lr = 6e-3f; a->warmup = 100; a->final_frac = 0.0f; a->wd = 0.0f;
     a->max_steps = 1000; a->val_every = 250; a->val_batches = 50; a->sample_every = 0; a->gen_tokens = 256;
     a->beta1 = 0.9f; a->beta2 = 0.95f; a->clip = 1.0f; a->shuffle = 1; a->maxT = 1024; a->seed = 1337;
-    a->device = -1; a->timeout = 600; a->dp = 1; a->pp = 1;
+    a->device = -1; a->timeout = 600; a->dp = 1; a->pp = 1; a->dtype = DTYPE_AUTO;
     a->temperature = 0.8f; a->topk = 0; a->sample_seed = 42; a->keep = 3; a->sweep_steps = 8; a->kv = 1; a->attention = 1;
     for (int i = 1; i < argc; i++) {
         std::string name = argv[i];

@@ -87,15 +87,15 @@ static void print_memory(const Run* run) {
     bool bf16 = a->dtype == DTYPE_BF16;
     double per_layer = 4.0 * acts_floats_per_layer(c, &s, a->B, a->T, split, r, fused, bf16);
     double total = 4.0 * acts_floats(c, &s, a->B, a->T, split, r, fused, bf16);
-    // bf16 keeps ln1, ln2 (unless -r 2), atty and fch_gelu (unless -r 1) in bf16: half a float each
-    double token = r >= 2 ? 2 : bf16 ? 3 : 4, head = 7 + (bf16 ? 0.5 : 1) + (r >= 1 ? 0 : bf16 ? 2 : 4);
+    // bf16 keeps ln1, ln2 (unless -r 2), atty, fch and fch_gelu (unless -r 1) in bf16: half a float each
+    double token = r >= 2 ? 2 : bf16 ? 3 : 4, head = 3 + (bf16 ? 0.5 : 1) * (5 + (r >= 1 ? 0 : 4));
     printf("  activations per layer (%s attention): N*(%gC + 4) + B*T*%gC/P%s floats, N = %s tokens per rank: %.2f MB x %d layers,\n"
            "  plus %.2f MB outside the layers\n", fused ? "fused" : "matmul", token, head,
            fused ? " + B*NH*T/P" : r >= 3 ? "" : " + B*NH*T*T/P", split ? "B*T/P" : "B*T", per_layer / 1e6, c->L,
            (total - c->L * per_layer) / 1e6);
     if (a->dtype == DTYPE_BF16)
         printf("  --dtype bf16: the parameters are the fp32 master weights and the layers' bf16 copy of them, held in fp32 words;\n"
-               "  each layer keeps its bf16 activations (ln1, ln2, atty, fch_gelu) as bf16, the others (residuals, qkv, fch) in fp32%s;\n"
+               "  each layer keeps its bf16 activations (ln1, atty, ln2, fch, fch_gelu) as bf16, the residuals and q, k, v in fp32%s;\n"
                "  %s\n", split && sp_wire_bf16(c, true) ? " (SP's all-gathers move them as bf16, through a B*T*C bf16 buffer)" : "", run->device == DEV_CUDA ? "the GPU's matmuls pack them to bf16 and multiply them on bf16 tensor cores, with fp32 sums"
                          : bf16_dp_used() ? "the CPU's matmuls multiply them on vdpbf16ps (AVX512-BF16; --bf16-gemm)"
                                           : "the CPU's matmuls multiply them with fp32 fmas (the bits of vdpbf16ps; --bf16-gemm)");
@@ -317,6 +317,12 @@ static void print_setup(const Run* run) {
         printf("tp: 1 rank on the CPU with %d thread%s; %s\n", run->threads, run->threads > 1 ? "s" : "", batch);
     else
         printf("tp: %d ranks on the CPU, %d thread%s each; %s\n", run->P, run->threads, run->threads > 1 ? "s" : "", batch);
+    bool bf16 = a->dtype == DTYPE_BF16;
+    const char* hw = run->device == DEV_CUDA ? (bf16 ? "this GPU has bf16 tensor cores" : "this GPU is older than sm_80")
+                                             : (bf16 ? "this CPU has AVX512-BF16" : "this CPU has no AVX512-BF16");
+    if (run->dtype_default)
+        printf("tp: --dtype %s, the default here (%s; --dtype %s for %s)\n", bf16 ? "bf16" : "fp32", hw, bf16 ? "fp32" : "bf16",
+               bf16 ? "fp32 throughout" : "bf16");
     if (run->sample_only) {
         if (a->chat) printf("tp: no training (--chat 1): answers of up to %d tokens\n", a->gen_tokens);
         else if (a->max_steps == 0 || !run->resuming) printf("tp: no training (-x 0): a sample of %d tokens\n", a->gen_tokens);

@@ -541,12 +541,27 @@ static int device_setup(Run* run) {
     if (run->device == DEV_CUDA) {
         cudaDeviceProp prop;
         if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+            run->gpu_bf16 = prop.major >= 8;
             // dense TF32 tensor-core peaks (the fp32 training here runs its matmuls in TF32)
             if (strstr(prop.name, "H100") || strstr(prop.name, "H200") || strstr(prop.name, "H800")) run->peak_flops = 494.7e12;
             else if (strstr(prop.name, "A100") || strstr(prop.name, "A800")) run->peak_flops = 156e12;
         }
     }
     return ngpu;
+}
+
+// --dtype auto (the default), where no llm.c model file (-e) decided it: bf16 where the hardware has bf16
+// arithmetic, a GPU of sm_80 and newer or a CPU with AVX512-BF16, fp32 elsewhere. (The bits of a bf16 run do
+// not depend on it: a CPU without AVX512-BF16 computes the same ones with fp32 fmas, only slower; README, bf16.)
+// A run resumed from a state file that saved no --dtype was trained by a tp that had only fp32.
+static void dtype_setup(Run* run) {
+    Args* a = &run->args;
+    if (a->dtype == DTYPE_AUTO) {
+        bool hardware = run->device == DEV_CUDA ? run->gpu_bf16 : bf16_dp_supported();
+        a->dtype = hardware && !run->resuming ? DTYPE_BF16 : DTYPE_FP32;
+        run->dtype_default = !run->resuming;
+    }
+    procs_share(&a->dtype, a->timeout);  // process 0's hardware decides for all
 }
 
 // The data-parallel side of the grid: replicas in this process and in all, and the micro-steps of -d.
