@@ -214,10 +214,28 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
         // read in place, a tile's kc columns are kc cache lines a stride of a_cs apart, which for a_cs a
         // multiple of 512 bytes fall into a few L1 sets and evict the B panel
         static thread_local std::vector<float> packA;
+#ifdef PACKA_ROWS
+        const bool pack_a = (a_rs == 1 && a_cs != 1) || a_cs == 1;
+#else
         const bool pack_a = a_rs == 1 && a_cs != 1;
+#endif
         if (pack_a && packA.size() < (size_t)mt * GEMM_MR * kcb) packA.resize((size_t)mt * GEMM_MR * kcb);
         for (int kb = 0; kb < nk; kb++) {
             const int k0 = kb * kcb, kc = K - k0 < kcb ? K - k0 : kcb;
+#ifdef PACKA_ROWS
+            if (pack_a && a_cs == 1) {
+                const int m0 = mb0 * GEMM_MR, mc = (M < mb1 * GEMM_MR ? M : mb1 * GEMM_MR) - m0;
+                for (int i = 0; i < mc + GEMM_MR - 1; i += GEMM_MR) {
+                    if (i >= mc) break;
+                    float* d = packA.data() + (size_t)(i / GEMM_MR) * kc * GEMM_MR;
+                    for (int r = 0; r < GEMM_MR; r++) {
+                        int row = m0 + i + r < M ? m0 + i + r : M - 1;
+                        const float* s = A + (long)row * a_rs + k0;
+                        for (int k = 0; k < kc; k++) d[(size_t)k * GEMM_MR + r] = s[k];
+                    }
+                }
+            } else
+#endif
             if (pack_a) {
                 // packA[mb - mb0][k][r] = a(mb*MR + r, k0 + k), rows past M zero. Row k of the transpose is
                 // contiguous: two tiles at a time take 2 MR floats of it (a 64-byte line with AVX-512) and write
