@@ -88,13 +88,14 @@ typedef float vecf __attribute__((vector_size(GEMM_VL * sizeof(float))));  // on
 
 // The micro-kernel: acc (MR x NR) += a (MR rows, kc) . b (kc x NR). Row r of A is read in place at
 // ar[r][k * a_cs] (no packing: a row of A, or a column when A is a transpose, is read where it lies, and
-// the tile's MR broadcasts a k come from MR pointers); the B panel is packed, b[k * NR + c].
+// the tile's MR broadcasts a k come from MR pointers); row k of B is b[k * b_rs + c], b_rs = NR for
+// gemm_cpu's packed panels (fused attention passes its tiles' own strides).
 __attribute__((always_inline)) static inline void gemm_tile_cpu(vecf acc[GEMM_MR][2], const float* const* ar, long a_cs,
-                                                                const float* b, int kc) {
+                                                                const float* b, long b_rs, int kc) {
     for (int k = 0; k < kc; k++) {
         vecf b0, b1;
-        memcpy(&b0, b + (size_t)k * GEMM_NR, sizeof(vecf));
-        memcpy(&b1, b + (size_t)k * GEMM_NR + GEMM_VL, sizeof(vecf));
+        memcpy(&b0, b + k * b_rs, sizeof(vecf));
+        memcpy(&b1, b + k * b_rs + GEMM_VL, sizeof(vecf));
         long o = k * a_cs;
         for (int r = 0; r < GEMM_MR; r++) {
             float a = ar[r][o];
@@ -214,28 +215,10 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
         // read in place, a tile's kc columns are kc cache lines a stride of a_cs apart, which for a_cs a
         // multiple of 512 bytes fall into a few L1 sets and evict the B panel
         static thread_local std::vector<float> packA;
-#ifdef PACKA_ROWS
-        const bool pack_a = (a_rs == 1 && a_cs != 1) || a_cs == 1;
-#else
         const bool pack_a = a_rs == 1 && a_cs != 1;
-#endif
         if (pack_a && packA.size() < (size_t)mt * GEMM_MR * kcb) packA.resize((size_t)mt * GEMM_MR * kcb);
         for (int kb = 0; kb < nk; kb++) {
             const int k0 = kb * kcb, kc = K - k0 < kcb ? K - k0 : kcb;
-#ifdef PACKA_ROWS
-            if (pack_a && a_cs == 1) {
-                const int m0 = mb0 * GEMM_MR, mc = (M < mb1 * GEMM_MR ? M : mb1 * GEMM_MR) - m0;
-                for (int i = 0; i < mc + GEMM_MR - 1; i += GEMM_MR) {
-                    if (i >= mc) break;
-                    float* d = packA.data() + (size_t)(i / GEMM_MR) * kc * GEMM_MR;
-                    for (int r = 0; r < GEMM_MR; r++) {
-                        int row = m0 + i + r < M ? m0 + i + r : M - 1;
-                        const float* s = A + (long)row * a_rs + k0;
-                        for (int k = 0; k < kc; k++) d[(size_t)k * GEMM_MR + r] = s[k];
-                    }
-                }
-            } else
-#endif
             if (pack_a) {
                 // packA[mb - mb0][k][r] = a(mb*MR + r, k0 + k), rows past M zero. Row k of the transpose is
                 // contiguous: two tiles at a time take 2 MR floats of it (a 64-byte line with AVX-512) and write
@@ -277,7 +260,7 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
                             memcpy(&acc[r][0], s + r * GEMM_NR, sizeof(vecf));
                             memcpy(&acc[r][1], s + r * GEMM_NR + GEMM_VL, sizeof(vecf));
                         }
-                    gemm_tile_cpu(acc, ar, pack_a ? GEMM_MR : a_cs, b, kc);
+                    gemm_tile_cpu(acc, ar, pack_a ? GEMM_MR : a_cs, b, GEMM_NR, kc);
                     if (kb < nk - 1) {
                         for (int r = 0; r < GEMM_MR; r++) {
                             memcpy(s + r * GEMM_NR, &acc[r][0], sizeof(vecf));
@@ -633,56 +616,63 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
 #define ATT_HS_MAX 128
 
 // S (nr, ATT_TILE) = A rows 0..nr-1 (row stride lda) . B rows 0..nc-1 (row stride ldb)^T over hs; columns
-// nc..ATT_TILE-1 are 0. B is transposed into a tile first; then 4 rows by 16 columns at a time stay in
-// registers while d runs (2 loads of B and 4 broadcasts of A per 8 vector FMAs), as gemm_cpu's micro-tile.
-// Each S element is one chain over d in order.
+// nc..ATT_TILE-1 are 0. B is transposed into panels of GEMM_NR keys first, then gemm_cpu's micro-tile runs
+// on them (MR query rows by NR keys in registers while d runs: 2 loads of B and MR broadcasts of A per 2 MR
+// vector FMAs). Each S element is one chain over d in order, from 0.
 static void att_tile_dots(float* S, const float* A, long lda, int nr, const float* Bm, long ldb, int nc, int hs) {
-    float bt[ATT_HS_MAX][ATT_TILE];
-    for (int d = 0; d < hs; d++)
-        for (int c = 0; c < ATT_TILE; c++) bt[d][c] = c < nc ? Bm[(long)c * ldb + d] : 0.0f;
-    for (int r0 = 0; r0 < nr; r0 += 4) {
-        const float* a[4];
-        for (int i = 0; i < 4; i++) a[i] = A + (long)(r0 + i < nr ? r0 + i : nr - 1) * lda;  // past nr: a row again, not stored
-        for (int c0 = 0; c0 < ATT_TILE; c0 += 16) {
-            float acc[4][16] = {};
-            for (int d = 0; d < hs; d++) {
-                const float* b = &bt[d][c0];
-                for (int i = 0; i < 4; i++) {
-                    const float ad = a[i][d];
-                    #pragma omp simd
-                    for (int e = 0; e < 16; e++) acc[i][e] += ad * b[e];
-                }
+    static_assert(ATT_TILE % GEMM_NR == 0, "a tile of keys is whole panels");
+    float bt[ATT_TILE / GEMM_NR][ATT_HS_MAX][GEMM_NR];
+    for (int pnl = 0; pnl < ATT_TILE / GEMM_NR; pnl++)
+        for (int c = 0; c < GEMM_NR; c++) {
+            const int key = pnl * GEMM_NR + c;
+            const float* b = Bm + (long)key * ldb;
+            for (int d = 0; d < hs; d++) bt[pnl][d][c] = key < nc ? b[d] : 0.0f;
+        }
+    for (int r0 = 0; r0 < nr; r0 += GEMM_MR) {
+        const float* a[GEMM_MR];
+        for (int i = 0; i < GEMM_MR; i++) a[i] = A + (long)(r0 + i < nr ? r0 + i : nr - 1) * lda;  // past nr: a row again, not stored
+        for (int pnl = 0; pnl < ATT_TILE / GEMM_NR; pnl++) {
+            vecf acc[GEMM_MR][2];
+            for (int i = 0; i < GEMM_MR; i++) { acc[i][0] = vecf{}; acc[i][1] = vecf{}; }
+            gemm_tile_cpu(acc, a, 1, &bt[pnl][0][0], GEMM_NR, hs);
+            for (int i = 0; i < GEMM_MR && r0 + i < nr; i++) {
+                float* srow = S + (long)(r0 + i) * ATT_TILE + pnl * GEMM_NR;
+                memcpy(srow, &acc[i][0], sizeof(vecf));
+                memcpy(srow + GEMM_VL, &acc[i][1], sizeof(vecf));
             }
-            for (int i = 0; i < 4 && r0 + i < nr; i++) memcpy(S + (long)(r0 + i) * ATT_TILE + c0, acc[i], sizeof(acc[i]));
         }
     }
 }
 
 // acc (m, hs; row stride lda) += P (m, n) . X (n, hs; row stride ldx), with p(i, j) = P[i * p_rs + j * p_cs]
-// (so P^T is passed by swapping the strides): each element summed over j in order. 4 rows by 16 columns
-// of acc stay in registers while j runs (2 loads of X, 4 broadcasts of P per 8 vector FMAs).
+// (so P^T is passed by swapping the strides): each element summed over j in order, after its old value.
+// gemm_cpu's micro-tile, with X's rows read in place: MR rows by NR columns of acc stay in registers while
+// j runs.
 static void att_tile_gemm(float* acc, long lda, int m, const float* P, long p_rs, long p_cs, int n, const float* X, long ldx,
                           int hs) {
-    for (int i0 = 0; i0 < m; i0 += 4) {
-        const int mi = m - i0 < 4 ? m - i0 : 4;
+    for (int i0 = 0; i0 < m; i0 += GEMM_MR) {
+        const int mi = m - i0 < GEMM_MR ? m - i0 : GEMM_MR;
+        const float* p[GEMM_MR];
+        for (int i = 0; i < GEMM_MR; i++) p[i] = P + (long)(i0 + (i < mi ? i : mi - 1)) * p_rs;  // past m: a row again, not stored
         int d0 = 0;
-        for (; d0 + 16 <= hs; d0 += 16) {
-            float a[4][16] = {};
-            for (int i = 0; i < mi; i++) memcpy(a[i], acc + (long)(i0 + i) * lda + d0, sizeof(a[i]));
-            for (int j = 0; j < n; j++) {
-                const float* x = X + (long)j * ldx + d0;
-                for (int i = 0; i < 4; i++) {
-                    const float c = i < mi ? P[(long)(i0 + i) * p_rs + j * p_cs] : 0.0f;
-                    #pragma omp simd
-                    for (int e = 0; e < 16; e++) a[i][e] += c * x[e];
-                }
+        for (; d0 + GEMM_NR <= hs; d0 += GEMM_NR) {  // gemm_cpu's micro-tile on NR columns of X, read in place
+            vecf a[GEMM_MR][2];
+            for (int i = 0; i < GEMM_MR; i++) {
+                const float* row = acc + (long)(i0 + (i < mi ? i : 0)) * lda + d0;
+                memcpy(&a[i][0], row, sizeof(vecf));
+                memcpy(&a[i][1], row + GEMM_VL, sizeof(vecf));
             }
-            for (int i = 0; i < mi; i++) memcpy(acc + (long)(i0 + i) * lda + d0, a[i], sizeof(a[i]));
+            gemm_tile_cpu(a, p, p_cs, X + d0, ldx, n);
+            for (int i = 0; i < mi; i++) {
+                float* row = acc + (long)(i0 + i) * lda + d0;
+                memcpy(row, &a[i][0], sizeof(vecf));
+                memcpy(row + GEMM_VL, &a[i][1], sizeof(vecf));
+            }
         }
-        for (; d0 < hs; d0++)  // the last hs % 16 columns
+        for (; d0 < hs; d0++)  // the last hs % NR columns
             for (int i = 0; i < mi; i++) {
                 float a = acc[(long)(i0 + i) * lda + d0];
-                for (int j = 0; j < n; j++) a += P[(long)(i0 + i) * p_rs + j * p_cs] * X[(long)j * ldx + d0];
+                for (int j = 0; j < n; j++) a += p[i][j * p_cs] * X[(long)j * ldx + d0];
                 acc[(long)(i0 + i) * lda + d0] = a;
             }
     }
