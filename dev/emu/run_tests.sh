@@ -67,7 +67,9 @@ check_tp() {
 }
 echo "== emu: tp itself on 2 emulated GPUs, against the CPU"
 tmp=$(mktemp -d)
-args="-e L2C64H4 -b 2 -t 32 -v 2 -m 1 --threads 1"
+# fp32 (TF32 on the GPU) against the CPU's fp32: --dtype is given, as its default differs between the two (the
+# emulated GPU is an sm_90, where it is bf16; this build has no AVX-512, so its CPU's is fp32)
+args="-e L2C64H4 -b 2 -t 32 -v 2 -m 1 --threads 1 --dtype fp32"
 timeout 300 "$dir/tp_emu" $args -x 5 -g 0 --device cpu > "$tmp/cpu.txt" 2>&1
 cpu3=$(grep -E '^step +3/' "$tmp/cpu.txt" | awk '{print $5}')
 cpu5=$(grep -E '^step +5/' "$tmp/cpu.txt" | awk '{print $5}')
@@ -96,6 +98,23 @@ for want in "pp2.txt|the boundary tensors go GPU to GPU over NCCL send/recv" \
         failed=$((failed + 1))
     fi
 done
+
+# bf16, the default on the emulated sm_90: said at start, and the losses of the CPU's --dtype bf16 (the same
+# bf16 numerics: the GPU's bf16 GEMM sums the same products in another order, so to 2e-3 as above)
+timeout 300 "$dir/tp_emu" ${args%--dtype fp32} -x 3 -g 0 --device cpu --dtype bf16 > "$tmp/cpu_bf16.txt" 2>&1
+cpubf3=$(grep -E '^step +3/' "$tmp/cpu_bf16.txt" | awk '{print $5}')
+timeout 300 env TP_EMU_SEED=12 "$dir/tp_emu" ${args%--dtype fp32} -x 3 -g 0 --device cuda --tp 2 > "$tmp/gpu_bf16.txt" 2>&1
+rc=$?
+got=$(grep -E '^step +3/' "$tmp/gpu_bf16.txt" | awk '{print $5}')
+if [ "$rc" -eq 0 ] && grep -qF -- "--dtype bf16, the default here (this GPU has bf16 tensor cores" "$tmp/gpu_bf16.txt" && [ -n "$got" ] &&
+   awk -v a="$got" -v b="${cpubf3:-nan}" 'BEGIN { d = (a - b) / b; exit !(d < 2e-3 && d > -2e-3) }'; then
+    echo "  ok   tp --device cuda --tp 2 without --dtype: bf16, the default on sm_90, said; step-3 loss $got vs $cpubf3 on the CPU in bf16"
+    passed=$((passed + 1))
+else
+    echo "  FAIL tp --device cuda --tp 2 without --dtype: exit $rc, not said as bf16 or step-3 loss '$got' vs '$cpubf3' on the CPU in bf16"
+    cat "$tmp/gpu_bf16.txt"
+    failed=$((failed + 1))
+fi
 
 # tp under mpirun: the emulated NCCL across processes (nccl.cpp's shared-memory communicators)
 echo "== emu: tp under mpirun -np 2 on emulated GPUs (DP across the processes on NCCL), against the CPU"
