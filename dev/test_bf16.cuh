@@ -260,7 +260,9 @@ static void test_bf16() {
 
 // ./test_tp bench-gemm: GFLOP/s of one core at the shapes of the default model (L2C128H4, B8 T128) and of
 // d6 (L6 C384, B8 T256) at TP=1, forward and backward: the fp32 GEMM, the bf16 one on vdpbf16ps and on
-// fp32 fmas; thread CPU time, best of 5; as a share of the core's peaks, measured first
+// fp32 fmas with bf16 operands, and on vdpbf16ps with fp32 words holding bf16 values (what a training
+// run's matmuls pass it: their packs are other code); thread CPU time, best of 5; as a share of the
+// core's peaks, measured first
 static int bench_gemm_cpu() {
     const double peak_fma = bf16_peak_fma(20000000), peak_dp = bf16_peak_dp(20000000);
     struct Shape { const char* what; int M, N, K; bool a_t, b_t; };
@@ -271,33 +273,37 @@ static int bench_gemm_cpu() {
         {"d6 fcproj fwd", 2048, 384, 1536, false, true}, {"d6 fc dweight", 1536, 384, 2048, true, false},
     };
     printf("one core: fp32 fma peak %.1f GFLOP/s, vdpbf16ps peak %.1f GFLOP/s (register-only loops); GEMMs in GFLOP/s\n"
-           "(%% of the fp32 peak for fp32 and the fp32 path, of the vdpbf16ps peak for vdpbf16ps); by itself the bf16 GEMM takes %s\n",
+           "(%% of the fp32 peak for fp32 and the fp32 path, of the vdpbf16ps peak for vdpbf16ps; the last, training's words\n"
+           "on vdpbf16ps over the fp32 GEMM); by itself the bf16 GEMM takes %s\n",
            peak_fma, peak_dp, bf16_dp_used() ? "vdpbf16ps" : "the fp32 path");
-    printf("%-20s %16s %16s %16s\n", "shape", "fp32", "bf16 vdpbf16ps", "bf16 fp32 path");
+    printf("%-20s %16s %16s %16s %18s\n", "shape", "fp32", "bf16 vdpbf16ps", "bf16 fp32 path", "training's words");
     for (const Shape& sh : shapes) {
         const int M = sh.M, N = sh.N, K = sh.K;
         std::vector<float> Af((size_t)M * K), Bf((size_t)K * N), C((size_t)M * N);
         std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
-        for (size_t i = 0; i < Af.size(); i++) A[i] = bf16_round(Af[i] = sinf((float)i));
-        for (size_t i = 0; i < Bf.size(); i++) B[i] = bf16_round(Bf[i] = cosf((float)i));
+        std::vector<float> Aw((size_t)M * K), Bw((size_t)K * N);  // the same bf16 values in fp32 words
+        for (size_t i = 0; i < Af.size(); i++) Aw[i] = bf16_to_float(A[i] = bf16_round(Af[i] = sinf((float)i)));
+        for (size_t i = 0; i < Bf.size(); i++) Bw[i] = bf16_to_float(B[i] = bf16_round(Bf[i] = cosf((float)i)));
         const long a_rs = sh.a_t ? 1 : K, a_cs = sh.a_t ? M : 1, b_rs = sh.b_t ? 1 : N, b_cs = sh.b_t ? K : 1;
-        double best[3] = {1e9, 1e9, 1e9};
+        double best[4] = {1e9, 1e9, 1e9, 1e9};
         for (int rep = 0; rep < 5; rep++)
-            for (int which = 0; which < 3; which++) {
-                if (which > 0 && !bf16_dp_supported() && which == 1) continue;
-                bf16_path = which == 1 ? BF16_DP : BF16_FMA;
+            for (int which = 0; which < 4; which++) {
+                if ((which == 1 || which == 3) && !bf16_dp_supported()) continue;
+                bf16_path = which == 2 ? BF16_FMA : BF16_DP;
                 double t0 = bf16_thread_seconds();
                 if (which == 0) gemm_cpu(M, N, K, Af.data(), a_rs, a_cs, Bf.data(), b_rs, b_cs, C.data(), N, false, nullptr);
+                else if (which == 3) gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, Bw.data(), b_rs, b_cs, C.data(), N, false, nullptr);
                 else gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, false, nullptr);
                 double t = bf16_thread_seconds() - t0;
                 if (t < best[which]) best[which] = t;
             }
         bf16_path = BF16_AUTO;
         double flop = 2.0 * M * N * K;
-        double g[3];
-        for (int i = 0; i < 3; i++) g[i] = best[i] < 1e9 ? flop / best[i] * 1e-9 : 0;
-        printf("%-20s %7.1f (%3.0f%%) %7.1f (%3.0f%%) %7.1f (%3.0f%%)\n", sh.what, g[0], g[0] / peak_fma * 100, g[1],
-               peak_dp > 0 ? g[1] / peak_dp * 100 : 0.0, g[2], g[2] / peak_fma * 100);
+        double g[4];
+        for (int i = 0; i < 4; i++) g[i] = best[i] < 1e9 ? flop / best[i] * 1e-9 : 0;
+        printf("%-20s %7.1f (%3.0f%%) %7.1f (%3.0f%%) %7.1f (%3.0f%%) %7.1f (%3.0f%%) %4.2fx\n", sh.what, g[0], g[0] / peak_fma * 100,
+               g[1], peak_dp > 0 ? g[1] / peak_dp * 100 : 0.0, g[2], g[2] / peak_fma * 100, g[3], peak_dp > 0 ? g[3] / peak_dp * 100 : 0.0,
+               g[0] > 0 ? g[3] / g[0] : 0.0);
     }
     return 0;
 }
