@@ -53,11 +53,11 @@ run "test_tp's GPU point to point on 4 emulated GPUs (ranks with a neighbour on 
     timeout 300 env TP_EMU_SEED=3 TP_EMU_DEVICES=4 "$dir/test_tp_emu" gpu_p2p
 # one check of tp's own driver: the run exits 0 and its step-`step` loss is within TF32 error of the CPU's
 check_tp() {
-    local title=$1 out=$2 rc=$3 step=$4 want=$5
+    local title=$1 out=$2 rc=$3 step=$4 want=$5 how=${6:-TF32}
     local got
     got=$(grep -E "^step +$step/" "$out" | tail -n 1 | awk '{print $5}')
     if [ "$rc" -eq 0 ] && [ -n "$got" ] && awk -v a="$got" -v b="$want" 'BEGIN { d = (a - b) / b; exit !(d < 2e-3 && d > -2e-3) }'; then
-        echo "  ok   $title: exit 0, step-$step loss $got vs $want on the CPU (rel diff < 2e-3, TF32)"
+        echo "  ok   $title: exit 0, step-$step loss $got vs $want on the CPU (rel diff < 2e-3, $how)"
         passed=$((passed + 1))
     else
         echo "  FAIL $title: exit $rc, step-$step loss '$got' vs $want on the CPU (bound 2e-3)"
@@ -85,12 +85,19 @@ timeout 300 env TP_EMU_SEED=6 "$dir/tp_emu" $args -b 1 -d 64 -x 3 -g 0 --device 
 check_tp "tp --device cuda --pp 2 -b 1 -d 64 (a stage per emulated GPU, 1F1B, the boundary over NCCL send/recv)" "$tmp/pp2.txt" $? 3 "${cpu3:-nan}"
 timeout 300 env TP_EMU_SEED=7 "$dir/tp_emu" $args -b 1 -d 64 -x 3 -g 0 --device cuda --tp 2 --pp 2 --pp-schedule gpipe > "$tmp/pp2tp2.txt" 2>&1
 check_tp "tp --device cuda --tp 2 --pp 2 -b 1 -d 64 (GPipe; each stage's TP group on NCCL)" "$tmp/pp2tp2.txt" $? 3 "${cpu3:-nan}"
+# bf16, the default on the emulated sm_90 (said at start, below), against the CPU's --dtype bf16: the same
+# bf16 numerics, the GPU's bf16 GEMM summing the same products in another order
+timeout 300 "$dir/tp_emu" ${args%--dtype fp32} -x 3 -g 0 --device cpu --dtype bf16 > "$tmp/cpu_bf16.txt" 2>&1
+cpubf3=$(grep -E '^step +3/' "$tmp/cpu_bf16.txt" | awk '{print $5}')
+timeout 300 env TP_EMU_SEED=12 "$dir/tp_emu" ${args%--dtype fp32} -x 3 -g 0 --device cuda --tp 2 > "$tmp/gpu_bf16.txt" 2>&1
+check_tp "tp --device cuda --tp 2 without --dtype (bf16, the default on sm_90)" "$tmp/gpu_bf16.txt" $? 3 "${cpubf3:-nan}" "bf16 on both"
 # which way the boundary tensors went, as the startup lines say: GPU to GPU with a stage per GPU, through
-# the host where TP rank r of both stages is on one GPU
+# the host where TP rank r of both stages is on one GPU; and the GPU's default dtype
 for want in "pp2.txt|the boundary tensors go GPU to GPU over NCCL send/recv" \
-            "pp2tp2.txt|the boundary tensors go through host memory (the stages' TP rank r share a GPU)"; do
+            "pp2tp2.txt|the boundary tensors go through host memory (the stages' TP rank r share a GPU)" \
+            "gpu_bf16.txt|--dtype bf16, the default here (this GPU has bf16 tensor cores"; do
     file=${want%%|*} line=${want#*|}
-    if grep -qF "$line" "$tmp/$file"; then
+    if grep -qF -- "$line" "$tmp/$file"; then
         echo "  ok   $file says: $line"
         passed=$((passed + 1))
     else
@@ -98,23 +105,6 @@ for want in "pp2.txt|the boundary tensors go GPU to GPU over NCCL send/recv" \
         failed=$((failed + 1))
     fi
 done
-
-# bf16, the default on the emulated sm_90: said at start, and the losses of the CPU's --dtype bf16 (the same
-# bf16 numerics: the GPU's bf16 GEMM sums the same products in another order, so to 2e-3 as above)
-timeout 300 "$dir/tp_emu" ${args%--dtype fp32} -x 3 -g 0 --device cpu --dtype bf16 > "$tmp/cpu_bf16.txt" 2>&1
-cpubf3=$(grep -E '^step +3/' "$tmp/cpu_bf16.txt" | awk '{print $5}')
-timeout 300 env TP_EMU_SEED=12 "$dir/tp_emu" ${args%--dtype fp32} -x 3 -g 0 --device cuda --tp 2 > "$tmp/gpu_bf16.txt" 2>&1
-rc=$?
-got=$(grep -E '^step +3/' "$tmp/gpu_bf16.txt" | awk '{print $5}')
-if [ "$rc" -eq 0 ] && grep -qF -- "--dtype bf16, the default here (this GPU has bf16 tensor cores" "$tmp/gpu_bf16.txt" && [ -n "$got" ] &&
-   awk -v a="$got" -v b="${cpubf3:-nan}" 'BEGIN { d = (a - b) / b; exit !(d < 2e-3 && d > -2e-3) }'; then
-    echo "  ok   tp --device cuda --tp 2 without --dtype: bf16, the default on sm_90, said; step-3 loss $got vs $cpubf3 on the CPU in bf16"
-    passed=$((passed + 1))
-else
-    echo "  FAIL tp --device cuda --tp 2 without --dtype: exit $rc, not said as bf16 or step-3 loss '$got' vs '$cpubf3' on the CPU in bf16"
-    cat "$tmp/gpu_bf16.txt"
-    failed=$((failed + 1))
-fi
 
 # tp under mpirun: the emulated NCCL across processes (nccl.cpp's shared-memory communicators)
 echo "== emu: tp under mpirun -np 2 on emulated GPUs (DP across the processes on NCCL), against the CPU"
