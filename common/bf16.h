@@ -254,20 +254,19 @@ static inline uint32_t bf16_pair(uint32_t first, uint32_t second) { return first
 #define BF16_MR 8
 #define BF16_VL 16
 #define BF16_NR (2 * BF16_VL)
-#define BF16_KC (16384 / (BF16_NR * 4))
 #define BF16_MT 16
 #define BF16_NT 8
 
-// acc (MR x NR, row-major) += a (kc pairs x MR words) . b (kc pairs x NR words) with vdpbf16ps: one
-// instruction does both fmas of 16 lanes (only called where the CPU has it)
-__attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(float* acc, const uint32_t* a,
-                                                                              const uint32_t* b, int kc) {
+// C (mr x nc of an MR x NR tile, row stride ldc) = [C +] (a (kp pairs x MR words) . b (kp pairs x NR words)
+// [+ bias (nc)]) with vdpbf16ps: one instruction does both fmas of 16 lanes, and the MR x NR sums stay in
+// registers over the whole of K (the panels stream from L2), so C is written once, straight from them: the
+// bias, then C, added in gemm_cpu's order (only called where the CPU has the instruction)
+__attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(float* Cm, long ldc, int mr, int nc,
+                                                                              const uint32_t* a, const uint32_t* b, int kp,
+                                                                              const float* bias, bool accumulate) {
     __m512 c[BF16_MR][2];
-    for (int r = 0; r < BF16_MR; r++) {
-        c[r][0] = _mm512_loadu_ps(acc + r * BF16_NR);
-        c[r][1] = _mm512_loadu_ps(acc + r * BF16_NR + BF16_VL);
-    }
-    for (int j = 0; j < kc; j++) {
+    for (int r = 0; r < BF16_MR; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
+    for (int j = 0; j < kp; j++) {
         __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void*)(b + (size_t)j * BF16_NR));
         __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void*)(b + (size_t)j * BF16_NR + BF16_VL));
         for (int r = 0; r < BF16_MR; r++) {
@@ -276,10 +275,30 @@ __attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(fl
             c[r][1] = _mm512_dpbf16_ps(c[r][1], x, w1);
         }
     }
-    for (int r = 0; r < BF16_MR; r++) {
-        _mm512_storeu_ps(acc + r * BF16_NR, c[r][0]);
-        _mm512_storeu_ps(acc + r * BF16_NR + BF16_VL, c[r][1]);
+    if (mr == BF16_MR && nc == BF16_NR) {  // a whole tile, in vectors
+        if (bias) {
+            const __m512 b0 = _mm512_loadu_ps(bias), b1 = _mm512_loadu_ps(bias + BF16_VL);
+            for (int r = 0; r < BF16_MR; r++) { c[r][0] = _mm512_add_ps(c[r][0], b0); c[r][1] = _mm512_add_ps(c[r][1], b1); }
+        }
+        for (int r = 0; r < BF16_MR; r++) {
+            float* row = Cm + (size_t)r * ldc;
+            if (accumulate) {
+                c[r][0] = _mm512_add_ps(_mm512_loadu_ps(row), c[r][0]);
+                c[r][1] = _mm512_add_ps(_mm512_loadu_ps(row + BF16_VL), c[r][1]);
+            }
+            _mm512_storeu_ps(row, c[r][0]);
+            _mm512_storeu_ps(row + BF16_VL, c[r][1]);
+        }
+        return;
     }
+    float s[BF16_MR][BF16_NR];  // an edge tile: its rows < mr and columns < nc, one by one
+    for (int r = 0; r < BF16_MR; r++) { _mm512_storeu_ps(s[r], c[r][0]); _mm512_storeu_ps(s[r] + BF16_VL, c[r][1]); }
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nc; j++) {
+            float v = s[r][j];
+            if (bias) v += bias[j];
+            Cm[(size_t)r * ldc + j] = accumulate ? Cm[(size_t)r * ldc + j] + v : v;
+        }
 }
 
 #if defined(__AVX512BW__)
@@ -428,53 +447,18 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
                 for (int j = 0; j < KP; j++) d[(size_t)j * BF16_NR + c] = pair_at(B + (n0 + c) * b_cs, b_rs, j);
         }
     });
-    const int nk = KP > BF16_KC ? (KP + BF16_KC - 1) / BF16_KC : 1;
-    const int kcb = KP > 0 ? (KP + nk - 1) / nk : 0;
     int mt = BF16_MT, nt = BF16_NT;
     gemm_units_cpu(MB, NB, &mt, &nt);
     const int UM = (MB + mt - 1) / mt, UN = (NB + nt - 1) / nt;
     cpu_for((long)UM * UN, [&](long u) {
         const int mb0 = (int)(u % UM) * mt, nb0 = (int)(u / UM) * nt;
         const int mb1 = mb0 + mt < MB ? mb0 + mt : MB, nb1 = nb0 + nt < NB ? nb0 + nt : NB;
-        const size_t tile = (size_t)BF16_MR * BF16_NR;
-        // the running sums of the unit's tiles, kept between K blocks
-        static thread_local std::vector<float> sums;
-        if (sums.size() < (size_t)mt * nt * tile) sums.resize((size_t)mt * nt * tile);
-        for (int kb = 0; kb < nk; kb++) {
-            const int j0 = kb * kcb, kc = KP - j0 < kcb ? KP - j0 : kcb;
-            for (int nb = nb0; nb < nb1; nb++)
-                for (int mb = mb0; mb < mb1; mb++) {
-                    float* acc = sums.data() + ((size_t)(nb - nb0) * mt + (mb - mb0)) * tile;
-                    if (kb == 0) memset(acc, 0, tile * sizeof(float));
-                    const uint32_t* a = Ap + (size_t)mb * BF16_MR * KP + (size_t)j0 * BF16_MR;
-                    const uint32_t* b = Bp + (size_t)nb * BF16_NR * KP + (size_t)j0 * BF16_NR;
-                    gemm_bf16_tile_dp(acc, a, b, kc);
-                    if (kb < nk - 1) continue;
-                    // the last K block: bias, then accumulate, into C (as gemm_cpu: (sum + bias), then + C)
-                    const int m0 = mb * BF16_MR, n0 = nb * BF16_NR;
-                    if (n0 + BF16_NR <= N) {  // a full-width tile: loops of a constant length, in vectors
-                        for (int r = 0; r < BF16_MR && m0 + r < M; r++) {
-                            float* c = Cm + (size_t)(m0 + r) * ldc + n0;
-                            const float* s = acc + r * BF16_NR;
-                            const float* bs = bias ? bias + n0 : nullptr;
-                            if (bs && accumulate) for (int j = 0; j < BF16_NR; j++) c[j] = c[j] + (s[j] + bs[j]);
-                            else if (bs) for (int j = 0; j < BF16_NR; j++) c[j] = s[j] + bs[j];
-                            else if (accumulate) for (int j = 0; j < BF16_NR; j++) c[j] = c[j] + s[j];
-                            else for (int j = 0; j < BF16_NR; j++) c[j] = s[j];
-                        }
-                        continue;
-                    }
-                    for (int r = 0; r < BF16_MR && m0 + r < M; r++) {
-                        float* c = Cm + (size_t)(m0 + r) * ldc + n0;
-                        const float* s = acc + r * BF16_NR;
-                        for (int j = 0; j < BF16_NR && n0 + j < N; j++) {
-                            float v = s[j];
-                            if (bias) v += bias[n0 + j];
-                            c[j] = accumulate ? c[j] + v : v;
-                        }
-                    }
-                }
-        }
+        for (int nb = nb0; nb < nb1; nb++)  // a B panel (L2) against the unit's row tiles (A panels, L2)
+            for (int mb = mb0; mb < mb1; mb++) {
+                const int m0 = mb * BF16_MR, n0 = nb * BF16_NR;
+                gemm_bf16_tile_dp(Cm + (size_t)m0 * ldc + n0, ldc, M - m0 < BF16_MR ? M - m0 : BF16_MR, N - n0 < BF16_NR ? N - n0 : BF16_NR,
+                                  Ap + (size_t)mb * BF16_MR * KP, Bp + (size_t)nb * BF16_NR * KP, KP, bias ? bias + n0 : nullptr, accumulate);
+            }
     });
 }
 #endif
