@@ -71,15 +71,13 @@ static inline float exp_fast(float x_in) {
 #define GEMM_VL 4
 #endif
 #define GEMM_NR (2 * GEMM_VL)
-// Cache blocking (BLIS's loops, sized for 32-48 KB of L1 and 512 KB-2 MB of L2 per core):
-// - KC: a K block. A B panel of KC x NR floats is 16 KB, half of L1, so it stays there while the MR-row
-//   slices of A stream past it (256 k with AVX2, 128 with AVX-512's 32 columns, 512 with 4-wide vectors).
-// - a unit of work is GEMM_MT tiles of rows by GEMM_NT panels of columns (96 x 256 with AVX2): its A rows
-//   over one K block (96 KB at KC 256) and the running sums of its tiles (96 KB) stay in L2 while its B
-//   panels go by, one at a time, each read from L1 by all the unit's row tiles.
-#ifndef GEMM_KC
-#define GEMM_KC (16384 / (GEMM_NR * (int)sizeof(float)))
-#endif
+// Blocking: a unit of work is GEMM_MT tiles of rows by GEMM_NT panels of columns (128 x 512 with
+// AVX-512). Each tile runs over the whole of K with its sums in registers and is written to C once: its B
+// panel (K x NR floats, 48-256 KB at the model's shapes) stays in L2 while the unit's row tiles go by it,
+// and the A rows and the panel stream from L2 in order, which the prefetchers keep ahead of the FMAs
+// (an FMA per 4 bytes loaded). Blocking K as well (a 16 KB panel block in L1, the tiles' sums parked in
+// memory between blocks) measured 3-8% slower at the model's shapes on one core: the sums' round trips
+// and the separate write of C cost more than L2's latency does.
 #ifndef GEMM_MT
 #define GEMM_MT 16
 #define GEMM_NT 16
@@ -187,8 +185,8 @@ static void gemm_units_cpu(int MB, int NB, int* mt, int* nt) {
 }
 
 // C (M x N, row stride ldc) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B through their strides.
-// Loops: K blocks outermost inside a unit of tiles (the sums of a tile wait in `sums` between blocks),
-// then the unit's B panels, then its row tiles, which share the B panel in L1.
+// Loops: units of tiles over the threads; in a unit, its B panels, then its row tiles, which share the B
+// panel; in a tile, the whole of K.
 static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
                      long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
     if (M <= 0 || N <= 0) return;
@@ -198,106 +196,81 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
     if (packB.size() < (size_t)NB * GEMM_NR * K) packB.resize((size_t)NB * GEMM_NR * K);
     float* Bp = packB.data();
     gemm_pack_b_cpu(Bp, B, b_rs, b_cs, K, N);
-    // K in nk blocks of at most KC, of equal size (384 = 2 x 192 rather than 256 + 128)
-    const int nk = K > GEMM_KC ? (K + GEMM_KC - 1) / GEMM_KC : 1;
-    const int kcb = K > 0 ? (K + nk - 1) / nk : 0;
     int mt = GEMM_MT, nt = GEMM_NT;
     gemm_units_cpu(MB, NB, &mt, &nt);
     const int UM = (MB + mt - 1) / mt, UN = (NB + nt - 1) / nt;
     cpu_for((long)UM * UN, [&](long u) {
         const int mb0 = (int)(u % UM) * mt, nb0 = (int)(u / UM) * nt;
         const int mb1 = mb0 + mt < MB ? mb0 + mt : MB, nb1 = nb0 + nt < NB ? nb0 + nt : NB;
-        // the running sums of this unit's tiles between K blocks (only when K has more than one)
-        static thread_local std::vector<float> sums;
-        const size_t tile = (size_t)GEMM_MR * GEMM_NR;
-        if (nk > 1 && sums.size() < (size_t)mt * nt * tile) sums.resize((size_t)mt * nt * tile);
-        // A as a transpose (a_rs == 1: a column of it is a tile's k) is copied into MR x kc panels first:
-        // read in place, a tile's kc columns are kc cache lines a stride of a_cs apart, which for a_cs a
+        // A as a transpose (a_rs == 1: a column of it is a tile's k) is copied into MR x K panels first:
+        // read in place, a tile's K columns are K cache lines a stride of a_cs apart, which for a_cs a
         // multiple of 512 bytes fall into a few L1 sets and evict the B panel
         static thread_local std::vector<float> packA;
         const bool pack_a = a_rs == 1 && a_cs != 1;
-        if (pack_a && packA.size() < (size_t)mt * GEMM_MR * kcb) packA.resize((size_t)mt * GEMM_MR * kcb);
-        for (int kb = 0; kb < nk; kb++) {
-            const int k0 = kb * kcb, kc = K - k0 < kcb ? K - k0 : kcb;
-            if (pack_a) {
-                // packA[mb - mb0][k][r] = a(mb*MR + r, k0 + k), rows past M zero. Row k of the transpose is
-                // contiguous: two tiles at a time take 2 MR floats of it (a 64-byte line with AVX-512) and write
-                // each tile's panel in order. (k outermost, writing every tile's panel at once, stores 2 x 16
-                // runs 4 KB apart and costs the weight gradients a seventh of their time.)
-                const int m0 = mb0 * GEMM_MR, mc = (M < mb1 * GEMM_MR ? M : mb1 * GEMM_MR) - m0;
-                int i = 0;
-                for (; i + 2 * GEMM_MR <= mc; i += 2 * GEMM_MR) {
-                    float* d0 = packA.data() + (size_t)(i / GEMM_MR) * kc * GEMM_MR;
-                    float* d1 = d0 + (size_t)kc * GEMM_MR;
-                    const float* s = A + m0 + i + (long)k0 * a_cs;
-                    for (int k = 0; k < kc; k++, s += a_cs) {
-                        memcpy(d0 + (size_t)k * GEMM_MR, s, GEMM_MR * sizeof(float));
-                        memcpy(d1 + (size_t)k * GEMM_MR, s + GEMM_MR, GEMM_MR * sizeof(float));
-                    }
-                }
-                for (; i < mc; i += GEMM_MR) {  // a last odd tile, and the one past M
-                    float* d = packA.data() + (size_t)(i / GEMM_MR) * kc * GEMM_MR;
-                    const float* s = A + m0 + i + (long)k0 * a_cs;
-                    for (int k = 0; k < kc; k++, s += a_cs)
-                        for (int r = 0; r < GEMM_MR; r++) d[(size_t)k * GEMM_MR + r] = i + r < mc ? s[r] : 0.0f;
+        if (pack_a) {
+            if (packA.size() < (size_t)mt * GEMM_MR * K) packA.resize((size_t)mt * GEMM_MR * K);
+            // packA[mb - mb0][k][r] = a(mb*MR + r, k), rows past M zero. Row k of the transpose is contiguous:
+            // two tiles at a time take 2 MR floats of it (a 64-byte line with AVX-512) and write each tile's
+            // panel in order. (k outermost, writing every tile's panel at once, stores 2 x 16 runs 4 KB apart
+            // and costs the weight gradients a seventh of their time.)
+            const int m0 = mb0 * GEMM_MR, mc = (M < mb1 * GEMM_MR ? M : mb1 * GEMM_MR) - m0;
+            int i = 0;
+            for (; i + 2 * GEMM_MR <= mc; i += 2 * GEMM_MR) {
+                float* d0 = packA.data() + (size_t)(i / GEMM_MR) * K * GEMM_MR;
+                float* d1 = d0 + (size_t)K * GEMM_MR;
+                const float* s = A + m0 + i;
+                for (int k = 0; k < K; k++, s += a_cs) {
+                    memcpy(d0 + (size_t)k * GEMM_MR, s, GEMM_MR * sizeof(float));
+                    memcpy(d1 + (size_t)k * GEMM_MR, s + GEMM_MR, GEMM_MR * sizeof(float));
                 }
             }
-            for (int nb = nb0; nb < nb1; nb++) {
-                const float* b = Bp + (size_t)nb * GEMM_NR * K + (size_t)k0 * GEMM_NR;
-                for (int mb = mb0; mb < mb1; mb++) {
-                    const int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
-                    // rows past M read row M-1 (in bounds; their results are not stored)
-                    const float* ar[GEMM_MR];
-                    const float* ap = packA.data() + (size_t)(mb - mb0) * kc * GEMM_MR;
-                    for (int r = 0; r < GEMM_MR; r++)
-                        ar[r] = pack_a ? ap + r : A + (long)(m0 + r < M ? m0 + r : M - 1) * a_rs + (long)k0 * a_cs;
-                    float* s = nk > 1 ? sums.data() + ((size_t)(nb - nb0) * mt + (mb - mb0)) * tile : nullptr;
-                    vecf acc[GEMM_MR][2];
-                    if (kb == 0)
-                        for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vecf{}; acc[r][1] = vecf{}; }
-                    else  // vector by vector: a memcpy of the whole tile would be a library call
-                        for (int r = 0; r < GEMM_MR; r++) {
-                            memcpy(&acc[r][0], s + r * GEMM_NR, sizeof(vecf));
-                            memcpy(&acc[r][1], s + r * GEMM_NR + GEMM_VL, sizeof(vecf));
-                        }
-                    gemm_tile_cpu(acc, ar, pack_a ? GEMM_MR : a_cs, b, GEMM_NR, kc);
-                    if (kb < nk - 1) {
-                        for (int r = 0; r < GEMM_MR; r++) {
-                            memcpy(s + r * GEMM_NR, &acc[r][0], sizeof(vecf));
-                            memcpy(s + r * GEMM_NR + GEMM_VL, &acc[r][1], sizeof(vecf));
-                        }
-                        continue;
-                    }
-                    // the last K block: bias, then accumulate, into C
-                    if (n0 + GEMM_NR <= N) {
-                        // a full-width tile: whole vectors (this path matters when K is small, e.g. attention's hs)
-                        vecf b0 = {}, b1 = {};
-                        if (bias) { memcpy(&b0, bias + n0, sizeof(vecf)); memcpy(&b1, bias + n0 + GEMM_VL, sizeof(vecf)); }
-                        for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
-                            float* c = Cm + (size_t)(m0 + r) * ldc + n0;
-                            vecf v0 = acc[r][0] + b0, v1 = acc[r][1] + b1;
-                            if (accumulate) {
-                                vecf c0, c1;
-                                memcpy(&c0, c, sizeof(vecf));
-                                memcpy(&c1, c + GEMM_VL, sizeof(vecf));
-                                v0 = c0 + v0;
-                                v1 = c1 + v1;
-                            }
-                            memcpy(c, &v0, sizeof(vecf));
-                            memcpy(c + GEMM_VL, &v1, sizeof(vecf));
-                        }
-                        continue;
-                    }
+            for (; i < mc; i += GEMM_MR) {  // a last odd tile, and the one past M
+                float* d = packA.data() + (size_t)(i / GEMM_MR) * K * GEMM_MR;
+                const float* s = A + m0 + i;
+                for (int k = 0; k < K; k++, s += a_cs)
+                    for (int r = 0; r < GEMM_MR; r++) d[(size_t)k * GEMM_MR + r] = i + r < mc ? s[r] : 0.0f;
+            }
+        }
+        for (int nb = nb0; nb < nb1; nb++) {
+            const float* b = Bp + (size_t)nb * GEMM_NR * K;
+            for (int mb = mb0; mb < mb1; mb++) {
+                const int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
+                // rows past M read row M-1 (in bounds; their results are not stored)
+                const float* ar[GEMM_MR];
+                const float* ap = packA.data() + (size_t)(mb - mb0) * K * GEMM_MR;
+                for (int r = 0; r < GEMM_MR; r++) ar[r] = pack_a ? ap + r : A + (long)(m0 + r < M ? m0 + r : M - 1) * a_rs;
+                vecf acc[GEMM_MR][2];
+                for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vecf{}; acc[r][1] = vecf{}; }
+                gemm_tile_cpu(acc, ar, pack_a ? GEMM_MR : a_cs, b, GEMM_NR, K);
+                // bias, then accumulate, into C
+                if (n0 + GEMM_NR <= N) {
+                    // a full-width tile: whole vectors (this path matters when K is small, e.g. attention's hs)
+                    vecf b0 = {}, b1 = {};
+                    if (bias) { memcpy(&b0, bias + n0, sizeof(vecf)); memcpy(&b1, bias + n0 + GEMM_VL, sizeof(vecf)); }
                     for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
-                        float row[GEMM_NR];
-                        memcpy(row, &acc[r][0], sizeof(vecf));
-                        memcpy(row + GEMM_VL, &acc[r][1], sizeof(vecf));
                         float* c = Cm + (size_t)(m0 + r) * ldc + n0;
-                        for (int j = 0; j < GEMM_NR && n0 + j < N; j++) {
-                            float v = row[j];
-                            if (bias) v += bias[n0 + j];
-                            c[j] = accumulate ? c[j] + v : v;
+                        vecf v0 = acc[r][0] + b0, v1 = acc[r][1] + b1;
+                        if (accumulate) {
+                            vecf c0, c1;
+                            memcpy(&c0, c, sizeof(vecf));
+                            memcpy(&c1, c + GEMM_VL, sizeof(vecf));
+                            v0 = c0 + v0;
+                            v1 = c1 + v1;
                         }
+                        memcpy(c, &v0, sizeof(vecf));
+                        memcpy(c + GEMM_VL, &v1, sizeof(vecf));
+                    }
+                    continue;
+                }
+                for (int r = 0; r < GEMM_MR && m0 + r < M; r++) {
+                    float row[GEMM_NR];
+                    memcpy(row, &acc[r][0], sizeof(vecf));
+                    memcpy(row + GEMM_VL, &acc[r][1], sizeof(vecf));
+                    float* c = Cm + (size_t)(m0 + r) * ldc + n0;
+                    for (int j = 0; j < GEMM_NR && n0 + j < N; j++) {
+                        float v = row[j];
+                        if (bias) v += bias[n0 + j];
+                        c[j] = accumulate ? c[j] + v : v;
                     }
                 }
             }

@@ -154,9 +154,9 @@ static void bf16_widen_cpu(float* out, const bf16* x, long n) {
 // Each C element is then one chain over k in increasing order, starting from 0, then + bias, then added
 // to the old C: gemm_cpu's order, so for any blocking, tile, thread count or path the same bits.
 //
-// vdpbf16ps's tile is 8 rows by 32 columns (16 accumulators, 2 B vectors, a broadcast). A K block of KC
-// pairs keeps a B panel (KC x 32 words, 16 KB) in L1 while the row tiles of a unit stream past it; a unit
-// of MT x NT tiles keeps its A rows in L2.
+// vdpbf16ps's tile is 8 rows by 32 columns (16 accumulators, 2 B vectors, a broadcast), run over the
+// whole of K with its sums in registers, as gemm_cpu's: a unit of MT x NT tiles keeps its A panels and
+// the B panel the row tiles share in L2.
 
 // This core's peak GFLOP/s, from loops of 12 independent accumulators in registers over n steps: fp32
 // fmas (2 flops a lane), vdpbf16ps (4 flops a lane; 0 where the build or the CPU has none)

@@ -112,7 +112,7 @@ static void test_ops_matmul() {
 }
 
 // gemm_cpu itself, C = [C +] op(A) op(B) [+ bias], against float64 at the model's shapes and at ragged
-// ones: M, N and K that are not multiples of the tile (MR x NR), of the K block (KC) or of the unit of
+// ones: M, N and K that are not multiples of the tile (MR x NR), of a cache line or of the unit of
 // tiles, K = 1, K = 0, 1 x 1; each operand as itself and as a transpose read through its strides; with
 // bias and with accumulate. Each result is also computed at 2, 3 and 5 threads, which must give the same
 // bits: every element is one fma chain over k in order, whatever thread computes it.
@@ -122,8 +122,8 @@ static void test_ops_gemm() {
     const Case cases[] = {
         {1024, 192, 128, "default model qkv (TP 2)"}, {192, 128, 1024, "default model qkv dweight"},
         {1024, 128, 256, "default model fcproj"}, {128, 128, 32, "attention scores T128 hs32"},
-        {301, 1152, 384, "d6 qkv rows"}, {384, 200, 2048, "d6 dweight, 8 K blocks"},
-        {97, 257, 600, "unit edges + 1"}, {13, 17, 257, "K one past a block"}, {7, 33, 1, "K = 1"},
+        {301, 1152, 384, "d6 qkv rows"}, {384, 200, 2048, "d6 dweight, K 2048"},
+        {97, 257, 600, "unit edges + 1"}, {13, 17, 257, "K 257"}, {7, 33, 1, "K = 1"},
         {5, 9, 0, "K = 0"}, {1, 1, 1, "1 x 1 x 1"}, {1, 70, 96, "one row"}, {70, 1, 96, "one column"},
     };
     long differ = 0, checked = 0;
