@@ -970,8 +970,9 @@ static KVCache kv_row(const KVCache* kv, int b) {
 //   -> g -> residual2 (N, C) -> ln2 -> fch (B, T, 4C/P) -> gelu -> fcproj partial (B, T, C) -> g -> residual3 (N, C)
 // Only attention differs between the three uses: training and prefill attend over the batch's own T
 // tokens (causal); decode (T = 1) attends over the KV cache. With a cache, the layer's k and v are written
-// into it first, at each row's position (kv->pos).
-static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode) {
+// into it first, at each row's position (kv->pos). keep: a backward follows (training), so a bf16 run packs
+// the activations it keeps in bf16; an evaluation, a prefill or a decode reads none of them back.
+static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode, bool keep) {
     const GPTConfig* c = &m->cfg;
     const ShardPlan* s = &m->plan;
     Acts* a = &m->acts;
@@ -985,7 +986,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // its own tokens of it).
     OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
     keep_bf16(m, rk, la.ln1, (long)N * C);
-    if (ACT_USED(m, ln1_kept)) OP(rk, bf16_pack, as_bf16(la.ln1_kept), la.ln1, (long)N * C);
+    if (keep && ACT_USED(m, ln1_kept)) OP(rk, bf16_pack, as_bf16(la.ln1_kept), la.ln1, (long)N * C);
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
     float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 fwd", lg);
@@ -997,7 +998,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     else if (m->fused) OP(rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);  // keeps out and lse
     else OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);  // keeps the (T, T) probabilities
     keep_bf16(m, rk, la.atty, (long)BT * Cl);
-    if (ACT_USED(m, atty_kept)) OP(rk, bf16_pack, as_bf16(la.atty_kept), la.atty, (long)BT * Cl);
+    if (keep && ACT_USED(m, atty_kept)) OP(rk, bf16_pack, as_bf16(la.atty_kept), la.atty, (long)BT * Cl);
     // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
     // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
     // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
@@ -1009,14 +1010,14 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
     // fcproj is row-parallel over the same units: again a partial sum, again g.
     OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
     keep_bf16(m, rk, la.ln2, (long)N * C);
-    if (ACT_USED(m, ln2_kept)) OP(rk, bf16_pack, as_bf16(la.ln2_kept), la.ln2, (long)N * C);
+    if (keep && ACT_USED(m, ln2_kept)) OP(rk, bf16_pack, as_bf16(la.ln2_kept), la.ln2, (long)N * C);
     float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 fwd", lg);
     OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l, m->bf16);
     keep_bf16(m, rk, la.fch, (long)BT * C4l);  // the pre-activation in bf16, as the GELU's input and as kept
-    if (ACT_USED(m, fch_kept)) OP(rk, bf16_pack, as_bf16(la.fch_kept), la.fch, (long)BT * C4l);
+    if (keep && ACT_USED(m, fch_kept)) OP(rk, bf16_pack, as_bf16(la.fch_kept), la.fch, (long)BT * C4l);
     OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
     keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
-    if (ACT_USED(m, gelu_kept)) OP(rk, bf16_pack, as_bf16(la.gelu_kept), la.fch_gelu, (long)BT * C4l);
+    if (keep && ACT_USED(m, gelu_kept)) OP(rk, bf16_pack, as_bf16(la.gelu_kept), la.fch_gelu, (long)BT * C4l);
     OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C, m->bf16);
     float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", lg);
     OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
@@ -1027,7 +1028,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode)
 // A pipeline stage runs its part: the embedding on the first stage only (on the others the previous
 // stage's output is in acts.encoded already), its layers, and the LM head on the last stage only (the
 // others leave their output in the last layer's residual3, gpt_stage_output).
-static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode) {
+static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode, bool keep) {
     const ShardPlan* s = &m->plan;
     Acts* a = &m->acts;
     Params* p = &m->params;
@@ -1055,7 +1056,7 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode) {
         else OP(rk, position_forward, a->encoded, p->wpe, N, m->t0, T, C);
     }
 
-    for (int l = 0; l < L; l++) gpt_layer_forward(m, rk, l, kv, decode);
+    for (int l = 0; l < L; l++) gpt_layer_forward(m, rk, l, kv, decode, keep);
     if (!s->last) return;
 
     // final layernorm (replicated), then the LM head on this rank's vocab slice: logits (B, T, Vl).
@@ -1081,7 +1082,7 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     int Vl = s->Vl, BT = B * T;
     dev_upload(rk, m->tokens, tokens, BT * sizeof(int));
     if (targets) dev_upload(rk, m->targets, targets, BT * sizeof(int));
-    gpt_forward_logits(m, rk, nullptr, false);
+    gpt_forward_logits(m, rk, nullptr, false, training);
     if (!targets || !s->last) return;  // the loss is the last stage's
 
     // Vocab-parallel cross-entropy. softmax needs the max and the sum of exps over the whole vocab:
@@ -1116,7 +1117,7 @@ static void gpt_prefill(GPT* m, Rank* rk, KVCache* kv, const int* tokens, int B,
     dev_upload(rk, m->tokens, tokens, (size_t)B * T * sizeof(int));
     std::vector<int> zeros(B, 0);
     dev_upload(rk, kv->pos, zeros.data(), B * sizeof(int));
-    gpt_forward_logits(m, rk, kv, false);
+    gpt_forward_logits(m, rk, kv, false, false);
 }
 
 // Decode: one new token per row, tokens (B) at positions pos (B) (host memory, each < Tmax; the cache
@@ -1128,7 +1129,7 @@ static void gpt_decode(GPT* m, Rank* rk, KVCache* kv, const int* tokens, const i
     gpt_alloc_acts(m, rk, B, 1);
     dev_upload(rk, m->tokens, tokens, B * sizeof(int));
     dev_upload(rk, kv->pos, pos, B * sizeof(int));
-    gpt_forward_logits(m, rk, kv, true);
+    gpt_forward_logits(m, rk, kv, true, false);
     // the vocab-parallel head left each rank (B, Vl): an all-gather (sampling only: every rank draws
     // the same tokens from the full rows) gives (P, B, Vl), rank-major; the host puts each row together.
     comm_allgather(&rk->tp, kv->logits, m->acts.logits, (long)B * Vl, "decode logits", -1);
