@@ -356,108 +356,69 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
     auto pair_at = [K](const T* s, long stride, int j) {
         return bf16_pair(bf16_bits(s[(long)(2 * j) * stride]), 2 * j + 1 < K ? bf16_bits(s[(long)(2 * j + 1) * stride]) : 0u);
     };
-    // one row tile's panel: its vector paths where the tile is whole, else pair by pair
-    auto pack_a_tile = [&](long mb) {
-        uint32_t* d = Ap + (size_t)mb * BF16_MR * KP;
+    // Ap[mb][j][r] = pair j of row m = mb*MR + r of A; rows past M zero. Two row tiles a task, so that the
+    // vector paths read whole 64-byte lines (16 rows of a transpose, or 16 rows into one transpose); a last
+    // whole tile alone takes them with half the lanes masked.
+    cpu_for((MB + 1) / 2, [&](long tp) {
+        const long mb2 = 2 * tp;
+        int packed = 0;  // the tiles a vector path packed
 #if defined(__AVX512BW__)
-        // rows next to each other (a weight gradient's A, dout transposed): the MR rows at k = 2j and 2j+1 are
-        // two runs of 8 words, and pair j of every row is their high halves, one 8-word store
-        if (std::is_same<T, float>::value && a_rs == 1 && mb * BF16_MR + BF16_MR <= M) {
-            const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
-            const float* a0 = (const float*)(const void*)(A + mb * BF16_MR);
+        const int tiles = (mb2 + 2) * BF16_MR <= M ? 2 : (mb2 + 1) * BF16_MR <= M ? 1 : 0;  // whole ones
+        uint32_t* d0 = Ap + (size_t)mb2 * BF16_MR * KP;
+        uint32_t* d1 = d0 + (size_t)BF16_MR * KP;
+        auto pair_of_row = [&](int i, int j) { return pair_at(A + (mb2 * BF16_MR + i) * a_rs, a_cs, j); };  // i < 16
+        static_assert(BF16_MR == 8, "two tiles are one 16-word vector");
+        const __mmask16 rows = tiles == 2 ? 0xffff : 0x00ff;
+        // rows next to each other (a weight gradient's A, dout transposed): the rows at k = 2j and 2j+1 are
+        // two lines, and pair j of each row is their high halves, split between the two tiles' panels
+        if (std::is_same<T, float>::value && tiles > 0 && a_rs == 1) {
+            const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+            const float* a0 = (const float*)(const void*)(A + mb2 * BF16_MR);
             for (int j = 0; j < K / 2; j++) {
-                __m256i e = _mm256_loadu_si256((const __m256i*)(a0 + (long)(2 * j) * a_cs));
-                __m256i o = _mm256_loadu_si256((const __m256i*)(a0 + (long)(2 * j + 1) * a_cs));
-                _mm256_storeu_si256((__m256i*)(d + (size_t)j * BF16_MR), _mm256_or_si256(_mm256_and_si256(e, high), _mm256_srli_epi32(o, 16)));
+                __m512i e = _mm512_maskz_loadu_epi32(rows, (const void*)(a0 + (long)(2 * j) * a_cs));
+                __m512i o = _mm512_maskz_loadu_epi32(rows, (const void*)(a0 + (long)(2 * j + 1) * a_cs));
+                __m512i w = _mm512_or_si512(_mm512_and_si512(e, high), _mm512_maskz_srli_epi32((__mmask16)0xffff, o, 16));
+                _mm256_storeu_si256((__m256i*)(d0 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 0));
+                if (tiles == 2) _mm256_storeu_si256((__m256i*)(d1 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 1));
             }
             for (int j = K / 2; j < KP; j++)  // an odd K's last pair
-                for (int r = 0; r < BF16_MR; r++) d[(size_t)j * BF16_MR + r] = pair_at(A + (mb * BF16_MR + r) * a_rs, a_cs, j);
-            return;
+                for (int i = 0; i < tiles * BF16_MR; i++) (i < BF16_MR ? d0 : d1 - BF16_MR)[(size_t)j * BF16_MR + i] = pair_of_row(i, j);
+            packed = tiles;
         }
-        // rows contiguous along k (activations, a forward's or an input gradient's A): each row's 32 k made into
-        // 16 pair words by one permute, the MR rows (and MR zero rows) transposed, the first MR words of each
-        // column stored (a masked store)
-        if (std::is_same<T, float>::value && a_cs == 1 && mb * BF16_MR + BF16_MR <= M) {
-            static_assert(BF16_MR == 8, "the transpose below stores 8 rows");
+        // rows contiguous along k (activations, a forward's or an input gradient's A): each row's 32 k made
+        // into 16 pair words by one permute, the 16 rows (zero past the whole tiles) transposed, each
+        // column's halves stored to the two tiles' panels
+        else if (std::is_same<T, float>::value && tiles > 0 && a_cs == 1) {
             const int JV = K / 32 * 16;  // the pairs of whole blocks of 32 k
             for (int j0 = 0; j0 < JV; j0 += 16) {
                 __m512i r[16];
-                for (int i = 0; i < BF16_MR; i++) {
-                    const float* row = (const float*)(const void*)(A + (mb * BF16_MR + i) * a_rs) + 2 * j0;
-                    r[i] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)row), _mm512_loadu_si512((const void*)(row + 16)));
-                    r[i + BF16_MR] = _mm512_setzero_si512();
+                for (int i = 0; i < 16; i++) {
+                    const float* row = (const float*)(const void*)(A + (mb2 * BF16_MR + i) * a_rs) + 2 * j0;
+                    r[i] = i < tiles * BF16_MR ? bf16_pairs_from_words(_mm512_loadu_si512((const void*)row), _mm512_loadu_si512((const void*)(row + 16)))
+                                               : _mm512_setzero_si512();
                 }
                 transpose16_epi32(r);
-                for (int j = 0; j < 16; j++) _mm512_mask_storeu_epi32((void*)(d + (size_t)(j0 + j) * BF16_MR), (__mmask16)0x00ff, r[j]);
+                for (int j = 0; j < 16; j++) {
+                    _mm256_storeu_si256((__m256i*)(d0 + (size_t)(j0 + j) * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, r[j], 0));
+                    if (tiles == 2) _mm256_storeu_si256((__m256i*)(d1 + (size_t)(j0 + j) * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, r[j], 1));
+                }
             }
             for (int j = JV; j < KP; j++)  // the pairs past the last whole block
-                for (int i = 0; i < BF16_MR; i++) d[(size_t)j * BF16_MR + i] = pair_at(A + (mb * BF16_MR + i) * a_rs, a_cs, j);
-            return;
+                for (int i = 0; i < tiles * BF16_MR; i++) (i < BF16_MR ? d0 : d1 - BF16_MR)[(size_t)j * BF16_MR + i] = pair_of_row(i, j);
+            packed = tiles;
         }
 #endif
-        for (int r = 0; r < BF16_MR; r++) {
-            const long m = mb * BF16_MR + r;
-            if (m >= M)
-                for (int j = 0; j < KP; j++) d[(size_t)j * BF16_MR + r] = 0;
-            else
-                for (int j = 0; j < KP; j++) d[(size_t)j * BF16_MR + r] = pair_at(A + m * a_rs, a_cs, j);
-        }
-    };
-    // Ap[mb][j][r] = pair j of row m = mb*MR + r of A; rows past M zero. Two row tiles a task, so that the
-    // vector paths below read whole 64-byte lines (16 rows of a transpose, or 16 rows into one transpose).
-    cpu_for((MB + 1) / 2, [&](long tp) {
-#if defined(__AVX512BW__)
-        const long mb2 = 2 * tp;
-        if (std::is_same<T, float>::value && (mb2 + 2) * BF16_MR <= M && K >= 32) {
-            static_assert(BF16_MR == 8, "two tiles are one 16-word vector");
-            uint32_t* d0 = Ap + (size_t)mb2 * BF16_MR * KP;
-            uint32_t* d1 = d0 + (size_t)BF16_MR * KP;
-            // rows next to each other (a weight gradient's A, dout transposed): 16 rows at k = 2j and 2j+1 are
-            // two lines, and pair j of each row is their high halves, split between the two tiles' panels
-            if (a_rs == 1) {
-                const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-                const float* a0 = (const float*)(const void*)(A + mb2 * BF16_MR);
-                for (int j = 0; j < K / 2; j++) {
-                    __m512i e = _mm512_loadu_si512((const void*)(a0 + (long)(2 * j) * a_cs));
-                    __m512i o = _mm512_loadu_si512((const void*)(a0 + (long)(2 * j + 1) * a_cs));
-                    __m512i w = _mm512_or_si512(_mm512_and_si512(e, high), _mm512_maskz_srli_epi32((__mmask16)0xffff, o, 16));
-                    _mm256_storeu_si256((__m256i*)(d0 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 0));
-                    _mm256_storeu_si256((__m256i*)(d1 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 1));
-                }
-                for (int j = K / 2; j < KP; j++)  // an odd K's last pair
-                    for (int r = 0; r < BF16_MR; r++) {
-                        d0[(size_t)j * BF16_MR + r] = pair_at(A + (mb2 * BF16_MR + r) * a_rs, a_cs, j);
-                        d1[(size_t)j * BF16_MR + r] = pair_at(A + ((mb2 + 1) * BF16_MR + r) * a_rs, a_cs, j);
-                    }
-                return;
-            }
-            // rows contiguous along k (activations, a forward's or an input gradient's A): each of the 16 rows'
-            // 32 k made into 16 pair words by one permute, transposed, each column's halves stored to the two
-            // tiles' panels
-            if (a_cs == 1) {
-                const int JV = K / 32 * 16;  // the pairs of whole blocks of 32 k
-                for (int j0 = 0; j0 < JV; j0 += 16) {
-                    __m512i r[16];
-                    for (int i = 0; i < 16; i++) {
-                        const float* row = (const float*)(const void*)(A + (mb2 * BF16_MR + i) * a_rs) + 2 * j0;
-                        r[i] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)row), _mm512_loadu_si512((const void*)(row + 16)));
-                    }
-                    transpose16_epi32(r);
-                    for (int j = 0; j < 16; j++) {
-                        _mm256_storeu_si256((__m256i*)(d0 + (size_t)(j0 + j) * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, r[j], 0));
-                        _mm256_storeu_si256((__m256i*)(d1 + (size_t)(j0 + j) * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, r[j], 1));
-                    }
-                }
-                for (int j = JV; j < KP; j++)  // the pairs past the last whole block
-                    for (int i = 0; i < BF16_MR; i++) {
-                        d0[(size_t)j * BF16_MR + i] = pair_at(A + (mb2 * BF16_MR + i) * a_rs, a_cs, j);
-                        d1[(size_t)j * BF16_MR + i] = pair_at(A + ((mb2 + 1) * BF16_MR + i) * a_rs, a_cs, j);
-                    }
-                return;
+        // pair by pair the rest: bf16 operands, other strides, the tile past M
+        for (long mb = mb2 + packed; mb < mb2 + 2 && mb < MB; mb++) {
+            uint32_t* d = Ap + (size_t)mb * BF16_MR * KP;
+            for (int r = 0; r < BF16_MR; r++) {
+                const long m = mb * BF16_MR + r;
+                if (m >= M)
+                    for (int j = 0; j < KP; j++) d[(size_t)j * BF16_MR + r] = 0;
+                else
+                    for (int j = 0; j < KP; j++) d[(size_t)j * BF16_MR + r] = pair_at(A + m * a_rs, a_cs, j);
             }
         }
-#endif
-        for (long mb = 2 * tp; mb < 2 * tp + 2 && mb < MB; mb++) pack_a_tile(mb);
     });
     // Bp[nb][j][c] = pair j of column n = nb*NR + c of B; columns past N zero. Contiguous rows of B (b_cs
     // 1, a weight's gradient's operand) interleave two rows into a panel row of pairs, in vectors.
