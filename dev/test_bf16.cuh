@@ -388,12 +388,33 @@ static void test_bf16_checkpoint() {
     f = fopen((d + "/v4.bin").c_str(), "wb");
     fwrite(v3bytes.data(), 1, v3bytes.size(), f);
     fclose(f);
+    // a NaN in a bf16 file and an infinity in an fp32 one, each named where it is: qkvw's layer 1, row 5, column 7
+    ShardPlan whole;
+    shard_plan_init(&whole, &cfg, 1, 0);
+    long at = 0;
+    for (int i = 0; i < 4; i++) at += shard_full_size(&whole.t[i]);  // wte, wpe, ln1w, ln1b
+    at += (long)3 * cfg.C * cfg.C + 5L * cfg.C + 7;
+    std::vector<char> v5bytes = slurp_bytes(d + "/v5.bin");
+    const uint16_t nan16 = 0x7fc1;
+    memcpy(v5bytes.data() + 1024 + 2 * at, &nan16, 2);
+    f = fopen((d + "/v5_nan.bin").c_str(), "wb");
+    fwrite(v5bytes.data(), 1, v5bytes.size(), f);
+    fclose(f);
+    v3bytes[4] = 3;
+    const float inf32 = -INFINITY;
+    memcpy(v3bytes.data() + 1024 + 4 * at, &inf32, 4);
+    f = fopen((d + "/v3_inf.bin").c_str(), "wb");
+    fwrite(v3bytes.data(), 1, v3bytes.size(), f);
+    fclose(f);
+    std::string where = "at qkvw, layer 1, row 5, column 7 (parameter " + std::to_string(at) + ")";
     std::string cut = "is truncated: " + std::to_string(init.size() - 50) + " of " + std::to_string(init.size()) + " parameters present";
     struct { const char* what; const char* file; std::string expect; } bad[] = {
         {"a truncated bf16 file (100 bytes short)", "v5_short.bin", cut},
         {"a bf16 file with bytes past its tensors", "v5_long.bin", "longer than its header says"},
         {"an fp32 file labelled version 5", "v3_as_v5.bin", "longer than its header says"},
         {"version 4", "v4.bin", "has version 4; tp reads llm.c's fp32 version 3 and bf16 version 5"},
+        {"a NaN among a bf16 file's weights", "v5_nan.bin", "holds a non-finite weight (nan) " + where},
+        {"an infinity among an fp32 file's weights", "v3_inf.bin", "holds a non-finite weight (-inf) " + where},
     };
     for (auto& b : bad) {
         std::string out, err;

@@ -77,6 +77,24 @@ static void model_read(const char* path, GPTConfig* c, std::vector<float>* full,
     char extra;
     if (fread(&extra, 1, 1, f) == 1) fatal("checkpoint %s is longer than its header says (%ld parameters)", path, n);
     fclose(f);
+    // A NaN or infinity among the weights would first show as a non-finite loss at step 1, blamed on the
+    // learning rate; name the weight instead (the tensor, its layer, row and column, llm.c's order).
+    long bad = 0;
+    while (bad < n && std::isfinite((*full)[bad])) bad++;
+    if (bad < n) {
+        ShardPlan whole;
+        shard_plan_init(&whole, c, 1, 0);
+        long at = bad;
+        int i = 0;
+        while (at >= shard_full_size(&whole.t[i])) at -= shard_full_size(&whole.t[i++]);
+        const TensorShard* t = &whole.t[i];
+        long per_layer = t->rows * t->cols, in_layer = at % per_layer;
+        char layer[32] = "";
+        if (t->fl > 1) snprintf(layer, sizeof(layer), " layer %ld,", at / per_layer);
+        fatal("checkpoint %s holds a non-finite weight (%g) at %s,%s row %ld, column %ld (parameter %ld): "
+              "the file is damaged, or its run had diverged when it was saved",
+              path, (*full)[bad], t->name, layer, in_layer / t->cols, in_layer % t->cols, bad);
+    }
 }
 
 // Writes full parameters as an llm.c checkpoint, atomically: version 3 (fp32), or with in_bf16 version 5, every
