@@ -589,26 +589,34 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
 #define ATT_TILE 64
 #define ATT_HS_MAX 128
 
-// S (nr, ATT_TILE) = A rows 0..nr-1 (row stride lda) . B rows 0..nc-1 (row stride ldb)^T over hs; columns
-// nc..ATT_TILE-1 are 0. B is transposed into panels of GEMM_NR keys first, then gemm_cpu's micro-tile runs
-// on them (MR query rows by NR keys in registers while d runs: 2 loads of B and MR broadcasts of A per 2 MR
-// vector FMAs). Each S element is one chain over d in order, from 0.
-static void att_tile_dots(float* S, const float* A, long lda, int nr, const float* Bm, long ldb, int nc, int hs) {
+// A tile of keys (or values) as att_tile_dots reads it: rows 0..nc-1 of Bm (row stride ldb) transposed into
+// panels of GEMM_NR keys, zero past nc. Made once per tile where a pass reuses the tile (the backward's key
+// tiles meet every query tile below them).
+struct AttPanels { float bt[ATT_TILE / GEMM_NR][ATT_HS_MAX][GEMM_NR]; };
+
+static void att_tile_panels(AttPanels* p, const float* Bm, long ldb, int nc, int hs) {
     static_assert(ATT_TILE % GEMM_NR == 0, "a tile of keys is whole panels");
-    float bt[ATT_TILE / GEMM_NR][ATT_HS_MAX][GEMM_NR];
     for (int pnl = 0; pnl < ATT_TILE / GEMM_NR; pnl++)
         for (int c = 0; c < GEMM_NR; c++) {
             const int key = pnl * GEMM_NR + c;
             const float* b = Bm + (long)key * ldb;
-            for (int d = 0; d < hs; d++) bt[pnl][d][c] = key < nc ? b[d] : 0.0f;
+            for (int d = 0; d < hs; d++) p->bt[pnl][d][c] = key < nc ? b[d] : 0.0f;
         }
+}
+
+// S (nr, ATT_TILE) = A rows 0..nr-1 (row stride lda) . the tile's rows^T over hs (p: att_tile_panels; its
+// columns past nc are 0). gemm_cpu's micro-tile runs on the panels (MR query rows by NR keys in registers
+// while d runs: 2 loads of B and MR broadcasts of A per 2 MR vector FMAs). Each S element is one chain over
+// d in order, from 0. diag: the causal offset of the tile (its first query's position less its first
+// key's); row r's keys past r + diag are masked, so a panel all past them is not multiplied (0 in S).
+static void att_tile_dots(float* S, const float* A, long lda, int nr, const AttPanels* p, int hs, int diag) {
     for (int r0 = 0; r0 < nr; r0 += GEMM_MR) {
         const float* a[GEMM_MR];
         for (int i = 0; i < GEMM_MR; i++) a[i] = A + (long)(r0 + i < nr ? r0 + i : nr - 1) * lda;  // past nr: a row again, not stored
         for (int pnl = 0; pnl < ATT_TILE / GEMM_NR; pnl++) {
             vecf acc[GEMM_MR][2];
             for (int i = 0; i < GEMM_MR; i++) { acc[i][0] = vecf{}; acc[i][1] = vecf{}; }
-            gemm_tile_cpu(acc, a, 1, &bt[pnl][0][0], GEMM_NR, hs);
+            if (pnl * GEMM_NR <= r0 + GEMM_MR - 1 + diag) gemm_tile_cpu(acc, a, 1, &p->bt[pnl][0][0], GEMM_NR, hs);
             for (int i = 0; i < GEMM_MR && r0 + i < nr; i++) {
                 float* srow = S + (long)(r0 + i) * ATT_TILE + pnl * GEMM_NR;
                 memcpy(srow, &acc[i][0], sizeof(vecf));
@@ -621,13 +629,19 @@ static void att_tile_dots(float* S, const float* A, long lda, int nr, const floa
 // acc (m, hs; row stride lda) += P (m, n) . X (n, hs; row stride ldx), with p(i, j) = P[i * p_rs + j * p_cs]
 // (so P^T is passed by swapping the strides): each element summed over j in order, after its old value.
 // gemm_cpu's micro-tile, with X's rows read in place: MR rows by NR columns of acc stay in registers while
-// j runs.
+// j runs. P is a tile of probabilities or their gradients, masked (0) past the diagonal: diag is the tile's
+// causal offset (att_tile_dots); P's rows are queries, or with keys_rows (P^T) keys. A row block's terms
+// of masked P are left out (past the diagonal for query rows, before it for key rows): adding a 0 product
+// leaves any sum that started at +0 as it was, so the bits are those of the whole tile.
 static void att_tile_gemm(float* acc, long lda, int m, const float* P, long p_rs, long p_cs, int n, const float* X, long ldx,
-                          int hs) {
+                          int hs, int diag, bool keys_rows) {
     for (int i0 = 0; i0 < m; i0 += GEMM_MR) {
         const int mi = m - i0 < GEMM_MR ? m - i0 : GEMM_MR;
+        // the terms j0 <= j < j1 of the block's rows that can be nonzero: query row i sees keys j <= i + diag,
+        // key row c is seen by queries j >= c - diag
+        const int j0 = keys_rows ? std::max(0, i0 - diag) : 0, j1 = keys_rows ? n : std::min(n, i0 + mi + diag);
         const float* p[GEMM_MR];
-        for (int i = 0; i < GEMM_MR; i++) p[i] = P + (long)(i0 + (i < mi ? i : mi - 1)) * p_rs;  // past m: a row again, not stored
+        for (int i = 0; i < GEMM_MR; i++) p[i] = P + (long)(i0 + (i < mi ? i : mi - 1)) * p_rs + (long)j0 * p_cs;  // past m: a row again, not stored
         int d0 = 0;
         for (; d0 + GEMM_NR <= hs; d0 += GEMM_NR) {  // gemm_cpu's micro-tile on NR columns of X, read in place
             vecf a[GEMM_MR][2];
@@ -636,7 +650,7 @@ static void att_tile_gemm(float* acc, long lda, int m, const float* P, long p_rs
                 memcpy(&a[i][0], row, sizeof(vecf));
                 memcpy(&a[i][1], row + GEMM_VL, sizeof(vecf));
             }
-            gemm_tile_cpu(a, p, p_cs, X + d0, ldx, n);
+            if (j1 > j0) gemm_tile_cpu(a, p, p_cs, X + (long)j0 * ldx + d0, ldx, j1 - j0);
             for (int i = 0; i < mi; i++) {
                 float* row = acc + (long)(i0 + i) * lda + d0;
                 memcpy(row, &a[i][0], sizeof(vecf));
@@ -646,17 +660,18 @@ static void att_tile_gemm(float* acc, long lda, int m, const float* P, long p_rs
         for (; d0 < hs; d0++)  // the last hs % NR columns
             for (int i = 0; i < mi; i++) {
                 float a = acc[(long)(i0 + i) * lda + d0];
-                for (int j = 0; j < n; j++) a += p[i][j * p_cs] * X[(long)j * ldx + d0];
+                for (int j = j0; j < j1; j++) a += p[i][(j - j0) * p_cs] * X[(long)j * ldx + d0];
                 acc[(long)(i0 + i) * lda + d0] = a;
             }
     }
 }
 
-// P (nr, ATT_TILE) of the tile of queries i0.. and keys j0..: exp(scale * q.k - lse[row]), 0 where the key
-// is past the query (causal) or past T (nc). lse is the forward's, so P is its probabilities again.
-static void att_tile_probs(float* P, const float* q, const float* k, const float* lse, int i0, int nr, int j0, int nc,
+// P (nr, ATT_TILE) of the tile of queries i0.. and keys j0.. (kp: their panels): exp(scale * q.k - lse[row]),
+// 0 where the key is past the query (causal) or past T (nc). lse is the forward's, so P is its
+// probabilities again.
+static void att_tile_probs(float* P, const float* q, const AttPanels* kp, const float* lse, int i0, int nr, int j0, int nc,
                            int hs, int C3, float scale) {
-    att_tile_dots(P, q + (long)i0 * C3, C3, nr, k + (long)j0 * C3, C3, nc, hs);
+    att_tile_dots(P, q + (long)i0 * C3, C3, nr, kp, hs, i0 - j0);
     for (int r = 0; r < nr; r++) {
         float* p = P + (long)r * ATT_TILE;
         int ncv = i0 + r - j0 + 1 < nc ? i0 + r - j0 + 1 : nc;  // the keys row r sees in this tile
@@ -679,6 +694,7 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
         const float* v = q + 2 * C;
         int i0 = qt * ATT_TILE, nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
         float S[ATT_TILE * ATT_TILE], acc[ATT_TILE][ATT_HS_MAX], m[ATT_TILE], l[ATT_TILE];
+        AttPanels kp;
         for (int r = 0; r < nr; r++) {
             m[r] = -FLT_MAX;
             l[r] = 0.0f;
@@ -686,11 +702,13 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
         }
         for (int j0 = 0; j0 < i0 + nr; j0 += ATT_TILE) {  // key tiles up to the diagonal one
             int nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
-            att_tile_dots(S, q + (long)i0 * C3, C3, nr, k + (long)j0 * C3, C3, nc, hs);
+            att_tile_panels(&kp, k + (long)j0 * C3, C3, nc, hs);
+            att_tile_dots(S, q + (long)i0 * C3, C3, nr, &kp, hs, i0 - j0);
             for (int r = 0; r < nr; r++) {
                 float* s = S + (long)r * ATT_TILE;
                 int ncv = i0 + r - j0 + 1 < nc ? i0 + r - j0 + 1 : nc;
                 float mx = m[r];
+                #pragma omp simd reduction(max : mx)  // (a max is exact: any order, the same bits)
                 for (int c = 0; c < ncv; c++) { s[c] *= scale; mx = s[c] > mx ? s[c] : mx; }
                 // the running sum and output were taken against m[r]: rescale them to the new max
                 float corr = exp_fast(m[r] - mx), sum = 0.0f;
@@ -703,7 +721,7 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
                 for (int d = 0; d < hs; d++) a[d] *= corr;
                 for (int c = ncv; c < nc; c++) s[c] = 0.0f;  // masked: no weight
             }
-            att_tile_gemm(acc[0], ATT_HS_MAX, nr, S, ATT_TILE, 1, nc, v + (long)j0 * C3, C3, hs);  // acc += P v
+            att_tile_gemm(acc[0], ATT_HS_MAX, nr, S, ATT_TILE, 1, nc, v + (long)j0 * C3, C3, hs, i0 - j0, false);  // acc += P v
         }
         for (int r = 0; r < nr; r++) {
             float inv = 1.0f / l[r];
@@ -739,10 +757,11 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
         const float* q = qkv + (size_t)b * T * C3 + h * hs;
         return Head{q, q + C, q + 2 * C, dout + (size_t)b * T * C + h * hs, lse + ((size_t)b * NH + h) * T, dsum + ((size_t)b * NH + h) * T};
     };
-    // dS (nr, ATT_TILE) = P * (dP - D) * scale in place over dP, the gradient of the scaled scores
-    auto tile_grad = [&](float* P, float* dP, const Head& hd, int i0, int nr, int j0, int nc) {
-        att_tile_probs(P, hd.q, hd.k, hd.ls, i0, nr, j0, nc, hs, C3, scale);
-        att_tile_dots(dP, hd.dO + (long)i0 * C, C, nr, hd.v + (long)j0 * C3, C3, nc, hs);  // dP = dO v^T
+    // dS (nr, ATT_TILE) = P * (dP - D) * scale in place over dP, the gradient of the scaled scores (kp, vp:
+    // the panels of key tile j0's k and v)
+    auto tile_grad = [&](float* P, float* dP, const Head& hd, int i0, int nr, int j0, int nc, const AttPanels* kp, const AttPanels* vp) {
+        att_tile_probs(P, hd.q, kp, hd.ls, i0, nr, j0, nc, hs, C3, scale);
+        att_tile_dots(dP, hd.dO + (long)i0 * C, C, nr, vp, hs, i0 - j0);  // dP = dO v^T
         for (int r = 0; r < nr; r++) {
             float* g = dP + (long)r * ATT_TILE;
             const float* p = P + (long)r * ATT_TILE;
@@ -757,15 +776,18 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
         Head hd = head_of(b, h);
         int j0 = kt * ATT_TILE, nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
         float P[ATT_TILE * ATT_TILE], dS[ATT_TILE * ATT_TILE], dk[ATT_TILE][ATT_HS_MAX], dv[ATT_TILE][ATT_HS_MAX];
+        AttPanels kp, vp;  // the tile's k and v, for every query tile below it
+        att_tile_panels(&kp, hd.k + (long)j0 * C3, C3, nc, hs);
+        att_tile_panels(&vp, hd.v + (long)j0 * C3, C3, nc, hs);
         for (int c = 0; c < nc; c++)
             for (int d = 0; d < hs; d++) dk[c][d] = dv[c][d] = 0.0f;
         for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
             int nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
-            tile_grad(P, dS, hd, i0, nr, j0, nc);
-            att_tile_gemm(dv[0], ATT_HS_MAX, nc, P, 1, ATT_TILE, nr, hd.dO + (long)i0 * C, C, hs);   // dv += P^T dO
-            att_tile_gemm(dk[0], ATT_HS_MAX, nc, dS, 1, ATT_TILE, nr, hd.q + (long)i0 * C3, C3, hs);  // dk += dS^T q
+            tile_grad(P, dS, hd, i0, nr, j0, nc, &kp, &vp);
+            att_tile_gemm(dv[0], ATT_HS_MAX, nc, P, 1, ATT_TILE, nr, hd.dO + (long)i0 * C, C, hs, i0 - j0, true);   // dv += P^T dO
+            att_tile_gemm(dk[0], ATT_HS_MAX, nc, dS, 1, ATT_TILE, nr, hd.q + (long)i0 * C3, C3, hs, i0 - j0, true);  // dk += dS^T q
             if (dq_rows)  // dq += dS k (dS 0 past the diagonal)
-                att_tile_gemm(dq_rows + (long)i0 * C3, C3, nr, dS, ATT_TILE, 1, nc, hd.k + (long)j0 * C3, C3, hs);
+                att_tile_gemm(dq_rows + (long)i0 * C3, C3, nr, dS, ATT_TILE, 1, nc, hd.k + (long)j0 * C3, C3, hs, i0 - j0, false);
         }
         for (int c = 0; c < nc; c++) {
             float* row = dqkv + ((size_t)b * T + j0 + c) * C3 + h * hs;
@@ -795,12 +817,15 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
         Head hd = head_of(b, h);
         int i0 = qt * ATT_TILE, nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
         float P[ATT_TILE * ATT_TILE], dS[ATT_TILE * ATT_TILE], dq[ATT_TILE][ATT_HS_MAX];
+        AttPanels kp, vp;
         for (int r = 0; r < nr; r++)
             for (int d = 0; d < hs; d++) dq[r][d] = 0.0f;
         for (int j0 = 0; j0 < i0 + nr; j0 += ATT_TILE) {
             int nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
-            tile_grad(P, dS, hd, i0, nr, j0, nc);
-            att_tile_gemm(dq[0], ATT_HS_MAX, nr, dS, ATT_TILE, 1, nc, hd.k + (long)j0 * C3, C3, hs);  // dq += dS k (dS 0 past the diagonal)
+            att_tile_panels(&kp, hd.k + (long)j0 * C3, C3, nc, hs);
+            att_tile_panels(&vp, hd.v + (long)j0 * C3, C3, nc, hs);
+            tile_grad(P, dS, hd, i0, nr, j0, nc, &kp, &vp);
+            att_tile_gemm(dq[0], ATT_HS_MAX, nr, dS, ATT_TILE, 1, nc, hd.k + (long)j0 * C3, C3, hs, i0 - j0, false);  // dq += dS k (dS 0 past the diagonal)
         }
         for (int r = 0; r < nr; r++) memcpy(dqkv + ((size_t)b * T + i0 + r) * C3 + h * hs, dq[r], hs * sizeof(float));
     });
