@@ -6,8 +6,8 @@
 #                  runs every group under it (on 2 cores: about 6 and 17-21 minutes; the lists: 1.5 and 2.3)
 # make debug       ./tp_debug and ./test_tp_debug for work on kernels: -O0 -g, device debug info with line
 #                  numbers (-G, for cuda-gdb and compute-sanitizer), every kernel launch waited for
-# make gpucheck    on a GPU machine: GPU tests, memcheck, GPT-2 124M benchmark (and bf16 against fp32 at TP=1
-#                  and 2, with the default dtype's line), --plan 1 against the sweep;
+# make gpucheck    on a GPU machine: GPU tests, memcheck, GPT-2 124M benchmark (and gpucheck-dtype: bf16
+#                  against fp32 at TP=1 and 2, the default dtype's line), --plan 1 against the sweep;
 #                  results in gpucheck_out/
 # make emu         the CUDA path (kernels, cuBLAS, NCCL) on the emulated GPU of dev/emu, with memcheck and
 #                  racecheck, and the emulator's own planted-bug tests; no GPU needed
@@ -171,18 +171,25 @@ GPUOUT ?= gpucheck_out
 RAND    = $(GPUOUT)/random_tokens.bin
 BENCH   = ./tp -e d12 -t 1024 -i $(RAND) -j $(RAND) -x 10 -v 0 -g 0 --device cuda
 SANITIZER = $(firstword $(shell command -v compute-sanitizer 2>/dev/null) $(wildcard $(CUDA_DIR)/bin/compute-sanitizer))
-gpucheck: tp test_tp
+# make gpucheck-dtype: only --dtype bf16 against fp32 (d12 T=1024 B=16 at TP=1 and 2, GPU memory in use) and the
+# line naming the default dtype, into the same summary: what issue 19 needs of a GPU, in a minute or two
+$(RAND):
+	@mkdir -p $(GPUOUT)
+	python3 -c "import random, struct; n = 1 << 21; r = random.Random(0); open('$(RAND)', 'wb').write(struct.pack('<256i', 20240520, 1, n, *[0] * 253) + struct.pack('<%dH' % n, *[r.randrange(50257) for _ in range(n)]))"
+gpucheck-dtype: tp $(RAND)
+	-for P in 1 2; do for d in bf16 fp32; do timeout 90 $(BENCH) -b 16 --tp $$P --dtype $$d > $(GPUOUT)/bench_$${d}_tp$${P}_b16.txt 2>&1; echo "d12 T=1024 B=16 TP=$$P --dtype $$d: $$(grep -E '^average|error' $(GPUOUT)/bench_$${d}_tp$${P}_b16.txt | tail -n 1) | $$(grep -E '^GPU 0 memory' $(GPUOUT)/bench_$${d}_tp$${P}_b16.txt)" >> $(GPUOUT)/summary.txt; done; done
+	-timeout 90 $(BENCH) -x 1 -b 4 --tp 1 > $(GPUOUT)/default_dtype.txt 2>&1; echo "the default dtype: $$(grep -m1 -E -- '--dtype (bf16|fp32), the default|error' $(GPUOUT)/default_dtype.txt)" >> $(GPUOUT)/summary.txt
+	@cat $(GPUOUT)/summary.txt
+gpucheck: tp test_tp $(RAND)
 	@mkdir -p $(GPUOUT); rm -f $(GPUOUT)/summary.txt
 	-nvidia-smi > $(GPUOUT)/nvidia-smi.txt 2>&1
 	-bash -o pipefail -c 'timeout 300 ./test_tp gpu 2>&1 | tee $(GPUOUT)/gpu_tests.txt' && echo "gpu tests: passed" >> $(GPUOUT)/summary.txt || echo "gpu tests: FAILED" >> $(GPUOUT)/summary.txt
 	-if [ -z "$(SANITIZER)" ]; then echo "memcheck: not available (no compute-sanitizer in PATH or $(CUDA_DIR)/bin)" >> $(GPUOUT)/summary.txt; \
 	else bash -o pipefail -c 'timeout 150 $(SANITIZER) --tool memcheck --error-exitcode 9 ./tp -e L2C64H4 -b 2 -t 32 -x 3 -v 2 -m 1 -g 4 --device cuda --tp 2 2>&1 | tee $(GPUOUT)/memcheck.txt' && echo "memcheck: clean" >> $(GPUOUT)/summary.txt || echo "memcheck: FAILED" >> $(GPUOUT)/summary.txt; fi
 	-bash -o pipefail -c 'timeout 120 ./test_tp bench 2>&1 | tee $(GPUOUT)/bench_ops.txt'
-	python3 -c "import random, struct; n = 1 << 21; r = random.Random(0); open('$(RAND)', 'wb').write(struct.pack('<256i', 20240520, 1, n, *[0] * 253) + struct.pack('<%dH' % n, *[r.randrange(50257) for _ in range(n)]))"
 	-for b in 4 16 32 64; do timeout 90 $(BENCH) -b $$b --tp 1 > $(GPUOUT)/bench_tp1_b$$b.txt 2>&1; echo "d12 T=1024 B=$$b TP=1: $$(grep -E '^average|error' $(GPUOUT)/bench_tp1_b$$b.txt | tail -n 1)" >> $(GPUOUT)/summary.txt; done
-	-echo "the default dtype: $$(grep -m1 -E -- '--dtype (bf16|fp32), the default|error' $(GPUOUT)/bench_tp1_b16.txt)" >> $(GPUOUT)/summary.txt
 	-timeout 90 $(BENCH) -b 16 --tp 2 > $(GPUOUT)/bench_tp2_b16.txt 2>&1; echo "d12 T=1024 B=16 TP=2 (shared GPU memory): $$(grep -E '^average|error' $(GPUOUT)/bench_tp2_b16.txt | tail -n 1)" >> $(GPUOUT)/summary.txt
-	-for P in 1 2; do for d in bf16 fp32; do timeout 90 $(BENCH) -b 16 --tp $$P --dtype $$d > $(GPUOUT)/bench_$${d}_tp$${P}_b16.txt 2>&1; echo "d12 T=1024 B=16 TP=$$P --dtype $$d: $$(grep -E '^average|error' $(GPUOUT)/bench_$${d}_tp$${P}_b16.txt | tail -n 1) | $$(grep -E '^GPU 0 memory' $(GPUOUT)/bench_$${d}_tp$${P}_b16.txt)" >> $(GPUOUT)/summary.txt; done; done
+	-$(MAKE) --no-print-directory gpucheck-dtype > /dev/null
 	-timeout 90 ./tp --plan 1 -e d12 -b 4 -t 1024 -i $(RAND) -j $(RAND) --device cuda > $(GPUOUT)/plan.txt 2>&1; echo "plan d12 T=1024 B=4: $$(grep -E '^recommended|error' $(GPUOUT)/plan.txt | tail -n 1)" >> $(GPUOUT)/summary.txt
 	-timeout 150 ./tp --sweep 1 --sweep-steps 6 -e d12 -b 4 -t 1024 -i $(RAND) -j $(RAND) --device cuda -o $(GPUOUT)/sweep > $(GPUOUT)/sweep.txt 2>&1; echo "sweep, measured and predicted ms/step (ms_per_step, predicted_ms_per_step): $$(cut -d, -f1,2,4,16 $(GPUOUT)/sweep/sweep.csv 2>/dev/null | tr '\n' ' ')" >> $(GPUOUT)/summary.txt
 	@cat $(GPUOUT)/summary.txt
@@ -193,4 +200,4 @@ include dev/emu/emu.mk
 clean:
 	rm -f tp test_tp tp_asan test_tp_asan tp_tsan test_tp_tsan tp_debug test_tp_debug
 
-.PHONY: all test asan tsan debug gpucheck clean nvcc toolkit FORCE
+.PHONY: all test asan tsan debug gpucheck gpucheck-dtype clean nvcc toolkit FORCE
