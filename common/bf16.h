@@ -366,7 +366,12 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
         const int tiles = (mb2 + 2) * BF16_MR <= M ? 2 : (mb2 + 1) * BF16_MR <= M ? 1 : 0;  // whole ones
         uint32_t* d0 = Ap + (size_t)mb2 * BF16_MR * KP;
         uint32_t* d1 = d0 + (size_t)BF16_MR * KP;
-        auto pair_of_row = [&](int i, int j) { return pair_at(A + (mb2 * BF16_MR + i) * a_rs, a_cs, j); };  // i < 16
+        // pairs j0.. of the whole tiles' rows i < 16 one by one, where a vector path stops short of KP
+        auto pairs_from = [&](int j0) {
+            for (int j = j0; j < KP; j++)
+                for (int i = 0; i < tiles * BF16_MR; i++)
+                    (i < BF16_MR ? d0 + i : d1 + (i - BF16_MR))[(size_t)j * BF16_MR] = pair_at(A + (mb2 * BF16_MR + i) * a_rs, a_cs, j);
+        };
         static_assert(BF16_MR == 8, "two tiles are one 16-word vector");
         const __mmask16 rows = tiles == 2 ? 0xffff : 0x00ff;
         // rows next to each other (a weight gradient's A, dout transposed): the rows at k = 2j and 2j+1 are
@@ -381,8 +386,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
                 _mm256_storeu_si256((__m256i*)(d0 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 0));
                 if (tiles == 2) _mm256_storeu_si256((__m256i*)(d1 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 1));
             }
-            for (int j = K / 2; j < KP; j++)  // an odd K's last pair
-                for (int i = 0; i < tiles * BF16_MR; i++) (i < BF16_MR ? d0 : d1 - BF16_MR)[(size_t)j * BF16_MR + i] = pair_of_row(i, j);
+            pairs_from(K / 2);  // an odd K's last pair
             packed = tiles;
         }
         // rows contiguous along k (activations, a forward's or an input gradient's A): each row's 32 k made
@@ -403,8 +407,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
                     if (tiles == 2) _mm256_storeu_si256((__m256i*)(d1 + (size_t)(j0 + j) * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, r[j], 1));
                 }
             }
-            for (int j = JV; j < KP; j++)  // the pairs past the last whole block
-                for (int i = 0; i < tiles * BF16_MR; i++) (i < BF16_MR ? d0 : d1 - BF16_MR)[(size_t)j * BF16_MR + i] = pair_of_row(i, j);
+            pairs_from(JV);  // the pairs past the last whole block
             packed = tiles;
         }
 #endif
