@@ -318,18 +318,40 @@ static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) {
 // ----------------------------------------------------------------------------
 // the model of one rank
 
-// the 16 tensors of one rank, in llm.c's order; a struct of pointers into one allocation
-struct Params {
-    float *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
-    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb, *lnfw, *lnfb;
+// the 16 tensors of one rank, in llm.c's order; a struct of pointers into one allocation. T: float (the
+// weights, their gradients), or bf16 (a --dtype bf16 run's copy of the weights)
+template <typename T>
+struct ParamsOf {
+    T *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
+    T *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb, *lnfw, *lnfb;
 };
+typedef ParamsOf<float> Params;
 
-static void params_point(Params* p, float* mem, const ShardPlan* s) {
-    float** ptrs = (float**)p;
+// tensor `name`'s place among the 16
+#define PARAM_INDEX(name) ((int)(offsetof(Params, name) / sizeof(float*)))
+
+template <typename T>
+static void params_point(ParamsOf<T>* p, T* mem, const ShardPlan* s) {
+    T** ptrs = (T**)p;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         ptrs[i] = mem;
         mem += shard_local_size(&s->t[i]);
     }
+}
+
+// the weights only the matmuls (and the embedding) read, which a --dtype bf16 run's layers read in bf16
+// storage: wte and the four matrices of a layer. The rest, the vectors, are read by elementwise ops.
+static bool param_is_matrix(int i) {
+    return i == PARAM_INDEX(wte) || i == PARAM_INDEX(qkvw) || i == PARAM_INDEX(attprojw) || i == PARAM_INDEX(fcw) ||
+           i == PARAM_INDEX(fcprojw);
+}
+
+// the floats a --dtype bf16 run's vectors take widened (gpt_set_dtype), each from a 16-byte boundary
+static long params_vector_floats(const ShardPlan* s) {
+    long n = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        if (!param_is_matrix(i)) n += (shard_local_size(&s->t[i]) + 3) / 4 * 4;
+    return n;
 }
 
 // ----------------------------------------------------------------------------
@@ -502,17 +524,20 @@ struct GPT {
     float* grads_mem;      // (npad)
     float *m_mem, *v_mem;  // AdamW moments (nslice): for the slice the rank updates
     float dloss;  // training: the gradient each position's loss is seeded with (0: 1/(B T), the batch mean)
-    Params params, grads;  // params: the weights the forward and backward read (bf16: into wbf_mem)
+    Params params, grads;  // params: the fp32 weights the forward and backward read (bf16: its vectors only)
     // --dtype bf16 (gpt_set_dtype): the layers read a bf16 copy of the fp32 masters, rounded stochastically
-    // after every update (gpt_round_weights), held in fp32 (bf16 values widened exactly); the matmuls'
-    // activation operands are rounded to bf16 where they are made (keep_bf16). fp32: wbf_mem is null.
+    // after every update (gpt_round_weights), in bf16 storage: the matmuls take its matrices as they lie
+    // (WEIGHT), and the elementwise ops its vectors (biases, layernorms, wpe) widened exactly to fp32 (in
+    // wvec_mem, where params points). The matmuls' activation operands are rounded to bf16 where they are
+    // made (keep_bf16). fp32: wbf_mem and wvec_mem are null.
     bool bf16;
-    float* wbf_mem;       // (npad) the bf16 weights
+    ::bf16* wbf_mem;      // (npad) the bf16 copy of the weights, in params_mem's layout
+    ParamsOf<::bf16> wbf; // its 16 tensors
+    float* wvec_mem;      // (params_vector_floats) the copy's vectors widened
     bool wbf_stale;       // params_mem changed since wbf_mem was rounded from it
     // bf16 with ZeRO-1 over D > 1 replicas: each replica rounds its own slice of the masters and the replicas
-    // all-gather the bf16 copy, not the masters (gpt_update). wire_mem is that gather's bf16 buffer; the
-    // masters outside the replica's slice are then out of date (masters_partial) until gpt_gather_masters.
-    float* wire_mem;      // (npad / 2) npad bf16
+    // all-gather the bf16 copy, not the masters (gpt_update); the masters outside the replica's slice are
+    // then out of date (masters_partial) until gpt_gather_masters.
     bool masters_partial;
     uint32_t bf16_seed;   // the stochastic rounding's seed (the run's --seed)
     float* norm2;  // (2) squared gradient norm: [sharded tensors summed over ranks, replicated tensors]
@@ -637,26 +662,36 @@ static void gpt_build(GPT* m, Rank* rk, const GPTConfig* cfg, const float* full,
 }
 
 // --dtype bf16 (bf16 true) or fp32 for a model gpt_build made. bf16 keeps params_mem as the fp32 master
-// weights, which AdamW updates and checkpoints save, and points the layers' Params at a copy rounded from
-// them: stochastically, keyed on each element's index in the full model, the step and seed (common/bf16.h),
-// so TP=P rounds every weight as TP=1 does, replicas alike, and a resume re-derives the same copy from the
-// masters and the step. The copy is held in fp32 (bf16 values widened exactly): the numbers are bf16's,
-// the storage not yet halved.
+// weights, which AdamW updates and checkpoints save, and has the layers read a copy rounded from them:
+// stochastically, keyed on each element's index in the full model, the step and seed (common/bf16.h), so
+// TP=P rounds every weight as TP=1 does, replicas alike, and a resume re-derives the same copy from the
+// masters and the step. The copy is bf16 storage, 2 bytes a weight; its vectors are also widened to fp32
+// for the elementwise ops (a few per cent of the weights: wpe, the biases and layernorms).
 static void gpt_set_dtype(GPT* m, Rank* rk, bool bf16, uint32_t seed) {
     m->bf16 = bf16;
     m->bf16_seed = seed;
     if (m->masters_partial) fatal("rank %d: --dtype changed while the masters are partial (gpt_gather_masters first)", rk->rank);
-    if (bf16 && !m->wbf_mem) m->wbf_mem = dev_alloc(rk, m->npad);
-    if (bf16 && m->zero && rk->dp.P > 1 && !m->wire_mem) m->wire_mem = dev_alloc(rk, m->npad / 2);
+    if (bf16 && !m->wbf_mem) {
+        m->wbf_mem = (::bf16*)dev_alloc(rk, (m->npad + 1) / 2);  // two bf16 a float
+        m->wvec_mem = dev_alloc(rk, params_vector_floats(&m->plan));
+    }
     if (!bf16 && m->wbf_mem) {
         dev_free(rk, m->wbf_mem);
+        dev_free(rk, m->wvec_mem);
         m->wbf_mem = nullptr;
+        m->wvec_mem = nullptr;
     }
-    if (!bf16 && m->wire_mem) {
-        dev_free(rk, m->wire_mem);
-        m->wire_mem = nullptr;
+    params_point(&m->params, m->params_mem, &m->plan);
+    memset(&m->wbf, 0, sizeof(m->wbf));
+    if (bf16) {  // params: the vectors in wvec_mem, no matrices (the layers read those from wbf)
+        params_point(&m->wbf, m->wbf_mem, &m->plan);
+        float** ptrs = (float**)&m->params;
+        float* vec = m->wvec_mem;
+        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+            ptrs[i] = param_is_matrix(i) ? nullptr : vec;
+            if (!param_is_matrix(i)) vec += (shard_local_size(&m->plan.t[i]) + 3) / 4 * 4;
+        }
     }
-    params_point(&m->params, bf16 ? m->wbf_mem : m->params_mem, &m->plan);
     m->wbf_stale = bf16;
 }
 
@@ -676,6 +711,18 @@ static void gpt_round_weights(GPT* m, Rank* rk, long lo, long hi) {
         loff += n;
     }
 }
+
+// The vectors of the whole bf16 copy (once it is rounded, or gathered) widened to fp32, where params points
+static void gpt_widen_vectors(GPT* m, Rank* rk) {
+    ::bf16** from = (::bf16**)&m->wbf;
+    float** to = (float**)&m->params;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        if (!param_is_matrix(i)) OP(rk, bf16_widen, to[i], from[i], shard_local_size(&m->plan.t[i]));
+}
+
+// Weight tensor `name` of the layers from element off, as the matmuls take it (Weight, kernels_cpu.h): the
+// bf16 copy in a bf16 run, else the fp32 weights
+#define WEIGHT(m, name, off) ((m)->bf16 ? Weight{nullptr, (m)->wbf.name + (off)} : Weight{(m)->params.name + (off), nullptr})
 
 // With ZeRO-1 in a bf16 run the step all-gathers the bf16 copy, and a replica's masters outside its slice
 // fall behind. A checkpoint (which saves the masters) and a sample from the gathered weights first call this:
@@ -784,7 +831,7 @@ static void gpt_free_slot_mem(GPT* m, Rank* rk) {
 static void gpt_free(GPT* m, Rank* rk) {
     dev_free(rk, m->params_mem);
     if (m->wbf_mem) dev_free(rk, m->wbf_mem);
-    if (m->wire_mem) dev_free(rk, m->wire_mem);
+    if (m->wvec_mem) dev_free(rk, m->wvec_mem);
     dev_free(rk, m->grads_mem);
     dev_free(rk, m->m_mem);
     dev_free(rk, m->v_mem);
@@ -990,7 +1037,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
     float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 fwd", lg);
-    OP(rk, matmul_forward, la.qkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, p->qkvb + l * 3 * Cl, BT, C, 3 * Cl, m->bf16);
+    OP(rk, matmul_forward, la.qkv, ln1_all, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
     // heads are independent, so attention needs nothing from the other ranks; nor does the cache,
     // which holds this rank's heads only
     if (kv) OP(rk, kv_write, kv->k + l * kv->lstride, kv->v + l * kv->lstride, la.qkv, kv->pos, B, T, NHl, kv->Tmax, hs);
@@ -1002,7 +1049,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
     // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
     // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
     // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
-    OP(rk, matmul_forward, a->partial, la.atty, p->attprojw + (long)l * C * Cl, nullptr, BT, Cl, C, m->bf16);
+    OP(rk, matmul_forward, a->partial, la.atty, WEIGHT(m, attprojw, (long)l * C * Cl), nullptr, BT, Cl, C);
     float* attn_out = my_tokens_summed(m, rk, a->partial, "attproj fwd", lg);
     OP(rk, residual_forward, la.residual2, la.residual, attn_out, p->attprojb + l * C, N, C);  // bias once, after the sum
 
@@ -1012,13 +1059,13 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
     keep_bf16(m, rk, la.ln2, (long)N * C);
     if (keep && ACT_USED(m, ln2_kept)) OP(rk, bf16_pack, as_bf16(la.ln2_kept), la.ln2, (long)N * C);
     float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 fwd", lg);
-    OP(rk, matmul_forward, la.fch, ln2_all, p->fcw + (long)l * C4l * C, p->fcb + l * C4l, BT, C, C4l, m->bf16);
+    OP(rk, matmul_forward, la.fch, ln2_all, WEIGHT(m, fcw, (long)l * C4l * C), p->fcb + l * C4l, BT, C, C4l);
     keep_bf16(m, rk, la.fch, (long)BT * C4l);  // the pre-activation in bf16, as the GELU's input and as kept
     if (keep && ACT_USED(m, fch_kept)) OP(rk, bf16_pack, as_bf16(la.fch_kept), la.fch, (long)BT * C4l);
     OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
     keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
     if (keep && ACT_USED(m, gelu_kept)) OP(rk, bf16_pack, as_bf16(la.gelu_kept), la.fch_gelu, (long)BT * C4l);
-    OP(rk, matmul_forward, a->partial, la.fch_gelu, p->fcprojw + (long)l * C * C4l, nullptr, BT, C4l, C, m->bf16);
+    OP(rk, matmul_forward, a->partial, la.fch_gelu, WEIGHT(m, fcprojw, (long)l * C * C4l), nullptr, BT, C4l, C);
     float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", lg);
     OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
 }
@@ -1037,6 +1084,7 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode, bool 
     int BT = B * T, N = m->ntok;
     if (m->bf16 && m->wbf_stale) {  // the first forward since the masters changed
         gpt_round_weights(m, rk, 0, m->nparams);
+        gpt_widen_vectors(m, rk);
         m->wbf_stale = false;
     }
     if (s->first) {
@@ -1046,10 +1094,10 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode, bool 
         // ranks add exact zeros, so this is bit-identical to TP=1): g, an all-reduce; with SP a
         // reduce-scatter, which leaves each rank its own tokens. Then the replicated wpe is added.
         if (!m->split) {
-            OP(rk, encoder_forward, a->encoded, m->tokens, p->wte, s->v0, Vl, BT, C);
+            OP(rk, encoder_forward, a->encoded, m->tokens, WEIGHT(m, wte, 0), s->v0, Vl, BT, C);
             comm_allreduce(tp, a->encoded, (long)BT * C, COMM_SUM, "embedding fwd", -1);
         } else {
-            OP(rk, encoder_forward, a->partial, m->tokens, p->wte, s->v0, Vl, BT, C);
+            OP(rk, encoder_forward, a->partial, m->tokens, WEIGHT(m, wte, 0), s->v0, Vl, BT, C);
             comm_reducescatter(tp, a->encoded, a->partial, (long)N * C, "embedding fwd", -1);
         }
         if (decode) OP(rk, position_rows_forward, a->encoded, p->wpe, kv->pos + m->t0, N, C);  // T = 1: token n is row n
@@ -1066,7 +1114,7 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode, bool 
     OP(rk, layernorm_forward, a->lnf + (long)m->t0 * C, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, N, C);
     keep_bf16(m, rk, a->lnf + (long)m->t0 * C, (long)N * C);
     if (m->split) gather_tokens(m, rk, a->lnf, a->lnf + (long)m->t0 * C, true, "lnf fwd", -1);
-    OP(rk, matmul_forward, a->logits, a->lnf, p->wte, nullptr, BT, C, Vl, m->bf16);
+    OP(rk, matmul_forward, a->logits, a->lnf, WEIGHT(m, wte, 0), nullptr, BT, C, Vl);
 }
 
 // Forward pass of one rank on tokens (B, T) (host memory, the same on every rank).
@@ -1184,9 +1232,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // The input gradient comes first so that its sum can start; the weight gradient, which needs only
         // dlogits and lnf, is computed while the sum is in flight (the same for fc and qkv below).
         keep_bf16(m, rk, a->logits, (long)BT * Vl);  // dlogits, the head's output gradient
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl, m->bf16);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->logits, a->lnf, WEIGHT(m, wte, 0), BT, C, Vl);
         float* dlnf = my_tokens_summed_start(m, rk, a->dln, "lm head bwd", -1);
-        OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, p->wte, BT, C, Vl, m->bf16);  // under the sum
+        OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, WEIGHT(m, wte, 0), BT, C, Vl);  // under the sum
         dev_zero(rk, a->dres, (long)N * C);
         my_tokens_summed_wait(rk);
         float* last = LAYER_BUF(m, residual3, L - 1);
@@ -1212,7 +1260,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
             OP(rk, bf16_widen, la.fch_gelu, as_bf16(la.gelu_kept), (long)BT * C4l);
         }
         OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, la.fch_gelu,
-           p->fcprojw + (long)l * C * C4l, BT, C4l, C, m->bf16);
+           WEIGHT(m, fcprojw, (long)l * C * C4l), BT, C4l, C);
         OP(rk, gelu_backward, a->dfch, la.fch, a->dfch, (long)BT * C4l);
         keep_bf16(m, rk, a->dfch, (long)BT * C4l);
         // fc is column-parallel: its input ln2 is replicated, and each rank's dln2 covers only its
@@ -1226,10 +1274,10 @@ static void gpt_backward(GPT* m, Rank* rk) {
             OP(rk, bf16_widen, la.ln2, as_bf16(la.ln2_kept), (long)N * C);
         }
         float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 bwd", lg);
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, p->fcw + (long)l * C4l * C, BT, C, C4l, m->bf16);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);
         float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", lg);
         OP(rk, matmul_backward, nullptr, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_all,
-           p->fcw + (long)l * C4l * C, BT, C, C4l, m->bf16);  // under the sum
+           WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);  // under the sum
         my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, g->ln2w + l * C, g->ln2b + l * C, dln2, la.residual2, p->ln2w + l * C,
            la.ln2_mean, la.ln2_rstd, N, C);
@@ -1240,7 +1288,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         dout = all_tokens(m, rk, a->dres, true, "attproj bwd", lg);
         if (ACT_USED(m, atty_kept)) OP(rk, bf16_widen, la.atty, as_bf16(la.atty_kept), (long)BT * Cl);
         OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout, la.atty,
-           p->attprojw + (long)l * C * Cl, BT, Cl, C, m->bf16);
+           WEIGHT(m, attprojw, (long)l * C * Cl), BT, Cl, C);
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse
             OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
         } else {
@@ -1255,10 +1303,10 @@ static void gpt_backward(GPT* m, Rank* rk) {
             OP(rk, bf16_widen, la.ln1, as_bf16(la.ln1_kept), (long)N * C);
         }
         float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 bwd", lg);
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl, m->bf16);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);
         float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", lg);
         OP(rk, matmul_backward, nullptr, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_all,
-           p->qkvw + (long)l * 3 * Cl * C, BT, C, 3 * Cl, m->bf16);  // under the sum
+           WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);  // under the sum
         my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, g->ln1w + l * C, g->ln1b + l * C, dln1, la.residual, p->ln1w + l * C,
            la.ln1_mean, la.ln1_rstd, N, C);
@@ -1378,11 +1426,9 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
         // rounds its slice (the bits any replica would round, being keyed on the full index), and the
         // all-gather moves the slices as bf16: half the bytes of gathering the fp32 masters. The masters
         // stay split like m and v, until a checkpoint gathers them (gpt_gather_masters).
-        bf16* wire = as_bf16(m->wire_mem);
         gpt_round_weights(m, rk, lo, hi);
-        OP(rk, bf16_pack, wire + lo, m->wbf_mem + lo, m->nslice);
-        comm_allgather_bf16(dp, wire, wire + lo, m->nslice, "params dp", -1);
-        OP(rk, bf16_widen, m->wbf_mem, wire, m->npad);
+        comm_allgather_bf16(dp, m->wbf_mem, m->wbf_mem + lo, m->nslice, "params dp", -1);
+        gpt_widen_vectors(m, rk);
         m->masters_partial = true;
         return;
     }
@@ -1394,8 +1440,9 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
 // so TP rank r's checksum is the same in every replica; tp.cu compares them. With the masters split over
 // the replicas (ZeRO-1 in bf16) the weights all of them hold are the bf16 copy.
 static uint64_t gpt_checksum(GPT* m, Rank* rk) {
-    std::vector<uint32_t> w(m->nparams);
-    dev_download(rk, w.data(), m->masters_partial ? m->wbf_mem : m->params_mem, m->nparams * sizeof(float));
+    std::vector<uint32_t> w(m->nparams);  // (the bf16 copy fills the first half, the rest zero)
+    if (m->masters_partial) dev_download(rk, w.data(), m->wbf_mem, m->nparams * sizeof(::bf16));
+    else dev_download(rk, w.data(), m->params_mem, m->nparams * sizeof(float));
     uint64_t h = 1469598103934665603ull;
     for (uint32_t x : w) h = (h ^ x) * 1099511628211ull;
     return h;

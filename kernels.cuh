@@ -177,9 +177,27 @@ template <int VEC> __device__ __forceinline__ Fv<VEC> ldv(const float* p) {
     }
     return r;
 }
+// VEC bf16 widened: 8 from one 16-byte load (element 2i in the low half of word i), else one by one
+template <int VEC> __device__ __forceinline__ Fv<VEC> ldv(const bf16* p) {
+    Fv<VEC> r;
+    if constexpr (VEC == 8) {
+        uint4 t = *reinterpret_cast<const uint4*>(p);
+        uint32_t w[4] = {t.x, t.y, t.z, t.w};
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            r.v[2 * k] = bf16_to_float((bf16)(w[k] & 0xffff));
+            r.v[2 * k + 1] = bf16_to_float((bf16)(w[k] >> 16));
+        }
+    } else {
+        #pragma unroll
+        for (int k = 0; k < VEC; k++) r.v[k] = bf16_to_float(p[k]);
+    }
+    return r;
+}
 template <int VEC> __device__ __forceinline__ void stv(float* p, const Fv<VEC>& r) {
-    if constexpr (VEC == 4) {
-        *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    if constexpr (VEC == 4 || VEC == 8) {
+        #pragma unroll
+        for (int k = 0; k < VEC; k += 4) *reinterpret_cast<float4*>(p + k) = make_float4(r.v[k], r.v[k + 1], r.v[k + 2], r.v[k + 3]);
     } else {
         #pragma unroll
         for (int k = 0; k < VEC; k++) p[k] = r.v[k];
@@ -412,13 +430,14 @@ static dim3 colsum_grid(CudaCtx* cx, int N, int n) {
 // ----------------------------------------------------------------------------
 // Linear layers
 
-// A bf16 run's matmul operands hold bf16 values in fp32 words (keep_bf16, the weights' bf16 copy). On the
-// GPU they are packed into bf16 storage (bf16_pack_cuda, 16-byte loads and stores) and multiplied by cuBLAS
-// on bf16 tensor cores with fp32 accumulation (gemm_bf16_cuda): twice TF32's rate on sm_80 and sm_90, for a
-// pass over the operands that is memory-bound. Products of bf16 values are exact in fp32, so this computes
-// what TF32 or fp32 would on the same operands, up to the order of the fp32 sums. The packed operands live
-// in one scratch of the rank (cx->packed), each from a 16-byte boundary; it grows to the largest matmul's
-// operands (the LM head's backward: dlogits, wte and lnf, B*T*Vp/P + Vp*C/P + B*T*C bf16).
+// A bf16 run's activation operands hold bf16 values in fp32 words (keep_bf16); its weights are a bf16 copy
+// in bf16 storage (gpt.cu's gpt_round_weights). On the GPU the activations are packed into bf16 storage
+// too (bf16_pack_cuda, 16-byte loads and stores), and cuBLAS multiplies them on bf16 tensor cores with
+// fp32 accumulation (gemm_bf16_cuda): twice TF32's rate on sm_80 and sm_90, for a pass over the
+// activations that is memory-bound. Products of bf16 values are exact in fp32, so this computes what TF32
+// or fp32 would on the same operands, up to the order of the fp32 sums. The packed operands live in one
+// scratch of the rank (cx->packed), each from a 16-byte boundary; it grows to the largest matmul's
+// (the LM head's backward: dlogits and lnf, B*T*Vp/P + B*T*C bf16).
 static void bf16_pack_cuda(CudaCtx* cx, bf16* out, const float* x, long n);  // (with the bf16 ops below)
 
 // The operands x[0..n) (each holding bf16 values, sizes[i] of them) packed into consecutive 16-byte-aligned
@@ -435,13 +454,14 @@ static void pack_operands_bf16(CudaCtx* cx, int n, const float* const* x, const 
 }
 
 // out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL. bf16: inp and weight hold
-// bf16 values, multiplied as bf16 (above).
+// bf16 values, multiplied as bf16 (above): inp is packed, and the weight too where it is fp32 words
+// (weight); a --dtype bf16 run's is bf16 storage already (weight_h, which bf16 implies), read where it lies.
 static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const float* weight, const float* bias,
-                                int N, int IC, int OC, bool bf16 = false) {
+                                int N, int IC, int OC, bool bf16 = false, const ::bf16* weight_h = nullptr) {
     if (N <= 0 || OC <= 0) return;
-    if (bf16) {
-        const float* x[2] = {inp, weight};
-        long sizes[2] = {(long)N * IC, (long)OC * IC};
+    if (bf16 || weight_h) {
+        const float* x[2] = {inp, weight_h ? nullptr : weight};
+        long sizes[2] = {(long)N * IC, weight_h ? 0 : (long)OC * IC};
         ::bf16* h[2];  // (:: because the flag bf16 hides the type)
         pack_operands_bf16(cx, 2, x, sizes, h);
         float beta = 0.0f;
@@ -450,7 +470,7 @@ static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const
             CUDA_LAUNCH_CHECK(cx->rank, "bias_broadcast_kernel");
             beta = 1.0f;
         }
-        gemm_bf16_cuda(cx, false, true, N, OC, IC, 1.0f, h[0], IC, h[1], IC, beta, out, OC);
+        gemm_bf16_cuda(cx, false, true, N, OC, IC, 1.0f, h[0], IC, weight_h ? weight_h : h[1], IC, beta, out, OC);
         return;
     }
     // cuBLASLt's bias epilogue wants a 16-byte aligned bias; every GPT-2 shape gives one
@@ -466,18 +486,24 @@ static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const
     gemm_cuda(cx, false, true, N, OC, IC, 1.0f, inp, IC, 0, weight, IC, 0, beta, out, OC, 0, 1);
 }
 
+// the recipe's form: the weight in the run's dtype (Weight, kernels_cpu.h)
+static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, Weight w, const float* bias, int N, int IC, int OC) {
+    matmul_forward_cuda(cx, out, inp, w.f, bias, N, IC, OC, w.h != nullptr, w.h);
+}
+
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
 // dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
-// bf16: as in matmul_forward_cuda
+// bf16: as in matmul_forward_cuda, the weight fp32 words (weight) or bf16 storage (weight_h, which bf16 implies)
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, int N, int IC, int OC, bool bf16 = false) {
+                                 const float* inp, const float* weight, int N, int IC, int OC, bool bf16 = false,
+                                 const ::bf16* weight_h = nullptr) {
     if (N <= 0) return;
-    if (bf16 && (dinp || dweight)) {  // dout holds bf16 values too (keep_bf16 of the output gradient)
-        const float* x[3] = {dout, dinp ? weight : nullptr, dweight ? inp : nullptr};
-        long sizes[3] = {(long)N * OC, dinp ? (long)OC * IC : 0, dweight ? (long)N * IC : 0};
+    if ((bf16 || weight_h) && (dinp || dweight)) {  // dout holds bf16 values too (keep_bf16 of the output gradient)
+        const float* x[3] = {dout, dinp && !weight_h ? weight : nullptr, dweight ? inp : nullptr};
+        long sizes[3] = {(long)N * OC, dinp && !weight_h ? (long)OC * IC : 0, dweight ? (long)N * IC : 0};
         ::bf16* h[3];
         pack_operands_bf16(cx, 3, x, sizes, h);
-        if (dinp) gemm_bf16_cuda(cx, false, false, N, IC, OC, 1.0f, h[0], OC, h[1], IC, 0.0f, dinp, IC);
+        if (dinp) gemm_bf16_cuda(cx, false, false, N, IC, OC, 1.0f, h[0], OC, weight_h ? weight_h : h[1], IC, 0.0f, dinp, IC);
         if (dweight) gemm_bf16_cuda(cx, true, false, OC, IC, N, 1.0f, h[0], OC, h[2], IC, 1.0f, dweight, IC);
     } else {
         if (dinp) gemm_cuda(cx, false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
@@ -493,19 +519,25 @@ static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float
         CUDA_LAUNCH_CHECK(cx->rank, "colsum_finish_kernel");
     }
 }
+// the recipe's form: the weight in the run's dtype
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                 Weight w, int N, int IC, int OC) {
+    matmul_backward_cuda(cx, dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, w.h != nullptr, w.h);
+}
 
 // ----------------------------------------------------------------------------
 // Embedding (vocab-parallel: this rank holds wte rows [v0, v0+Vl))
 
-// out (N, C) = wte[tok - v0] for tokens this rank owns, zeros for the others; a warp per row
-template <int VEC>
-__global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
+// out (N, C) = wte[tok - v0] for tokens this rank owns, zeros for the others; a warp per row. W: wte in
+// fp32, or a --dtype bf16 run's bf16 copy (widened exactly)
+template <typename W, int VEC>
+__global__ void encoder_forward_kernel(float* out, const int* tokens, const W* wte, int v0, int Vl, int N, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     int lane = threadIdx.x % 32;
     int row = tokens[n] - v0;
     bool own = row >= 0 && row < Vl;
-    const float* src = wte + (long)(own ? row : 0) * C;
+    const W* src = wte + (long)(own ? row : 0) * C;
     float* o = out + n * C;
     for (int i = lane * VEC; i < C; i += 32 * VEC) {
         Fv<VEC> x;
@@ -516,14 +548,21 @@ __global__ void encoder_forward_kernel(float* out, const int* tokens, const floa
     }
 }
 
-static void encoder_forward_cuda(CudaCtx* cx, float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
+template <typename W>
+static void encoder_forward_cuda(CudaCtx* cx, float* out, const int* tokens, const W* wte, int v0, int Vl, int N, int C) {
     if (N <= 0) return;
     unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
-    if (C % 4 == 0 && aligned16(out) && aligned16(wte))
-        encoder_forward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(out, tokens, wte, v0, Vl, N, C);
+    constexpr int VEC = 16 / sizeof(W);  // a 16-byte load of wte: 4 floats or 8 bf16
+    if (C % VEC == 0 && aligned16(out) && aligned16(wte))
+        encoder_forward_kernel<W, VEC><<<grid, ROW_THREADS, 0, cx->stream>>>(out, tokens, wte, v0, Vl, N, C);
     else
-        encoder_forward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(out, tokens, wte, v0, Vl, N, C);
+        encoder_forward_kernel<W, 1><<<grid, ROW_THREADS, 0, cx->stream>>>(out, tokens, wte, v0, Vl, N, C);
     CUDA_LAUNCH_CHECK(cx->rank, "encoder_forward_kernel");
+}
+// the recipe's form: wte in the run's dtype
+static void encoder_forward_cuda(CudaCtx* cx, float* out, const int* tokens, Weight wte, int v0, int Vl, int N, int C) {
+    if (wte.h) encoder_forward_cuda(cx, out, tokens, wte.h, v0, Vl, N, C);
+    else encoder_forward_cuda(cx, out, tokens, wte.f, v0, Vl, N, C);
 }
 
 // x (N, C) += wpe row (t0 + n) % T for row n (the flattened batch's token t0 + n); a warp per row

@@ -278,37 +278,62 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
     });
 }
 
-// The GEMM of a --dtype bf16 run: the same product of operands that hold bf16 values (T = float: fp32
-// words, low halves zero), on AVX512-BF16's vdpbf16ps where that is faster, else gemm_cpu itself; the
-// same bits either way (common/bf16.h, included at the end of this file)
-template <typename T>
-static void gemm_bf16_cpu(int M, int N, int K, const T* A, long a_rs, long a_cs, const T* B, long b_rs, long b_cs,
+// bf16: the 16 bits of a bfloat16, the top half of an fp32 (common/bf16.h has its arithmetic)
+typedef uint16_t bf16;
+
+// The GEMM of a --dtype bf16 run: the same product of operands that hold bf16 values (TA, TB = float: fp32
+// words, low halves zero; = bf16: bf16 storage), on AVX512-BF16's vdpbf16ps where that is faster, else
+// gemm_cpu on them widened; the same bits either way (common/bf16.h, included at the end of this file)
+template <typename TA, typename TB>
+static void gemm_bf16_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs, long b_cs,
                           float* Cm, long ldc, bool accumulate, const float* bias);
 
-// a linear layer's GEMM: gemm_cpu, or where its operands hold bf16 values (bf16) the bf16 GEMM
+// a linear layer's GEMM: gemm_cpu, or where its operands hold bf16 values (bf16) the bf16 GEMM; a weight
+// in bf16 storage (B, the second form) is a --dtype bf16 run's, so always the bf16 GEMM
 static void linear_gemm_cpu(bool bf16, int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
                             long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
     if (bf16) gemm_bf16_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
     else gemm_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
 }
+static void linear_gemm_cpu(bool, int M, int N, int K, const float* A, long a_rs, long a_cs, const bf16* B, long b_rs,
+                            long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+    gemm_bf16_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
+}
+
+// A linear layer's weight as the recipe hands it to matmul_forward and matmul_backward, in the run's
+// dtype: the fp32 weights (f), or in a --dtype bf16 run the bf16 copy of them in bf16 storage (h), which
+// also says that the activation operands hold bf16 values. One of the two is set, also where the op reads
+// no weight (a weight's gradient alone).
+struct Weight {
+    const float* f;
+    const bf16* h;
+};
 
 // ----------------------------------------------------------------------------
 // Linear layers
 
 // out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL. bf16: inp and weight hold
-// bf16 values (a --dtype bf16 run), which the bf16 GEMM multiplies, to the same bits as gemm_cpu
-static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias,
+// bf16 values (a --dtype bf16 run), which the bf16 GEMM multiplies, to the same bits as gemm_cpu. W: the
+// weight in fp32 words, or bf16 storage (then bf16 whatever the flag says).
+template <typename W>
+static void matmul_forward_cpu(float* out, const float* inp, const W* weight, const float* bias,
                                int N, int IC, int OC, bool bf16 = false) {
     // b(k=i, n=o) = weight[o*IC + i]: weight^T, read through its strides
     linear_gemm_cpu(bf16, N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false, bias);
+}
+// the recipe's form: the weight in the run's dtype
+static void matmul_forward_cpu(float* out, const float* inp, Weight w, const float* bias, int N, int IC, int OC) {
+    if (w.h) matmul_forward_cpu(out, inp, w.h, bias, N, IC, OC, true);
+    else matmul_forward_cpu(out, inp, w.f, bias, N, IC, OC, false);
 }
 
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
 // dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
 // (gpt.cu calls it twice per column-parallel matmul, dinp alone and then the rest, to overlap a sum)
-// bf16: dout, inp and weight hold bf16 values, as in matmul_forward_cpu
+// bf16: dout, inp and weight hold bf16 values, as in matmul_forward_cpu; W as there
+template <typename W>
 static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
-                                const float* inp, const float* weight, int N, int IC, int OC, bool bf16 = false) {
+                                const float* inp, const W* weight, int N, int IC, int OC, bool bf16 = false) {
     if (dinp) linear_gemm_cpu(bf16, N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false, nullptr);
     if (dweight) linear_gemm_cpu(bf16, OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
     if (dbias) {
@@ -324,6 +349,12 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
             for (int j = 0; j < w; j++) dbias[o0 + j] += s[j];
         });
     }
+}
+// the recipe's form: the weight in the run's dtype
+static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, Weight w,
+                                int N, int IC, int OC) {
+    if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.h, N, IC, OC, true);
+    else matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, false);
 }
 
 // ----------------------------------------------------------------------------

@@ -24,7 +24,7 @@
 #include <immintrin.h>
 #include "../kernels_cpu.h"
 
-typedef uint16_t bf16;
+// bf16 (kernels_cpu.h, whose ops take it): the 16 bits of a bfloat16, uint16_t
 
 // The scalar functions and the index map below are the same code on the CPU and in CUDA kernels
 // (kernels.cuh), so a GPU rounds every element to the CPU's bits.
@@ -141,6 +141,24 @@ static void bf16_widen_cpu(float* out, const bf16* x, long n) {
     cpu_for_range(n, [&](long lo, long hi) {
         for (long j = lo; j < hi; j++) out[j] = bf16_to_float(x[j]);
     });
+}
+
+// encoder_forward_cpu (kernels_cpu.h) from a --dtype bf16 run's wte, the weights' bf16 copy: each row the
+// rank owns widened (exactly), zeros for the others
+static void encoder_forward_cpu(float* out, const int* tokens, const bf16* wte, int v0, int Vl, int N, int C) {
+    cpu_for(N, [&](long n) {
+        int row = tokens[n] - v0;
+        float* o = out + (size_t)n * C;
+        if (row >= 0 && row < Vl)
+            for (int c = 0; c < C; c++) o[c] = bf16_to_float(wte[(size_t)row * C + c]);
+        else
+            memset(o, 0, C * sizeof(float));
+    });
+}
+// the recipe's form: wte in the run's dtype
+static void encoder_forward_cpu(float* out, const int* tokens, Weight wte, int v0, int Vl, int N, int C) {
+    if (wte.h) encoder_forward_cpu(out, tokens, wte.h, v0, Vl, N, C);
+    else encoder_forward_cpu(out, tokens, wte.f, v0, Vl, N, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -341,9 +359,9 @@ static inline __m512i bf16_pairs_from_words(__m512i lo, __m512i hi) {
 }
 #endif
 
-// the vdpbf16ps path, for bf16 operands (T = bf16) or fp32 words holding bf16 values (T = float)
-template <typename T>
-static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_cs, const T* B, long b_rs,
+// the vdpbf16ps path, for operands in bf16 storage (TA, TB = bf16) or fp32 words holding bf16 values (= float)
+template <typename TA, typename TB>
+static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
                              long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
     const int MB = (M + BF16_MR - 1) / BF16_MR, NB = (N + BF16_NR - 1) / BF16_NR, KP = (K + 1) / 2;
     // the packed operands belong to the calling (rank) thread and only grow
@@ -353,7 +371,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
     uint32_t* Ap = packA.data();
     uint32_t* Bp = packB.data();
     // the pair j of a row of A or a column of B that starts at s, elements a stride apart (0 past K)
-    auto pair_at = [K](const T* s, long stride, int j) {
+    auto pair_at = [K](const auto* s, long stride, int j) {
         return bf16_pair(bf16_bits(s[(long)(2 * j) * stride]), 2 * j + 1 < K ? bf16_bits(s[(long)(2 * j + 1) * stride]) : 0u);
     };
     // Ap[mb][j][r] = pair j of row m = mb*MR + r of A; rows past M zero. Two row tiles a task, so that the
@@ -376,7 +394,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
         const __mmask16 rows = tiles == 2 ? 0xffff : 0x00ff;
         // rows next to each other (a weight gradient's A, dout transposed): the rows at k = 2j and 2j+1 are
         // two lines, and pair j of each row is their high halves, split between the two tiles' panels
-        if (std::is_same<T, float>::value && tiles > 0 && a_rs == 1) {
+        if (std::is_same<TA, float>::value && tiles > 0 && a_rs == 1) {
             const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
             const float* a0 = (const float*)(const void*)(A + mb2 * BF16_MR);
             for (int j = 0; j < K / 2; j++) {
@@ -392,7 +410,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
         // rows contiguous along k (activations, a forward's or an input gradient's A): each row's 32 k made
         // into 16 pair words by one permute, the 16 rows (zero past the whole tiles) transposed, each
         // column's halves stored to the two tiles' panels
-        else if (std::is_same<T, float>::value && tiles > 0 && a_cs == 1) {
+        else if (std::is_same<TA, float>::value && tiles > 0 && a_cs == 1) {
             const int JV = K / 32 * 16;  // the pairs of whole blocks of 32 k
             for (int j0 = 0; j0 < JV; j0 += 16) {
                 __m512i r[16];
@@ -430,15 +448,20 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
         const int n0 = (int)nb * BF16_NR, nc = N - n0 < BF16_NR ? N - n0 : BF16_NR;
 #if defined(__AVX512BW__)
         // columns contiguous along k (the weight of a forward, out = inp . W^T): 16 columns by 16 pairs at a
-        // time, each column's 32 k made into 16 pair words by one permute, then transposed into panel rows
-        if (std::is_same<T, float>::value && b_rs == 1 && nc == BF16_NR) {
+        // time, each column's 32 k made into 16 pair words, then transposed into panel rows. From fp32 words
+        // that is one permute of their high halves; bf16 storage has elements 2j and 2j+1 in the low and
+        // high halves of word j (little-endian), so a pair word is that word with its halves swapped.
+        if (b_rs == 1 && nc == BF16_NR) {
             const int JV = K / 32 * 16;  // the pairs of whole blocks of 32 k
             for (int c0 = 0; c0 < BF16_NR; c0 += 16)
                 for (int j0 = 0; j0 < JV; j0 += 16) {
                     __m512i r[16];
                     for (int c = 0; c < 16; c++) {
-                        const float* col = (const float*)(const void*)(B + (long)(n0 + c0 + c) * b_cs) + 2 * j0;
-                        r[c] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)col), _mm512_loadu_si512((const void*)(col + 16)));
+                        const TB* col = B + (long)(n0 + c0 + c) * b_cs + 2 * j0;
+                        if (std::is_same<TB, float>::value)
+                            r[c] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)col), _mm512_loadu_si512((const void*)(col + 16)));
+                        else
+                            r[c] = _mm512_maskz_rol_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)col), 16);
                     }
                     transpose16_epi32(r);
                     for (int j = 0; j < 16; j++) _mm512_storeu_si512((void*)(d + (size_t)(j0 + j) * BF16_NR + c0), r[j]);
@@ -450,8 +473,8 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
 #endif
         if (b_cs == 1 && nc == BF16_NR) {
             for (int j = 0; j < KP; j++) {
-                const T* e = B + (long)(2 * j) * b_rs + n0;
-                const T* o = B + (long)(2 * j + 1) * b_rs + n0;
+                const TB* e = B + (long)(2 * j) * b_rs + n0;
+                const TB* o = B + (long)(2 * j + 1) * b_rs + n0;
                 uint32_t* w = d + (size_t)j * BF16_NR;
                 if (2 * j + 1 < K)
                     for (int c = 0; c < BF16_NR; c++) w[c] = bf16_pair(bf16_bits(e[c]), bf16_bits(o[c]));
@@ -483,39 +506,39 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const T* A, long a_rs, long a_
 }
 #endif
 
-// The fp32 path for bf16 operands: both widened to fp32 (exactly), each in its own orientation so it is
-// read and written along its contiguous side, then gemm_cpu.
-static void gemm_bf16_fma_cpu(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs,
+// An operand of the fp32 path as fp32, rows x cols through strides rs and cs (updated to the view's):
+// bf16 storage widened (exactly) into buf, in its own orientation so that it is read and written along its
+// contiguous side (column by column where rs is 1, a transpose); fp32 words holding bf16 values as they lie.
+static const float* bf16_fp32_view(const bf16* X, int rows, int cols, long* rs, long* cs, std::vector<float>& buf) {
+    if (buf.size() < (size_t)rows * cols) buf.resize((size_t)rows * cols);
+    float* w = buf.data();  // (a thread_local named inside a cpu_for chunk would be the worker's own)
+    const long xr = *rs, xc = *cs;
+    const bool by_cols = xr == 1 && xc != 1;
+    cpu_for(by_cols ? cols : rows, [&](long i) {
+        float* d = w + (size_t)i * (by_cols ? rows : cols);
+        if (by_cols) for (int r = 0; r < rows; r++) d[r] = bf16_to_float(X[i * xc + r]);
+        else for (int c = 0; c < cols; c++) d[c] = bf16_to_float(X[i * xr + (long)c * xc]);
+    });
+    *rs = by_cols ? 1 : cols;
+    *cs = by_cols ? rows : 1;
+    return w;
+}
+static const float* bf16_fp32_view(const float* X, int, int, long*, long*, std::vector<float>&) { return X; }
+
+// The fp32 path: gemm_cpu on both operands as fp32 (bf16_fp32_view), the same bits as vdpbf16ps's
+template <typename TA, typename TB>
+static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
                               long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
     static thread_local std::vector<float> wideA, wideB;
-    if (wideA.size() < (size_t)M * K) wideA.resize((size_t)M * K);
-    if (wideB.size() < (size_t)K * N) wideB.resize((size_t)K * N);
-    float* wa = wideA.data();  // (a thread_local named inside a cpu_for chunk would be the worker's own)
-    float* wb = wideB.data();
-    // A by columns (a transpose: a_rs == 1) is widened column by column into K x M, else row by row into M x K
-    const bool a_cols = a_rs == 1 && a_cs != 1, b_cols = b_rs == 1 && b_cs != 1;
-    cpu_for(a_cols ? K : M, [&](long i) {
-        float* d = wa + (size_t)i * (a_cols ? M : K);
-        if (a_cols) for (int m = 0; m < M; m++) d[m] = bf16_to_float(A[i * a_cs + m]);
-        else for (int k = 0; k < K; k++) d[k] = bf16_to_float(A[i * a_rs + (long)k * a_cs]);
-    });
-    cpu_for(b_cols ? N : K, [&](long i) {
-        float* d = wb + (size_t)i * (b_cols ? K : N);
-        if (b_cols) for (int k = 0; k < K; k++) d[k] = bf16_to_float(B[(long)k * b_rs + i * b_cs]);
-        else for (int n = 0; n < N; n++) d[n] = bf16_to_float(B[i * b_rs + (long)n * b_cs]);
-    });
-    gemm_cpu(M, N, K, wa, a_cols ? 1 : K, a_cols ? M : 1, wb, b_cols ? 1 : N, b_cols ? K : 1, Cm, ldc, accumulate, bias);
+    const float* a = bf16_fp32_view(A, M, K, &a_rs, &a_cs, wideA);
+    const float* b = bf16_fp32_view(B, K, N, &b_rs, &b_cs, wideB);
+    gemm_cpu(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, Cm, ldc, accumulate, bias);
 }
 
-// operands already in fp32 words: the fp32 path is gemm_cpu on them as they lie
-static void gemm_bf16_fma_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
-                              long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
-    gemm_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
-}
-
-// (declared in kernels_cpu.h, whose matmuls call it with T = float in a --dtype bf16 run)
-template <typename T>
-static void gemm_bf16_cpu(int M, int N, int K, const T* A, long a_rs, long a_cs, const T* B, long b_rs, long b_cs,
+// (declared in kernels_cpu.h, whose matmuls call it in a --dtype bf16 run: A fp32 words holding bf16
+// values, the activations; B the same, or the weights' bf16 copy in bf16 storage)
+template <typename TA, typename TB>
+static void gemm_bf16_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs, long b_cs,
                           float* Cm, long ldc, bool accumulate, const float* bias) {
     if (M <= 0 || N <= 0) return;
 #if defined(__AVX512F__)

@@ -36,7 +36,7 @@ static void gemm_bf16_ref(int M, int N, int K, const bf16* A, long a_rs, long a_
 // result against float64 within fp32 accumulation's bound (K+2 roundings of 2^-24 of sum |a||b|, plus the
 // bias and the old C), and the vdpbf16ps path (where the CPU has it) bit for bit against the fma path
 static void bf16_gemm_case(int M, int N, int K, bool a_t, bool b_t, bool accumulate, bool with_bias, uint64_t seed,
-                           double* worst, bool* same, long* compared) {
+                           double* worst, bool* same, bool* mixed, long* compared) {
     std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
     std::vector<float> bias(N), C0((size_t)M * N);
     uint64_t s = seed;
@@ -60,6 +60,11 @@ static void bf16_gemm_case(int M, int N, int K, bool a_t, bool b_t, bool accumul
     for (size_t i = 0; i < B.size(); i++) Bw[i] = bf16_to_float(B[i]);
     bf16_path = BF16_DP;
     gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, Bw.data(), b_rs, b_cs, Cw.data(), N, accumulate, with_bias ? bias.data() : nullptr);
+    // A in fp32 words and B in bf16 storage (an activation times a --dtype bf16 run's weight), on both paths
+    std::vector<float> Cmix_dp = C0, Cmix_fma = C0;
+    gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cmix_dp.data(), N, accumulate, with_bias ? bias.data() : nullptr);
+    bf16_path = BF16_FMA;
+    gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cmix_fma.data(), N, accumulate, with_bias ? bias.data() : nullptr);
     bf16_path = had;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
@@ -69,6 +74,7 @@ static void bf16_gemm_case(int M, int N, int K, bool a_t, bool b_t, bool accumul
             double err = fabs((double)Cfma[i] - want) / (bound > 0 ? bound : 1e-30);
             if (!(err <= *worst)) *worst = err;  // a NaN becomes the worst
             if (bf16_test_bits(Cdp[i]) != bf16_test_bits(Cfma[i]) || bf16_test_bits(Cw[i]) != bf16_test_bits(Cfma[i])) *same = false;
+            if (bf16_test_bits(Cmix_dp[i]) != bf16_test_bits(Cfma[i]) || bf16_test_bits(Cmix_fma[i]) != bf16_test_bits(Cfma[i])) *mixed = false;
             (*compared)++;
         }
 }
@@ -203,18 +209,18 @@ static void test_bf16() {
     // fcproj forwards and their backwards) and ragged edges, every layout of A and B
     {
         double worst = 0;
-        bool same = true;
+        bool same = true, mixed = true;
         long compared = 0;
         struct Shape { int M, N, K; bool a_t, b_t; };
         const Shape shapes[] = {{1024, 192, 128, false, true},  {1024, 256, 128, false, true}, {1024, 128, 256, false, true},
                                 {1024, 128, 192, false, false}, {192, 128, 1024, true, false}, {128, 256, 1024, true, false}};
-        for (const Shape& sh : shapes) bf16_gemm_case(sh.M, sh.N, sh.K, sh.a_t, sh.b_t, true, true, 11 + sh.N, &worst, &same, &compared);
+        for (const Shape& sh : shapes) bf16_gemm_case(sh.M, sh.N, sh.K, sh.a_t, sh.b_t, true, true, 11 + sh.N, &worst, &same, &mixed, &compared);
         int cases = 0;
         for (int M : {1, 3, 8, 9, 17})
             for (int N : {1, 5, 31, 32, 33, 70})
                 for (int K : {1, 2, 7, 64, 257, 1031}) {
                     bool a_t = cases & 1, b_t = cases & 2, acc = cases & 4, bias = (cases / 8) & 1;
-                    bf16_gemm_case(M, N, K, a_t, b_t, acc, bias, 1000 + cases, &worst, &same, &compared);
+                    bf16_gemm_case(M, N, K, a_t, b_t, acc, bias, 1000 + cases, &worst, &same, &mixed, &compared);
                     cases++;
                 }
         check(worst <= 1.0, "the bf16 GEMM against float64 at 6 model shapes and %d ragged ones (%ld elements): worst error "
@@ -225,6 +231,8 @@ static void test_bf16() {
             printf("  skip vdpbf16ps against the fp32 path: this CPU has no AVX512-BF16\n");
             g_skipped++;
         }
+        check(mixed, "A in fp32 words times B in bf16 storage (a --dtype bf16 run's matmul) gives the bits of both in bf16, on %s "
+              "(%ld elements)", bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path", compared);
     }
     // the same bits at any thread count (a rank thread with 1, 2 and 3 workers) on each path
     {

@@ -463,6 +463,62 @@ static void test_gemm_bf16(CudaCtx* cx) {
                 }
 }
 
+// A --dtype bf16 run's weights in bf16 storage (Weight's h), as the recipe passes them: matmul_forward and
+// matmul_backward against the CPU's (the activations bf16 values in fp32 words, the weight read where it
+// lies, at a 16-byte boundary and 2 bytes past one), and the embedding's rows widened, bit for bit, on
+// its 16-byte path and its element one
+static void test_bf16_weights(CudaCtx* cx) {
+    printf("matmul_forward / matmul_backward / encoder_forward with the weights in bf16 storage\n");
+    Rnd r = {31};
+    auto bf16_values = [](std::vector<float> v) { round_bf16_cpu(v.data(), (long)v.size()); return v; };
+    struct { int N, IC, OC, off; bool bias; } cases[] = {{256, 128, 384, 0, true}, {256, 512, 128, 0, false}, {33, 65, 17, 1, true}, {7, 96, 130, 3, false}};
+    for (auto& k : cases) {
+        char s[96];
+        snprintf(s, sizeof(s), "N=%d IC=%d OC=%d%s%s", k.N, k.IC, k.OC, k.bias ? " bias" : "", k.off ? " weight unaligned" : "");
+        auto inp = bf16_values(rnd_vec(&r, (long)k.N * k.IC)), dout = bf16_values(rnd_vec(&r, (long)k.N * k.OC));
+        auto b = rnd_vec(&r, k.OC), dw0 = rnd_vec(&r, (long)k.OC * k.IC), db0 = rnd_vec(&r, k.OC);
+        std::vector<bf16> w((size_t)k.OC * k.IC);
+        for (auto& x : w) x = bf16_round(rnd_uniform(&r) * 2.0f - 1.0f);
+        std::vector<float> out_c((long)k.N * k.OC), dinp_c((long)k.N * k.IC), dw_c = dw0, db_c = db0;
+        matmul_forward_cpu(out_c.data(), inp.data(), Weight{nullptr, w.data()}, k.bias ? b.data() : nullptr, k.N, k.IC, k.OC);
+        matmul_backward_cpu(dinp_c.data(), dw_c.data(), k.bias ? db_c.data() : nullptr, dout.data(), inp.data(), Weight{nullptr, w.data()},
+                            k.N, k.IC, k.OC);
+        bf16* dw_base = (bf16*)cuda_alloc(cx, ((long)w.size() + k.off + 1) / 2);
+        bf16* dwt = dw_base + k.off;
+        cuda_upload(cx, dwt, w.data(), w.size() * sizeof(bf16));
+        DevBuf di = dev_up(cx, inp), dbias = dev_up(cx, b), ddout = dev_up(cx, dout);
+        DevBuf dout_g = dev_up(cx, rnd_vec(&r, (long)k.N * k.OC, 5, 6)), ddinp = dev_up(cx, rnd_vec(&r, (long)k.N * k.IC, 5, 6));
+        DevBuf ddw = dev_up(cx, dw0), ddb = dev_up(cx, db0);
+        matmul_forward_cuda(cx, dout_g.p, di.p, Weight{nullptr, dwt}, k.bias ? dbias.p : nullptr, k.N, k.IC, k.OC);
+        matmul_backward_cuda(cx, ddinp.p, ddw.p, k.bias ? ddb.p : nullptr, ddout.p, di.p, Weight{nullptr, dwt}, k.N, k.IC, k.OC);
+        expect_close("matmul_forward bf16 w", s, dev_down(cx, dout_g.p, (long)k.N * k.OC), out_c, FP32_BOUND);
+        expect_close("matmul_backward bf16 w", (std::string(s) + " dinp").c_str(), dev_down(cx, ddinp.p, (long)k.N * k.IC), dinp_c, FP32_BOUND);
+        expect_close("matmul_backward bf16 w", (std::string(s) + " dw").c_str(), dev_down(cx, ddw.p, (long)k.OC * k.IC), dw_c, FP32_BOUND);
+        if (k.bias) expect_close("matmul_backward bf16 w", (std::string(s) + " dbias").c_str(), dev_down(cx, ddb.p, k.OC), db_c, SUM_BOUND);
+        cuda_free(cx, dw_base);
+        for (DevBuf* d : {&di, &dbias, &ddout, &dout_g, &ddinp, &ddw, &ddb}) cuda_free(cx, d->base);
+    }
+    struct { int N, C, Vl, v0, off; } enc[] = {{64, 128, 96, 0, 0}, {50, 130, 40, 40, 0}, {31, 64, 32, 16, 1}, {9, 7, 5, 3, 0}};
+    for (auto& k : enc) {
+        char s[96];
+        snprintf(s, sizeof(s), "N=%d C=%d Vl=%d v0=%d%s", k.N, k.C, k.Vl, k.v0, k.off ? " wte unaligned" : "");
+        auto tokens = rnd_ints(&r, k.N, k.v0 + k.Vl + 7);  // some past this rank's rows, some before
+        std::vector<bf16> wte((size_t)k.Vl * k.C);
+        for (auto& x : wte) x = bf16_round(rnd_uniform(&r) * 2.0f - 1.0f);
+        std::vector<float> want((long)k.N * k.C);
+        encoder_forward_cpu(want.data(), tokens.data(), Weight{nullptr, wte.data()}, k.v0, k.Vl, k.N, k.C);
+        int* dtok = dev_up_int(cx, tokens);
+        bf16* base = (bf16*)cuda_alloc(cx, ((long)wte.size() + k.off + 1) / 2);
+        cuda_upload(cx, base + k.off, wte.data(), wte.size() * sizeof(bf16));
+        DevBuf dout = dev_up(cx, rnd_vec(&r, (long)k.N * k.C, 5, 6));
+        encoder_forward_cuda(cx, dout.p, dtok, Weight{nullptr, base + k.off}, k.v0, k.Vl, k.N, k.C);
+        expect_exact("encoder_forward bf16", s, dev_down(cx, dout.p, (long)k.N * k.C), want);
+        cuda_free(cx, dtok);
+        cuda_free(cx, base);
+        cuda_free(cx, dout.base);
+    }
+}
+
 // the bf16 copy of the master weights: the CUDA op against the CPU op, bit for bit, on every tensor's
 // shard of every rank at TP = 2 and 4, in two slices (as ZeRO-1 cuts a shard), for three launches
 static void test_bf16_from_master(CudaCtx* cx) {
@@ -1134,6 +1190,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     test_round_bf16(&cx);
     test_bf16_wire(&cx);
     test_gemm_bf16(&cx);
+    test_bf16_weights(&cx);
     cuda_ctx_free(&cx);
     for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);
     test_skip_detected(argv0, false);

@@ -41,8 +41,7 @@ struct RankMemory {
 
 // fused: --attention fused (else matmul). Pipeline parallelism: a rank of stage `stage` of S, keeping
 // `slots` micro-batches' activations (pp_slots). bf16: --dtype bf16, whose parameters are the fp32 masters
-// and the layers' bf16 copy of them (held in fp32, gpt_set_dtype), and with ZeRO-1 the bf16 buffer the
-// replicas gather the copy through (2 bytes a parameter).
+// and the layers' bf16 copy of them (2 bytes a weight, and its vectors widened to fp32: gpt_set_dtype).
 static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused,
                               int S = 1, int stage = 0, int slots = 1, bool bf16 = false) {
     ShardPlan s;
@@ -51,7 +50,7 @@ static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B,
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += shard_local_size(&s.t[i]);
     long npad = shard_padded(n, zero, D);  // as gpt_build allocates it
     RankMemory mem;
-    mem.params = (bf16 ? 2 : 1) * 4.0 * npad + (bf16 && zero && D > 1 ? 2.0 * npad : 0);
+    mem.params = 4.0 * npad + (bf16 ? 4.0 * ((npad + 1) / 2 + params_vector_floats(&s)) : 0);
     mem.grads = 4.0 * npad;
     mem.moments = 2 * 4.0 * (zero ? npad / D : n);
     mem.acts = 4.0 * slots * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute, fused, bf16);
@@ -123,12 +122,13 @@ static double host_free_bytes() {
 // Not measured here (no GPU yet): a round allowance.
 #define CUDA_CONTEXT_BYTES 1e9
 
-// A bf16 run on a GPU packs each matmul's operands into a scratch of the rank (kernels.cuh,
-// pack_operands_bf16): the largest backward's dout, weight and input, 2 bytes each (and 8 of padding each)
+// A bf16 run on a GPU packs each matmul's activation operands into a scratch of the rank (kernels.cuh,
+// pack_operands_bf16; the weights are bf16 already): the largest backward's dout and input, 2 bytes each
+// (and 8 of padding each of three)
 static double gpu_bf16_pack_bytes(const GPTConfig* c, int P, int B, int T) {
     double BT = (double)B * T, C = c->C;
     double ic[5] = {C, C / P, C, 4 * C / P, C}, oc[5] = {3 * C / P, C, 4 * C / P, C, (double)c->Vp / P}, most = 0;
-    for (int i = 0; i < 5; i++) most = std::max(most, BT * oc[i] + oc[i] * ic[i] + BT * ic[i]);
+    for (int i = 0; i < 5; i++) most = std::max(most, BT * oc[i] + BT * ic[i]);
     return 2.0 * (most + 24);
 }
 
