@@ -152,6 +152,50 @@ static void test_bf16_masters() {
           full.size());
 }
 
+// The ops a bf16 run calls with the weights' copy in bf16 storage (Weight's h): matmul_forward and
+// matmul_backward, and the embedding's lookup, against the same values held in fp32 words, bit for bit,
+// at a ragged shape and at one whose weight takes the vector packs; with 1 and 3 threads
+static void test_bf16_weight_ops() {
+    long differ = 0, compared = 0;
+    struct { int N, IC, OC; } shapes[] = {{67, 96, 64}, {37, 33, 70}};
+    for (int threads : {1, 3}) {
+        std::thread rank([&]() {  // (a rank's thread, so that its pool is its own)
+            cpu_pool_start(threads);
+            for (auto& sh : shapes) {
+                const int N = sh.N, IC = sh.IC, OC = sh.OC;
+                uint64_t z = 77 + (uint64_t)N;
+                auto rnd = [&]() { z = z * 6364136223846793005ull + 1442695040888963407ull; return (float)((z >> 40) / 16777216.0 - 0.5); };
+                std::vector<bf16> w((size_t)OC * IC);
+                std::vector<float> ww(w.size()), inp((size_t)N * IC), dout((size_t)N * OC), bias(OC);
+                for (size_t i = 0; i < w.size(); i++) ww[i] = bf16_to_float(w[i] = bf16_round(rnd()));
+                for (auto& x : inp) x = bf16_to_float(bf16_round(rnd()));
+                for (auto& x : dout) x = bf16_to_float(bf16_round(rnd()));
+                for (auto& x : bias) x = rnd();
+                std::vector<float> out16((size_t)N * OC), out32(out16.size()), di16(inp.size()), di32(inp.size());
+                std::vector<float> dw16(ww.size(), 0.5f), dw32 = dw16, db16(OC, 0.25f), db32 = db16;
+                matmul_forward_cpu(out16.data(), inp.data(), Weight{nullptr, w.data()}, bias.data(), N, IC, OC);
+                matmul_forward_cpu(out32.data(), inp.data(), ww.data(), bias.data(), N, IC, OC, true);
+                matmul_backward_cpu(di16.data(), dw16.data(), db16.data(), dout.data(), inp.data(), Weight{nullptr, w.data()}, N, IC, OC);
+                matmul_backward_cpu(di32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), ww.data(), N, IC, OC, true);
+                // the embedding: rows [v0, v0 + OC) of a vocabulary, tokens inside and outside them
+                std::vector<int> tokens(N);
+                for (int n = 0; n < N; n++) tokens[n] = (n * 37) % (2 * OC);
+                std::vector<float> enc16((size_t)N * IC), enc32(enc16.size());
+                encoder_forward_cpu(enc16.data(), tokens.data(), Weight{nullptr, w.data()}, OC / 2, OC, N, IC);
+                encoder_forward_cpu(enc32.data(), tokens.data(), Weight{ww.data(), nullptr}, OC / 2, OC, N, IC);
+                for (auto* pr : {&out16, &di16, &dw16, &db16, &enc16}) {
+                    const std::vector<float>& b = pr == &out16 ? out32 : pr == &di16 ? di32 : pr == &dw16 ? dw32 : pr == &db16 ? db32 : enc32;
+                    for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
+                    compared += (long)b.size();
+                }
+            }
+        });
+        rank.join();
+    }
+    check(differ == 0, "matmul_forward, matmul_backward and encoder_forward with the weights in bf16 storage give the bits of "
+          "the same weights in fp32 words: %ld of %ld differ (2 shapes, 1 and 3 threads)", differ, compared);
+}
+
 static void test_bf16() {
     printf("bf16: conversions, stochastic rounding, the bf16 GEMM (%s on this CPU; the GEMM takes the %s path)\n",
            bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path; no AVX512-BF16 here",
@@ -264,6 +308,7 @@ static void test_bf16() {
               bf16_dp_supported() ? "both paths" : "the fp32 path", runs);
     }
     test_bf16_masters();
+    test_bf16_weight_ops();
 }
 
 // ./test_tp bench-gemm: GFLOP/s of one core at the shapes of the default model (L2C128H4, B8 T128) and of
