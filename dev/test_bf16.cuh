@@ -326,15 +326,18 @@ static int bench_gemm_cpu() {
         {"d6 fcproj fwd", 2048, 384, 1536, false, true}, {"d6 fc dweight", 1536, 384, 2048, true, false},
     };
     printf("one core: fp32 fma peak %.1f GFLOP/s, vdpbf16ps peak %.1f GFLOP/s (register-only loops); GEMMs in GFLOP/s\n"
-           "(%% of the fp32 peak for fp32 and the fp32 path, of the vdpbf16ps peak for vdpbf16ps; the last, training's words\n"
-           "on vdpbf16ps over the fp32 GEMM); by itself the bf16 GEMM takes %s\n",
+           "(%% of the fp32 peak for fp32 and the fp32 path, of the vdpbf16ps peak for vdpbf16ps; the last, training's operands\n"
+           "on vdpbf16ps over the fp32 GEMM: activations in fp32 words, the weight in bf16 storage); by itself the bf16 GEMM\n"
+           "takes %s\n",
            peak_fma, peak_dp, bf16_dp_used() ? "vdpbf16ps" : "the fp32 path");
-    printf("%-20s %16s %16s %16s %18s\n", "shape", "fp32", "bf16 vdpbf16ps", "bf16 fp32 path", "training's words");
+    printf("%-20s %16s %16s %16s %18s\n", "shape", "fp32", "bf16 vdpbf16ps", "bf16 fp32 path", "training's operands");
     for (const Shape& sh : shapes) {
         const int M = sh.M, N = sh.N, K = sh.K;
         std::vector<float> Af((size_t)M * K), Bf((size_t)K * N), C((size_t)M * N);
         std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
         std::vector<float> Aw((size_t)M * K), Bw((size_t)K * N);  // the same bf16 values in fp32 words
+        // (B is the weight in a forward and an input gradient, bf16 storage in training; in a weight gradient
+        // it is the layer's input, fp32 words)
         for (size_t i = 0; i < Af.size(); i++) Aw[i] = bf16_to_float(A[i] = bf16_round(Af[i] = sinf((float)i)));
         for (size_t i = 0; i < Bf.size(); i++) Bw[i] = bf16_to_float(B[i] = bf16_round(Bf[i] = cosf((float)i)));
         const long a_rs = sh.a_t ? 1 : K, a_cs = sh.a_t ? M : 1, b_rs = sh.b_t ? 1 : N, b_cs = sh.b_t ? K : 1;
@@ -345,7 +348,8 @@ static int bench_gemm_cpu() {
                 bf16_path = which == 2 ? BF16_FMA : BF16_DP;
                 double t0 = bf16_thread_seconds();
                 if (which == 0) gemm_cpu(M, N, K, Af.data(), a_rs, a_cs, Bf.data(), b_rs, b_cs, C.data(), N, false, nullptr);
-                else if (which == 3) gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, Bw.data(), b_rs, b_cs, C.data(), N, false, nullptr);
+                else if (which == 3 && sh.a_t) gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, Bw.data(), b_rs, b_cs, C.data(), N, false, nullptr);
+                else if (which == 3) gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, false, nullptr);
                 else gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, false, nullptr);
                 double t = bf16_thread_seconds() - t0;
                 if (t < best[which]) best[which] = t;
