@@ -84,7 +84,7 @@ static void test_plan_model() {
                 for (int P = 2; P <= s.c.NH; P++) {
                     if (!tp_valid(&s.c, P) || (sp && !sp_splits(true, P, s.B, s.T))) continue;
                     double F = 1e14, W = 1e11;
-                    PlanShape sh = {s.B, s.T, 1, sp, 0, e};
+                    PlanShape sh = {s.B, s.T, 1, sp, 0, e, false};
                     PlanCosts k = {};
                     k.split_s = plan_rank_flops(&s.c, s.B, s.T, P) / F;
                     k.slow = 1;
@@ -183,7 +183,7 @@ static void test_plan_boxes() {
     printf("plan boxes: the README's worked examples\n");
     GPTConfig d12 = make_config(12, 12, 768, 50257, 1024), d48 = make_config(48, 25, 1600, 50257, 1024);
     auto tps = [](const char* box, const GPTConfig* c, int e, int P, int D, bool* fits) {
-        PlanShape sh = {8, 1024, 1, false, 0, e};
+        PlanShape sh = {8, 1024, 1, false, 0, e, false};
         std::vector<PlanRow> rows = plan_box_rows(plan_box_find(box), c, &sh, 0, true);
         for (const PlanRow& r : rows)
             if (r.P == P && r.D == D) {
@@ -362,7 +362,7 @@ static void test_plan_sweep() {
 static void test_plan_pp() {
     printf("plan: the pipeline's step against plan_step (S 1) and against an event simulation of the schedules\n");
     GPTConfig c = make_config(6, 4, 128, 256, 256);
-    PlanShape sh = {4, 64, 8, false, 0, 4};
+    PlanShape sh = {4, 64, 8, false, 0, 4, false};
     PlanCosts k = {};
     k.split_s = 0.010; k.rest_s = 0.002; k.update_s = 0.001; k.slow = 1; k.tp_lat = 1e-5; k.tp_busbw = 1e11; k.dp_lat = 1e-5; k.dp_busbw = 1e10;
     PlanStep a = plan_step(&c, &sh, 2, 2, &k), b = plan_pp_step(&c, &sh, 2, 2, 1, &k, 1e-5, 1e11);

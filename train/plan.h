@@ -67,12 +67,13 @@ static double plan_rest_floats_per_token(const GPTConfig* c) { return 18.0 * c->
 // ----------------------------------------------------------------------------
 // memory
 
-// What one rank holds at P TP ranks x D replicas, in bytes, for e = 4 (fp32, what tp allocates: exactly
-// rank_memory) or e = 2 (bf16 with fp32 masters, a prediction: bf16 parameters and gradients, fp32 master
-// weights and AdamW m and v, split over the replicas with ZeRO-1, bf16 activations).
+// What one rank holds at P TP ranks x D replicas, in bytes, for e = 4 (what tp allocates: exactly
+// rank_memory, for fp32 or with bf16 for its --dtype bf16) or e = 2 (a trainer that keeps everything in bf16
+// with fp32 masters, a prediction: bf16 parameters and gradients, fp32 master weights and AdamW m and v,
+// split over the replicas with ZeRO-1, bf16 activations).
 static double plan_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused, int e,
-                          int S = 1, int stage = 0, int slots = 1) {
-    RankMemory m = rank_memory(c, P, D, zero, B, T, sp, recompute, fused, S, stage, slots);
+                          int S = 1, int stage = 0, int slots = 1, bool bf16 = false) {
+    RankMemory m = rank_memory(c, P, D, zero, B, T, sp, recompute, fused, S, stage, slots, e == 4 && bf16);
     if (e == 4) return memory_total(&m);
     double n = m.params / 4, slice = m.moments / 8;  // floats of the shard, and of the replica's slice
     return 2 * n + 2 * n + 4 * slice + 8 * slice + m.acts / 2;
@@ -107,6 +108,8 @@ struct PlanShape {
     bool sp;         // --sp 1
     int zero;        // -z
     int e;           // bytes per value moved (4 fp32, 2 bf16)
+    bool bf16;       // with e = 4: tp's --dtype bf16 as it trains, whose collectives move bf16 where they carry
+                     // bf16 values, two to a 32-bit word (step_comm_floats, dp_step_floats), the rest fp32
 };
 
 // plan_step: the predicted time of one training step at P TP ranks x D replicas.
@@ -139,9 +142,9 @@ static PlanStep plan_step(const GPTConfig* c, const PlanShape* sh, int P, int D,
     r.compute_s = k->slow * (sh->A * (k->split_s + k->rest_s) + k->update_s);
     bool split = sp_splits(sh->sp, P, sh->B, sh->T);
     double m[COMM_KINDS], n[COMM_KINDS], per_step[COMM_KINDS];
-    step_comm_floats(c, sh->B, sh->T, split, sh->A, false, m);  // every payload in elements of e bytes
+    step_comm_floats(c, sh->B, sh->T, split, sh->A, sh->bf16, m);  // every payload in elements of e bytes
     step_comm_calls(c, split, sh->A, n);
-    step_comm_floats(c, sh->B, sh->T, split, 0, false, per_step);  // A = 0: the once-per-step part alone
+    step_comm_floats(c, sh->B, sh->T, split, 0, sh->bf16, per_step);  // A = 0: the once-per-step part alone
     double bw_mb = 0;  // the bandwidth time of the micro-batches' collectives
     for (int kind = 0; kind < COMM_KINDS && P > 1; kind++) {
         double s = comm_ring_bytes(kind, m[kind], P) * sh->e / 4;
@@ -150,7 +153,7 @@ static PlanStep plan_step(const GPTConfig* c, const PlanShape* sh, int P, int D,
     }
     r.tp_bw_s = bw_mb;
     double dm[COMM_KINDS];
-    dp_step_floats(c, P, D, sh->zero, false, dm);  // every payload in elements of e bytes
+    dp_step_floats(c, P, D, sh->zero, sh->bf16, dm);  // every payload in elements of e bytes
     for (int kind = 0; kind < COMM_KINDS && D > 1; kind++)
         if (dm[kind] > 0) r.dp_s += k->dp_lat + comm_ring_bytes(kind, dm[kind], D) * sh->e / 4 / k->dp_busbw;
     r.total_s = r.compute_s + r.tp_s + r.dp_s;
@@ -358,6 +361,7 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
             rk.P = P;  // a rank of P, on a group of one
             GPT m;
             gpt_build(&m, &rk, c, run->init.data(), 0);
+            gpt_set_dtype(&m, &rk, a->dtype == DTYPE_BF16, (uint32_t)a->seed);  // the run's
             m.sp = a->sp;
             m.recompute = a->recompute;
             m.fused = a->attention != 0;
@@ -390,22 +394,22 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
                 int C = c->C, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, NHl = s->NHl, hs = m.hs, BT = B * T;
                 float* in = x->lnf;  // (B, T, C): an input of every token
                 double t3 = comm_now();
-                OP(&rk, matmul_forward, la.qkv, in, p->qkvw, p->qkvb, BT, C, 3 * Cl);
+                OP(&rk, matmul_forward, la.qkv, in, WEIGHT(&m, qkvw, 0), p->qkvb, BT, C, 3 * Cl);
                 if (m.fused) OP(&rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);
                 else OP(&rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
-                OP(&rk, matmul_forward, x->partial, la.atty, p->attprojw, nullptr, BT, Cl, C);
-                OP(&rk, matmul_forward, la.fch, in, p->fcw, p->fcb, BT, C, C4l);
-                OP(&rk, matmul_forward, x->partial, la.fch_gelu, p->fcprojw, nullptr, BT, C4l, C);
-                OP(&rk, matmul_backward, x->dfch, gr->fcprojw, gr->fcprojb, x->partial, la.fch_gelu, p->fcprojw, BT, C4l, C);
-                OP(&rk, matmul_backward, x->dln, gr->fcw, gr->fcb, x->dfch, in, p->fcw, BT, C, C4l);
-                OP(&rk, matmul_backward, x->datty, gr->attprojw, gr->attprojb, x->partial, la.atty, p->attprojw, BT, Cl, C);
+                OP(&rk, matmul_forward, x->partial, la.atty, WEIGHT(&m, attprojw, 0), nullptr, BT, Cl, C);
+                OP(&rk, matmul_forward, la.fch, in, WEIGHT(&m, fcw, 0), p->fcb, BT, C, C4l);
+                OP(&rk, matmul_forward, x->partial, la.fch_gelu, WEIGHT(&m, fcprojw, 0), nullptr, BT, C4l, C);
+                OP(&rk, matmul_backward, x->dfch, gr->fcprojw, gr->fcprojb, x->partial, la.fch_gelu, WEIGHT(&m, fcprojw, 0), BT, C4l, C);
+                OP(&rk, matmul_backward, x->dln, gr->fcw, gr->fcb, x->dfch, in, WEIGHT(&m, fcw, 0), BT, C, C4l);
+                OP(&rk, matmul_backward, x->datty, gr->attprojw, gr->attprojb, x->partial, la.atty, WEIGHT(&m, attprojw, 0), BT, Cl, C);
                 if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
                 else OP(&rk, attention_backward, x->dqkv, x->datty, la.qkv, la.att, B, T, NHl, hs);
-                OP(&rk, matmul_backward, x->dln, gr->qkvw, gr->qkvb, x->dqkv, in, p->qkvw, BT, C, 3 * Cl);
+                OP(&rk, matmul_backward, x->dln, gr->qkvw, gr->qkvb, x->dqkv, in, WEIGHT(&m, qkvw, 0), BT, C, 3 * Cl);
                 plan_sync(&rk);
                 double t4 = comm_now();
-                OP(&rk, matmul_forward, x->logits, x->lnf, p->wte, nullptr, BT, C, Vl);
-                OP(&rk, matmul_backward, x->dln, gr->wte, nullptr, x->logits, x->lnf, p->wte, BT, C, Vl);
+                OP(&rk, matmul_forward, x->logits, x->lnf, WEIGHT(&m, wte, 0), nullptr, BT, C, Vl);
+                OP(&rk, matmul_backward, x->dln, gr->wte, nullptr, x->logits, x->lnf, WEIGHT(&m, wte, 0), BT, C, Vl);
                 plan_sync(&rk);
                 double t5 = comm_now();
                 if (r != 0 || rep == 0) continue;  // the first warms caches and allocations
@@ -586,9 +590,10 @@ static const PlanComm* plan_comm_of(const PlanMeasured* pm, int n) {
 }
 
 // the shape of this run's steps
-static PlanShape plan_shape(const Run* run, int e) {
+// bf16: tp's --dtype bf16 (with e = 4)
+static PlanShape plan_shape(const Run* run, int e, bool bf16) {
     const Args* a = &run->args;
-    PlanShape sh = {a->B, a->T, run->accum, a->sp != 0, a->zero, e};
+    PlanShape sh = {a->B, a->T, run->accum, a->sp != 0, a->zero, e, bf16};
     return sh;
 }
 
@@ -614,7 +619,7 @@ static PlanCosts plan_costs_here(const Run* run, const PlanMeasured* pm, int P, 
 
 // the prediction for grid (P, D) of this run on this machine, ms per step
 static double plan_predict_ms(const Run* run, const PlanMeasured* pm, int P, int D) {
-    PlanShape sh = plan_shape(run, 4);
+    PlanShape sh = plan_shape(run, 4, run->args.dtype == DTYPE_BF16);
     PlanCosts k = plan_costs_here(run, pm, P, D);
     return 1e3 * plan_step(&run->cfg, &sh, P, D, &k).total_s;
 }
@@ -625,7 +630,7 @@ static double plan_predict_ms(const Run* run, const PlanMeasured* pm, int P, int
 // the sender's memory, one into the receiver's).
 static double plan_predict_pp_ms(const Run* run, const PlanMeasured* pm, int P, int D, int S) {
     if (S == 1) return plan_predict_ms(run, pm, P, D);
-    PlanShape sh = plan_shape(run, 4);
+    PlanShape sh = plan_shape(run, 4, run->args.dtype == DTYPE_BF16);
     PlanCosts k = plan_costs_here(run, pm, P, D * S);
     k.update_s *= run->args.zero ? S : 1;  // (plan_costs_here divided the update over D S replicas)
     const PlanComm* dp = plan_comm_of(pm, D);
@@ -686,8 +691,8 @@ static void plan_here(Run* run) {
     const GPTConfig* c = &run->cfg;
     bool cpu = run->device == DEV_CPU;
     int cores = cpu_cores();
-    printf("\nplan: predicted training steps on this machine (%s), batch %d x %d per replica%s; nothing is trained\n",
-           cpu ? "CPU" : "GPU", a->B, a->T, run->accum > 1 ? ", with micro-steps" : "");
+    printf("\nplan: predicted training steps on this machine (%s, --dtype %s), batch %d x %d per replica%s; nothing is trained\n",
+           cpu ? "CPU" : "GPU", a->dtype == DTYPE_BF16 ? "bf16" : "fp32", a->B, a->T, run->accum > 1 ? ", with micro-steps" : "");
     if (cpu)
         printf("  on the CPU the P x D ranks share the %d cores: a rank gets cores/(P x D) threads (at least 1), and a\n"
                "  grid's ranks are measured running side by side, so their time-slicing is in the measurement\n", cores);
@@ -707,7 +712,7 @@ static void plan_here(Run* run) {
     }
     std::vector<PlanRow> rows;
     double base = 0;
-    PlanShape sh = plan_shape(run, 4);
+    PlanShape sh = plan_shape(run, 4, a->dtype == DTYPE_BF16);
     for (auto& g : plan_grids(run)) {
         PlanRow r;
         r.P = g.first;
@@ -717,7 +722,7 @@ static void plan_here(Run* run) {
         r.tps = (double)a->B * a->T * run->accum * r.D / r.st.total_s;
         if (base == 0) base = r.tps;
         r.speedup = r.tps / base;
-        r.mem = plan_memory(c, r.P, r.D, a->zero, a->B, a->T, a->sp, a->recompute, a->attention != 0, 4);
+        r.mem = plan_memory(c, r.P, r.D, a->zero, a->B, a->T, a->sp, a->recompute, a->attention != 0, 4, 1, 0, 1, sh.bf16);
         std::string why;
         r.fits = memory_fits(run, r.P, r.D, &why);
         rows.push_back(r);
@@ -760,7 +765,7 @@ static std::vector<PlanRow> plan_box_rows(const PlanBox* b, const GPTConfig* c, 
 // more than a node's GPUs. With -d's A micro-batches (1F1B: the first stage keeps min(S, A) in flight).
 static void plan_box_pipelines(const PlanBox* b, const GPTConfig* c, const Run* run) {
     const Args* a = &run->args;
-    PlanShape sh = plan_shape(run, 4);
+    PlanShape sh = plan_shape(run, 4, false);
     int total = b->gpus * b->nodes;
     printf("with pipeline stages (fp32, %d micro-batch%s per step: -d; the step (A - 1) max_s c_s + sum_s c_s, see plan_pp_step):\n",
            sh.A, sh.A > 1 ? "es" : "");
@@ -819,8 +824,11 @@ static void plan_box(Run* run, const PlanBox* b) {
         printf("  note: --tp must divide the %d heads and the padded vocab %d: valid --tp values are %s, so TP %s this model\n",
                c->NH, c->Vp, tp_valid_list(c).c_str(), tp_valid_list(c) == "1" ? "cannot split" : "barely splits");
     for (int e : {4, 2}) {
-        PlanShape sh = plan_shape(run, e);
-        printf("%s, batch %d x %d per replica%s:\n", e == 4 ? "fp32 (TF32 matmuls), as tp trains" : "bf16 (a prediction: tp does not train in bf16 yet)",
+        PlanShape sh = plan_shape(run, e, false);
+        printf("%s, batch %d x %d per replica%s:\n",
+               e == 4 ? "fp32 (TF32 matmuls), as tp trains with --dtype fp32"
+                      : "bf16, a prediction for a trainer that keeps and moves everything in bf16 (tp's --dtype bf16 sums in fp32:\n"
+                        "  README \"When does TP pay?\")",
                a->B, a->T, run->accum > 1 ? " with micro-steps" : "");
         plan_print_header();
         std::vector<PlanRow> rows = plan_box_rows(b, c, &sh, a->recompute, a->attention != 0);
@@ -834,7 +842,7 @@ static void plan_box(Run* run, const PlanBox* b) {
         gpt_descriptor(d, &g, c->V, c->maxT);
         printf("  %-4s %6.0fM:", d, gpt_num_params(&g) / 1e6);
         for (int e : {4, 2}) {
-            PlanShape sh = plan_shape(run, e);
+            PlanShape sh = plan_shape(run, e, false);
             std::vector<PlanRow> rows = plan_box_rows(b, &g, &sh, a->recompute, a->attention != 0);
             int fewest = 0;
             const PlanRow* best = nullptr;
