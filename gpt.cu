@@ -346,11 +346,13 @@ static bool param_is_matrix(int i) {
            i == PARAM_INDEX(fcprojw);
 }
 
-// the floats a --dtype bf16 run's vectors take widened (gpt_set_dtype), each from a 16-byte boundary
+// the floats a --dtype bf16 run's vector i takes widened (gpt_set_dtype), so that each starts at a 16-byte
+// boundary; and all of them
+static long param_vector_floats(const ShardPlan* s, int i) { return (shard_local_size(&s->t[i]) + 3) / 4 * 4; }
 static long params_vector_floats(const ShardPlan* s) {
     long n = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++)
-        if (!param_is_matrix(i)) n += (shard_local_size(&s->t[i]) + 3) / 4 * 4;
+        if (!param_is_matrix(i)) n += param_vector_floats(s, i);
     return n;
 }
 
@@ -689,7 +691,7 @@ static void gpt_set_dtype(GPT* m, Rank* rk, bool bf16, uint32_t seed) {
         float* vec = m->wvec_mem;
         for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
             ptrs[i] = param_is_matrix(i) ? nullptr : vec;
-            if (!param_is_matrix(i)) vec += (shard_local_size(&m->plan.t[i]) + 3) / 4 * 4;
+            if (!param_is_matrix(i)) vec += param_vector_floats(&m->plan, i);
         }
     }
     m->wbf_stale = bf16;
