@@ -1546,7 +1546,8 @@ static void adamw_cuda(CudaCtx* cx, float* params, const float* grads, float* m,
     CUDA_LAUNCH_CHECK(cx->rank, "adamw_kernel");
 }
 
-// 8 rounded weights stored at once: one 16-byte store of 8 bf16, or two of 4 floats (p 16-byte aligned)
+// 8 bf16 stored at once (p 16-byte aligned): one 16-byte store of the 8 (rounded weights), or widened, two
+// of 4 floats (bf16_widen)
 __device__ __forceinline__ void bf16_store8(bf16* p, const bf16* h) {
     *reinterpret_cast<uint4*>(p) = make_uint4(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16,
                                               h[4] | (unsigned)h[5] << 16, h[6] | (unsigned)h[7] << 16);
@@ -1562,8 +1563,7 @@ __device__ __forceinline__ void bf16_store8(float* p, const bf16* h) {
 // once (and again only where the 8 cross a row's end), and they are stored with 16-byte stores where out
 // is aligned. A grid-stride loop over the groups of 8, so any grid and block computes the same thing;
 // threads and blocks (0: as many as n needs) choose the launch.
-template <typename W>
-__global__ void bf16_from_master_kernel(W* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
+__global__ void bf16_from_master_kernel(bf16* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
                                         uint32_t seed) {
     const long groups = (n + 7) / 8;
     for (long g = (long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += (long)gridDim.x * blockDim.x) {
@@ -1575,17 +1575,15 @@ __global__ void bf16_from_master_kernel(W* out, const float* master, long i0, lo
         }
         if (cnt == 8 && ((uintptr_t)(out + j0) & 15) == 0) bf16_store8(out + j0, h);
         else
-            for (int q = 0; q < cnt; q++) bf16_put(out + j0 + q, h[q]);
+            for (int q = 0; q < cnt; q++) out[j0 + q] = h[q];
     }
 }
 
-// W: bf16 (bf16 storage) or float (bf16 values held in fp32), as bf16_from_master_cpu
-template <typename W>
-static void bf16_from_master_cuda(CudaCtx* cx, W* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
+static void bf16_from_master_cuda(CudaCtx* cx, bf16* out, const float* master, long i0, long n, FullIndex map, uint32_t step,
                                   uint32_t seed, int threads = FLAT_THREADS, unsigned blocks = 0) {
     if (n <= 0) return;
     if (blocks == 0) blocks = ceil_div(ceil_div(n, 8), threads);
-    bf16_from_master_kernel<W><<<blocks, threads, 0, cx->stream>>>(out, master, i0, n, map, step, seed);
+    bf16_from_master_kernel<<<blocks, threads, 0, cx->stream>>>(out, master, i0, n, map, step, seed);
     CUDA_LAUNCH_CHECK(cx->rank, "bf16_from_master_kernel");
 }
 

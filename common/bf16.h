@@ -11,8 +11,8 @@
 // Packing element 2j of K into the high half and 2j+1 into the low one makes that an fma chain over k in
 // increasing order, which is exactly what the fp32 GEMM (gemm_cpu, one fma chain over k in increasing
 // order) computes on the operands widened to fp32. So the two paths are bit-identical (the bf16 test checks
-// it on the CPU that runs it), and on operands that already hold bf16 values in fp32 words (the matmuls of
-// a --dtype bf16 run) the fp32 path is gemm_cpu itself. bf16_path below chooses between them.
+// it on the CPU that runs it), and on operands that already hold bf16 values in fp32 words (a --dtype bf16
+// run's activations) the fp32 path is gemm_cpu on them as they lie. bf16_path below chooses between them.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -101,19 +101,13 @@ static inline BF16_HD long full_index(const FullIndex& m, long i) {
 // shard that map places: elements i0 .. i0 + n - 1 (the whole shard, or the slice ZeRO-1 gives a replica).
 // The same bits for any P, rank, slice, thread count or (on a GPU) launch: each element's rounding depends
 // on its value, its full index, the step and the seed alone.
-// The copy is bf16 itself (bf16 storage), or fp32 holding bf16 values (widened exactly): what a --dtype
-// bf16 run computes from today, with the same numbers bf16 storage will give.
-static inline BF16_HD void bf16_put(bf16* out, bf16 h) { *out = h; }
-static inline BF16_HD void bf16_put(float* out, bf16 h) { *out = bf16_to_float(h); }
-
 // Along a row of the shard the full index runs on by one (full columns col0 + c), so it is mapped once per
 // run of a row (full_index's three divisions), not once per element.
-template <typename W>
-static void bf16_from_master_cpu(W* out, const float* master, long i0, long n, FullIndex map, uint32_t step, uint32_t seed) {
+static void bf16_from_master_cpu(bf16* out, const float* master, long i0, long n, FullIndex map, uint32_t step, uint32_t seed) {
     cpu_for_range(n, [&](long lo, long hi) {
         for (long j = lo; j < hi;) {
             const long run = std::min(hi - j, map.lcols - (i0 + j) % map.lcols), f = full_index(map, i0 + j);
-            for (long q = 0; q < run; q++) bf16_put(out + j + q, bf16_round_stochastic(master[j + q], (uint64_t)(f + q), step, seed));
+            for (long q = 0; q < run; q++) out[j + q] = bf16_round_stochastic(master[j + q], (uint64_t)(f + q), step, seed);
             j += run;
         }
     });
@@ -165,7 +159,7 @@ static void encoder_forward_cpu(float* out, const int* tokens, Weight wte, int v
 // GEMM: C (M x N) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B through two strides each (as
 // gemm_cpu in kernels_cpu.h: a(m,k) = A[m*a_rs + k*a_cs], b(k,n) = B[k*b_rs + n*b_cs]), C and bias fp32.
 // A and B are bf16, or fp32 words that hold bf16 values (their low 16 bits zero: what a --dtype bf16 run
-// multiplies today, its activations rounded by round_bf16 and its weights by bf16_from_master).
+// multiplies: its activations rounded by round_bf16; its weights, rounded by bf16_from_master, are bf16).
 //
 // K is taken in pairs, as vdpbf16ps takes it: both operands are packed so that a 32-bit word holds
 // elements 2j (high half) and 2j+1 (low half) of a row of A or a column of B (a zero pads an odd K).
