@@ -360,16 +360,26 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
 // ----------------------------------------------------------------------------
 // Embedding (vocab-parallel: this rank holds wte rows [v0, v0+Vl))
 
+// a row of C weights as fp32: copied, or from a --dtype bf16 run's copy widened exactly (common/bf16.h)
+static inline void row_as_fp32(float* out, const float* row, int C) { memcpy(out, row, C * sizeof(float)); }
+static inline void row_as_fp32(float* out, const bf16* row, int C);
+
 // out (N, C) = wte[tok - v0] for tokens this rank owns, zeros for the others. The all-reduce that
-// follows in the recipe fills in every row from the rank that owns it.
-static void encoder_forward_cpu(float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
+// follows in the recipe fills in every row from the rank that owns it. W: wte in fp32, or bf16 storage.
+template <typename W>
+static void encoder_forward_cpu(float* out, const int* tokens, const W* wte, int v0, int Vl, int N, int C) {
     cpu_for(N, [&](long n_) {
         int n = (int)n_;
         int row = tokens[n] - v0;
         float* o = out + (size_t)n * C;
-        if (row >= 0 && row < Vl) memcpy(o, wte + (size_t)row * C, C * sizeof(float));
+        if (row >= 0 && row < Vl) row_as_fp32(o, wte + (size_t)row * C, C);
         else memset(o, 0, C * sizeof(float));
     });
+}
+// the recipe's form: wte in the run's dtype
+static void encoder_forward_cpu(float* out, const int* tokens, Weight wte, int v0, int Vl, int N, int C) {
+    if (wte.h) encoder_forward_cpu(out, tokens, wte.h, v0, Vl, N, C);
+    else encoder_forward_cpu(out, tokens, wte.f, v0, Vl, N, C);
 }
 
 // x (N, C) += the position embedding of each row: row n is token t0 + n of the flattened (B, T) batch,

@@ -137,22 +137,9 @@ static void bf16_widen_cpu(float* out, const bf16* x, long n) {
     });
 }
 
-// encoder_forward_cpu (kernels_cpu.h) from a --dtype bf16 run's wte, the weights' bf16 copy: each row the
-// rank owns widened (exactly), zeros for the others
-static void encoder_forward_cpu(float* out, const int* tokens, const bf16* wte, int v0, int Vl, int N, int C) {
-    cpu_for(N, [&](long n) {
-        int row = tokens[n] - v0;
-        float* o = out + (size_t)n * C;
-        if (row >= 0 && row < Vl)
-            for (int c = 0; c < C; c++) o[c] = bf16_to_float(wte[(size_t)row * C + c]);
-        else
-            memset(o, 0, C * sizeof(float));
-    });
-}
-// the recipe's form: wte in the run's dtype
-static void encoder_forward_cpu(float* out, const int* tokens, Weight wte, int v0, int Vl, int N, int C) {
-    if (wte.h) encoder_forward_cpu(out, tokens, wte.h, v0, Vl, N, C);
-    else encoder_forward_cpu(out, tokens, wte.f, v0, Vl, N, C);
+// (declared in kernels_cpu.h, for encoder_forward_cpu on a --dtype bf16 run's wte)
+static inline void row_as_fp32(float* out, const bf16* row, int C) {
+    for (int c = 0; c < C; c++) out[c] = bf16_to_float(row[c]);
 }
 
 // ----------------------------------------------------------------------------
