@@ -3,7 +3,7 @@
 // Semantics are cuBLAS's: column-major, D = alpha op(A) op(B) + beta C with op = N or T, leading
 // dimensions at least the stored rows (else CUBLAS_STATUS_INVALID_VALUE, as cuBLAS checks), C not read when
 // beta is 0, strided batches, fp32 accumulation, A and B in fp32 or both in bf16 (CUDA_R_16BF, each element
-// widened exactly; C stays fp32); with TF32 (CUBLAS_COMPUTE_32F_FAST_TF32, or
+// widened exactly; C fp32, or bf16 with them: each result rounded to nearest, ties to even); with TF32 (CUBLAS_COMPUTE_32F_FAST_TF32, or
 // CUBLAS_COMPUTE_32F under CUBLAS_TF32_TENSOR_OP_MATH) the inputs are rounded to 10 mantissa bits first,
 // as tensor cores do, so TF32 error is really there for the tests to bound. cuBLASLt adds the bias
 // epilogue, and models what its heuristic promises: the algorithm it returns assumes the minimum operand
@@ -35,6 +35,7 @@ struct Gemm {
     const float *C, *bias;
     float* D;
     bool bf16;           // A and B are bf16: each element widened to fp32 (exact), the products summed in fp32
+    bool c16;            // C and D are bf16 too (cublasGemmEx with a CUDA_R_16BF C): read widened, written rounded
     long long lda, ldb, ldc, ldd, sA, sB, sC, sD;
     int batch;
     const char* api;
@@ -62,6 +63,14 @@ float operand(const void* p, long long i, bool bf16) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+// v rounded to the nearest bf16, ties to even (a NaN stays a quiet NaN), as a GPU's fp32-to-bf16 conversion
+uint16_t bf16_nearest(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 float dot(const float* a, const float* b, int k) {
@@ -98,18 +107,19 @@ void gemm_run(const Gemm& g) {
     for (int b = 0; b < g.batch; b++) {
         const int eb = g.bf16 ? 2 : 4;  // bytes an element of A and B
         const void *A = (const char*)g.A + b * g.sA * eb, *B = (const char*)g.B + b * g.sB * eb;
-        const float* C = g.C ? g.C + b * g.sC : nullptr;
-        float* D = g.D + b * g.sD;
+        const int ec = g.c16 ? 2 : 4;  // bytes an element of C and D
+        const void* C = g.C ? (const char*)g.C + b * g.sC * ec : nullptr;
+        void* D = (char*)g.D + b * g.sD * ec;
         check_matrix(A, ra, ca, g.lda, false, "operand A", eb);
         check_matrix(B, rb, cb, g.ldb, false, "operand B", eb);
-        if (g.beta != 0.0f && C != D) check_matrix(C, g.m, g.n, g.ldc, false, "operand C");
-        if (g.beta != 0.0f && C == D) check_matrix(D, g.m, g.n, g.ldd, false, "operand C (= D)");
-        check_matrix(D, g.m, g.n, g.ldd, true, "output D");
-        long long nd = span(g.m, g.n, g.ldd);
+        if (g.beta != 0.0f && C != D) check_matrix(C, g.m, g.n, g.ldc, false, "operand C", ec);
+        if (g.beta != 0.0f && C == D) check_matrix(D, g.m, g.n, g.ldd, false, "operand C (= D)", ec);
+        check_matrix(D, g.m, g.n, g.ldd, true, "output D", ec);
+        long long nd = (span(g.m, g.n, g.ldd) * ec + 3) / 4;  // (overlap counts D in fp32 words)
         if (overlap(D, nd, A, span(ra, ca, g.lda), eb) || overlap(D, nd, B, span(rb, cb, g.ldb), eb))
             fail("GEMM output overlaps an input", "%s: batch %d writes D at %p (%lld floats), which overlaps operand A (%p) or B (%p): the result "
                  "is undefined", g.api, b, (void*)D, nd, (const void*)A, (const void*)B);
-        if (b + 1 < g.batch && overlap(D, nd, g.D + (b + 1) * g.sD, nd))
+        if (b + 1 < g.batch && overlap(D, nd, (const char*)g.D + (b + 1) * g.sD * ec, nd))
             fail("GEMM output overlaps an input", "%s: the outputs of batches %d and %d overlap (stride %lld, but each D spans %lld floats)",
                  g.api, b, b + 1, g.sD, nd);
         // op(A) as rows of k and op(B) as columns of k, TF32-rounded if asked
@@ -126,9 +136,11 @@ void gemm_run(const Gemm& g) {
         for (int j = 0; j < g.n; j++)
             for (int i = 0; i < g.m; i++) {
                 float v = g.alpha * dot(&ap[(size_t)i * g.k], &bp[(size_t)j * g.k], g.k);
-                if (g.beta != 0.0f) v += g.beta * C[i + (long long)j * (C == D ? g.ldd : g.ldc)];
+                if (g.beta != 0.0f) v += g.beta * operand(C, i + (long long)j * (C == D ? g.ldd : g.ldc), g.c16);
                 if (g.bias) v += g.bias[i];
-                D[i + (long long)j * g.ldd] = v;
+                long long at = i + (long long)j * g.ldd;
+                if (g.c16) ((uint16_t*)D)[at] = bf16_nearest(v);
+                else ((float*)D)[at] = v;
             }
     }
 }
@@ -251,7 +263,7 @@ const char* cublasGetStatusName(cublasStatus_t s) {
 // the checks cublasGemmEx and cublasGemmStridedBatchedEx share; returns the stream, or sets *st
 static Stream* gemm_setup(const char* api, cublasContext* c, int ta, int tb, int m, int n, int k, const void* alpha, int Atype, int lda,
                           int Btype, int ldb, const void* beta, int Ctype, int ldc, int compute, int algo, int batch, cublasStatus_t* st,
-                          bool* tf32, bool* bf16) {
+                          bool* tf32, bool* bf16, bool* c16) {
     *st = CUBLAS_STATUS_SUCCESS;
     if (!c) {
         *st = CUBLAS_STATUS_NOT_INITIALIZED;
@@ -260,8 +272,10 @@ static Stream* gemm_setup(const char* api, cublasContext* c, int ta, int tb, int
     *bf16 = Atype == CUDA_R_16BF && Btype == CUDA_R_16BF;
     if (!(Atype == CUDA_R_32F && Btype == CUDA_R_32F) && !*bf16)
         fail("outside the emulated subset", "%s with data types %d/%d/%d: A and B both CUDA_R_32F or both CUDA_R_16BF are emulated", api, Atype, Btype, Ctype);
-    if (Ctype != CUDA_R_32F)
-        fail("outside the emulated subset", "%s with data types %d/%d/%d: only an fp32 C (CUDA_R_32F) is emulated", api, Atype, Btype, Ctype);
+    *c16 = *bf16 && Ctype == CUDA_R_16BF;
+    if (Ctype != CUDA_R_32F && !*c16)
+        fail("outside the emulated subset", "%s with data types %d/%d/%d: an fp32 C (CUDA_R_32F), or a bf16 C with bf16 A and B, is emulated",
+             api, Atype, Btype, Ctype);
     if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC && compute != CUBLAS_COMPUTE_32F_FAST_TF32)
         fail("outside the emulated subset", "%s with compute type %d: only CUBLAS_COMPUTE_32F, _32F_PEDANTIC and _32F_FAST_TF32 are emulated", api, compute);
     if (*bf16 && compute == CUBLAS_COMPUTE_32F_FAST_TF32) {  // cuBLAS: TF32 is for fp32 inputs only
@@ -298,9 +312,9 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
     init();
     cublasContext* c = handle_of(h);
     cublasStatus_t st;
-    bool tf32 = false, bf16 = false;
+    bool tf32 = false, bf16 = false, c16 = false;
     const char* api = batch == 1 && sA == 0 && sB == 0 && sC == 0 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx";
-    Stream* s = gemm_setup(api, c, ta, tb, m, n, k, alpha, Atype, lda, Btype, ldb, beta, Ctype, ldc, compute, algo, batch, &st, &tf32, &bf16);
+    Stream* s = gemm_setup(api, c, ta, tb, m, n, k, alpha, Atype, lda, Btype, ldb, beta, Ctype, ldc, compute, algo, batch, &st, &tf32, &bf16, &c16);
     if (!s) return st;
     if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
     Gemm g = {};
@@ -310,6 +324,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
     g.beta = *(const float*)beta;
     g.A = A, g.B = B, g.C = (const float*)C, g.D = (float*)C;
     g.bf16 = bf16;
+    g.c16 = c16;
     g.lda = lda, g.ldb = ldb, g.ldc = ldc, g.ldd = ldc;
     g.sA = sA, g.sB = sB, g.sC = sC, g.sD = sC;
     g.batch = batch;

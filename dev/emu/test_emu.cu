@@ -808,6 +808,30 @@ static void test_cublas() {
         check(st == CUBLAS_STATUS_SUCCESS && max_rel(got, want) < 1e-6 && tf == CUBLAS_STATUS_NOT_SUPPORTED,
               "cublasGemmEx with bf16 A and B, fp32 C: max rel err %.1e against the loops on the widened values (bound 1e-6); "
               "COMPUTE_32F_FAST_TF32 with bf16 inputs: %s", max_rel(got, want), cublasGetStatusName(tf));
+        // a bf16 C (ldc past the rows): each element the fp32 result rounded to nearest, ties to even; the rows
+        // past m untouched; an fp32 C with bf16 A and B refused nowhere, a bf16 C with fp32 A and B is outside
+        // the subset (not tested: it fails the run)
+        std::vector<uint16_t> Ch((size_t)(ldc + 3) * n, 0xabcd);
+        void* dCh;
+        CK(cudaMalloc(&dCh, Ch.size() * 2));
+        CK(cudaMemcpy(dCh, Ch.data(), Ch.size() * 2, cudaMemcpyHostToDevice));
+        cublasStatus_t s16 = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, lda, dB, CUDA_R_16BF, ldb, &zero,
+                                          dCh, CUDA_R_16BF, ldc + 3, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        CK(cudaMemcpy(Ch.data(), dCh, Ch.size() * 2, cudaMemcpyDeviceToHost));
+        long wrong = 0, pad = 0;
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < ldc + 3; i++) {
+                uint16_t g = Ch[(size_t)j * (ldc + 3) + i];
+                if (i >= m) { pad += g != 0xabcd; continue; }
+                float w = got[(size_t)j * ldc + i];  // the fp32 C of the same product
+                uint32_t u;
+                memcpy(&u, &w, 4);
+                wrong += g != (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            }
+        check(s16 == CUBLAS_STATUS_SUCCESS && wrong == 0 && pad == 0,
+              "cublasGemmEx with bf16 A, B and C: %ld of %d elements not the fp32 result rounded to nearest even, %ld padding "
+              "elements written", wrong, m * n, pad);
+        CK(cudaFree(dCh));
         CK(cudaFree(dA));
         CK(cudaFree(dB));
         CK(cudaFree(dC));
