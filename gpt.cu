@@ -387,6 +387,7 @@ struct Acts {
     float* residual3;                  // per layer: (N, C) after the MLP block: the layer's output
     float *lnf, *lnf_mean, *lnf_rstd;  // (B, T, C) the LM head's input, every token; (N), (N)
     float* logits;                     // (B, T, Vl) the local vocab slice; dlogits after a training forward
+                                       // (a bf16 run: bf16 storage, logits_of)
     float *ce_max, *ce_sums, *losses;  // (B, T), (B, T, 2), (B, T)
     float* partial;                    // (B, T, C) a row-parallel layer's partial output, summed in place
     float* gathered;                   // (B, T, C) with --sp 1: the all-gathered tokens (else empty)
@@ -419,7 +420,8 @@ static long act_copies(const ActsLayout* lay, int i, int L) {
 
 // Test hook: what a bf16 run keeps or moves as bf16 (the layers' kept activations, SP's gathers, ZeRO-1's
 // weights) is kept and moved in fp32 words instead, as it was before bf16 storage; the tests show that the
-// same bits result.
+// same bits result. (Not the logits: their ops are checked against fp32 words one by one, as a GPU's
+// GEMM with a bf16 output need not sum in the order of its fp32 one.)
 static bool g_bf16_in_fp32 = false;
 
 // split: sequence parallelism on (N = B*T/P tokens per rank); recompute: -r 0..3 (0..2 with fused);
@@ -431,6 +433,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
     const int LAYER = ACT_PER_LAYER, ONCE = ACT_ONCE;
     // bf16 keeps ln1, ln2 and fch_gelu in bf16 (the *_kept buffers) unless -r recomputes them, and atty and
     // fch always
+    const bool logits_bf16 = bf16;  // (the logits are bf16 storage in every bf16 run: the hook leaves them)
     bf16 = bf16 && !g_bf16_in_fp32;
     bool ln_kept = bf16 && recompute < 2, gelu_kept = bf16 && recompute < 1;
     int ln = recompute >= 2 || ln_kept ? ACT_REUSED : LAYER, gelu = recompute >= 1 || gelu_kept ? ACT_REUSED : LAYER;
@@ -449,7 +452,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {BT * s->C4l, bf16 ? ACT_REUSED : LAYER}, {BT * s->C4l, gelu},          // fch, fch_gelu
         {N * C, LAYER},                                                         // residual3
         {BT * C, ONCE}, {N, ONCE}, {N, ONCE},                                   // lnf, lnf_mean, lnf_rstd
-        {BT * s->Vl, ONCE},                                                     // logits
+        {logits_bf16 ? half(BT * s->Vl) : BT * s->Vl, ONCE},                    // logits
         {BT, ONCE}, {2 * BT, ONCE}, {BT, ONCE},                                 // ce_max, ce_sums, losses
         {BT * C, ONCE},                                                         // partial
         {BT * C, split ? ONCE : ACT_UNUSED},                                    // gathered
@@ -553,7 +556,7 @@ struct GPT {
     ActsLayout layout;
     int *tokens, *targets;  // (B, T) on the rank's device
     int t;                  // AdamW steps taken
-    float* row;             // (Vp) one position's gathered logits, for sampling
+    float* row;             // (Vp + Vl) one position's gathered logits, for sampling, then this rank's widened
     // Pipeline parallelism keeps several micro-batches between their forward and their backward: one
     // activation set each, in slots. acts_mem, acts, tokens and targets are the current slot's;
     // gpt_select_slot swaps another one in (allocated on first use). No slots (nslots 0): just the one.
@@ -748,6 +751,16 @@ static void keep_bf16(GPT* m, Rank* rk, float* x, long n) {
 // (bf16_widen) where -r would recompute it, so it reads the very values the forward used, from half the memory.
 #define ACT_USED(m, name) ((m)->layout.kind[offsetof(Acts, name) / sizeof(float*)] != ACT_UNUSED)
 static bf16* as_bf16(float* p) { return (bf16*)(void*)p; }
+
+// The LM head's logits (and dlogits) in this allocation's storage (Logits, kernels_cpu.h). A bf16 run
+// keeps them in bf16, as it keeps the matmuls' other operands: the head's GEMM rounds each fp32 sum to
+// nearest as it stores it, the cross-entropy reads them widened and sums in fp32, and it writes dlogits
+// rounded to nearest, the operand of the head's backward matmuls. At GPT-2's vocabulary they are the
+// largest activation (B*T*Vp/P values: 3.3 GB in fp32 at d12, B 16, T 1024, TP 1), so this halves it.
+static Logits logits_of(GPT* m) {
+    if (m->acts_bf16) return {nullptr, as_bf16(m->acts.logits)};
+    return {m->acts.logits, nullptr};
+}
 
 // Writes this rank's shard of a per-rank tensor set (params, grads, or m and v without ZeRO) into the
 // full tensors in host memory. Ranks share the process, so gathering is each rank filling its own
@@ -970,7 +983,8 @@ struct KVCache {
     long lstride;       // floats between one layer's cache and the next (B NHl Tmax hs for the whole cache)
     float *k, *v;       // (L, B, NHl, Tmax, hs) each, on the rank's device
     int* pos;           // (B) on the device: where the rows' tokens of the next forward start
-    float* logits;      // (B, Vp) on the device: one position of every row, all-gathered
+    float* logits;      // (B, Vp) on the device: one position of every row, all-gathered; then (B, Vl),
+                        // this rank's widened from a bf16 run's bf16 logits
     bool view;          // a view of one row of another cache (kv_row): owns nothing
 };
 
@@ -987,7 +1001,7 @@ static void kv_alloc(KVCache* kv, GPT* m, Rank* rk, int B, int Tmax) {
     kv->k = dev_alloc(rk, kv->L * kv->lstride);
     kv->v = dev_alloc(rk, kv->L * kv->lstride);
     kv->pos = (int*)dev_alloc(rk, B);
-    kv->logits = dev_alloc(rk, (long)B * m->cfg.Vp);
+    kv->logits = dev_alloc(rk, (long)B * (m->cfg.Vp + m->plan.Vl));
 }
 
 static void kv_free(KVCache* kv, Rank* rk) {
@@ -1116,7 +1130,7 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode, bool 
     OP(rk, layernorm_forward, a->lnf + (long)m->t0 * C, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, N, C);
     keep_bf16(m, rk, a->lnf + (long)m->t0 * C, (long)N * C);
     if (m->split) gather_tokens(m, rk, a->lnf, a->lnf + (long)m->t0 * C, true, "lnf fwd", -1);
-    OP(rk, matmul_forward, a->logits, a->lnf, WEIGHT(m, wte, 0), nullptr, BT, C, Vl);
+    OP(rk, matmul_forward, logits_of(m), a->lnf, WEIGHT(m, wte, 0), nullptr, BT, C, Vl);
 }
 
 // Forward pass of one rank on tokens (B, T) (host memory, the same on every rank).
@@ -1139,11 +1153,11 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     // all-reduce(max) of the local row maxima, then all-reduce(sum) of the local exp-sums and of the
     // target's logit (only its owner contributes it). After that every rank computes the same loss and
     // its own slice of dlogits.
-    OP(rk, crossentropy_max, a->ce_max, a->logits, BT, Vl, s->v0, c->V);
+    OP(rk, crossentropy_max, a->ce_max, logits_of(m), BT, Vl, s->v0, c->V);
     comm_allreduce(tp, a->ce_max, BT, COMM_MAX, "loss max", -1);
-    OP(rk, crossentropy_sums, a->ce_sums, a->logits, a->ce_max, m->targets, BT, Vl, s->v0, c->V);
+    OP(rk, crossentropy_sums, a->ce_sums, logits_of(m), a->ce_max, m->targets, BT, Vl, s->v0, c->V);
     comm_allreduce(tp, a->ce_sums, 2L * BT, COMM_SUM, "loss sums", -1);
-    OP(rk, crossentropy_finish, a->losses, a->logits, a->ce_max, a->ce_sums, m->targets, BT, Vl, s->v0, c->V,
+    OP(rk, crossentropy_finish, a->losses, logits_of(m), a->ce_max, a->ce_sums, m->targets, BT, Vl, s->v0, c->V,
        training ? (m->dloss != 0.0f ? m->dloss : 1.0f / BT) : 0.0f);
 }
 
@@ -1182,7 +1196,12 @@ static void gpt_decode(GPT* m, Rank* rk, KVCache* kv, const int* tokens, const i
     gpt_forward_logits(m, rk, kv, true, false);
     // the vocab-parallel head left each rank (B, Vl): an all-gather (sampling only: every rank draws
     // the same tokens from the full rows) gives (P, B, Vl), rank-major; the host puts each row together.
-    comm_allgather(&rk->tp, kv->logits, m->acts.logits, (long)B * Vl, "decode logits", -1);
+    float* mine = m->acts.logits;
+    if (m->acts_bf16) {  // widened (exactly) past the gathered ones
+        mine = kv->logits + (long)B * Vp;
+        OP(rk, bf16_widen, mine, as_bf16(m->acts.logits), (long)B * Vl);
+    }
+    comm_allgather(&rk->tp, kv->logits, mine, (long)B * Vl, "decode logits", -1);
     std::vector<float> g((size_t)B * Vp);
     dev_download(rk, g.data(), kv->logits, g.size() * sizeof(float));
     for (int r = 0; r < P; r++)
@@ -1233,10 +1252,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // residual-stream gradient dres is identical on every rank (SP: each rank has its own tokens' rows).
         // The input gradient comes first so that its sum can start; the weight gradient, which needs only
         // dlogits and lnf, is computed while the sum is in flight (the same for fc and qkv below).
-        keep_bf16(m, rk, a->logits, (long)BT * Vl);  // dlogits, the head's output gradient
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->logits, a->lnf, WEIGHT(m, wte, 0), BT, C, Vl);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, logits_of(m), a->lnf, WEIGHT(m, wte, 0), BT, C, Vl);
         float* dlnf = my_tokens_summed_start(m, rk, a->dln, "lm head bwd", -1);
-        OP(rk, matmul_backward, nullptr, g->wte, nullptr, a->logits, a->lnf, WEIGHT(m, wte, 0), BT, C, Vl);  // under the sum
+        OP(rk, matmul_backward, nullptr, g->wte, nullptr, logits_of(m), a->lnf, WEIGHT(m, wte, 0), BT, C, Vl);  // under the sum
         dev_zero(rk, a->dres, (long)N * C);
         my_tokens_summed_wait(rk);
         float* last = LAYER_BUF(m, residual3, L - 1);
@@ -1455,8 +1473,13 @@ static uint64_t gpt_checksum(GPT* m, Rank* rk) {
 // never assembles full logits. out: host memory, Vp floats.
 static void gpt_logits_row(GPT* m, Rank* rk, int b, int t, float* out) {
     int Vl = m->plan.Vl;
-    if (!m->row) m->row = dev_alloc(rk, (long)m->cfg.Vp);
-    float* mine = m->acts.logits + ((long)b * m->T + t) * Vl;
+    if (!m->row) m->row = dev_alloc(rk, (long)m->cfg.Vp + Vl);
+    long at = ((long)b * m->T + t) * Vl;
+    float* mine = m->acts.logits + at;
+    if (m->acts_bf16) {  // the row widened (exactly) past the gathered ones
+        mine = m->row + m->cfg.Vp;
+        OP(rk, bf16_widen, mine, as_bf16(m->acts.logits) + at, Vl);
+    }
     comm_allgather(&rk->tp, m->row, mine, Vl, "sample logits", -1);
     dev_download(rk, out, m->row, (size_t)m->cfg.Vp * sizeof(float));
 }

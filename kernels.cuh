@@ -204,6 +204,21 @@ template <int VEC> __device__ __forceinline__ void stv(float* p, const Fv<VEC>& 
     }
 }
 
+// VEC floats stored as bf16, each rounded to nearest (bf16_round): 8 as one 16-byte store, else one by one
+template <int VEC> __device__ __forceinline__ void stv(bf16* p, const Fv<VEC>& r) {
+    if constexpr (VEC == 8) {
+        uint4 t;
+        t.x = (uint32_t)bf16_round(r.v[0]) | (uint32_t)bf16_round(r.v[1]) << 16;
+        t.y = (uint32_t)bf16_round(r.v[2]) | (uint32_t)bf16_round(r.v[3]) << 16;
+        t.z = (uint32_t)bf16_round(r.v[4]) | (uint32_t)bf16_round(r.v[5]) << 16;
+        t.w = (uint32_t)bf16_round(r.v[6]) | (uint32_t)bf16_round(r.v[7]) << 16;
+        *reinterpret_cast<uint4*>(p) = t;
+    } else {
+        #pragma unroll
+        for (int k = 0; k < VEC; k++) p[k] = bf16_round(r.v[k]);
+    }
+}
+
 // Butterfly (xor) reductions: every lane ends with the same value, bit for bit (each step adds the same
 // two numbers on both lanes of a pair), so lanes never disagree about a row's mean or max.
 __device__ __forceinline__ float warp_sum(float v) {
@@ -290,11 +305,11 @@ static void gemm_cuda(CudaCtx* cx, bool ta, bool tb, int M, int N, int K, float 
 // cuBLAS multiplies the bf16 pairs exactly and accumulates in fp32 (CUBLAS_COMPUTE_32F), the numerics of
 // gemm_bf16_cpu (common/bf16.h) in another order of the sums.
 static void gemm_bf16_cuda(CudaCtx* cx, bool ta, bool tb, int M, int N, int K, float alpha, const bf16* A, int lda,
-                           const bf16* B, int ldb, float beta, float* C, int ldc) {
+                           const bf16* B, int ldb, float beta, void* C, int ldc, cudaDataType_t ctype = CUDA_R_32F) {
     if (M <= 0 || N <= 0) return;
     cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cx->rank, cublasGemmEx(cx->cublas, opB, opA, N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta,
-                                        C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                        C, ctype, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // the largest power of two (<= 256) dividing the address: cuBLASLt assumes 256-byte aligned operands
@@ -366,13 +381,15 @@ __global__ void bias_broadcast_kernel(float* out, const float* bias, long N, int
 #define COLSUM_ROWS 128
 
 // partial (nsplit, OC): split s sums dout rows [s*COLSUM_ROWS, (s+1)*COLSUM_ROWS); grid (nsplit, ceil(OC/32))
-__global__ void bias_grad_partial_kernel(float* partial, const float* dout, int N, int OC) {
+// (D: dout fp32, or bf16 storage, the LM head's dlogits in a bf16 run)
+template <typename D>
+__global__ void bias_grad_partial_kernel(float* partial, const D* dout, int N, int OC) {
     __shared__ float sh[8][33];
     int o = blockIdx.y * 32 + threadIdx.x;
     int n0 = blockIdx.x * COLSUM_ROWS, n1 = min(n0 + COLSUM_ROWS, N);
     float acc = 0.0f;
     if (o < OC)
-        for (int n = n0 + threadIdx.y; n < n1; n += 8) acc += dout[(long)n * OC + o];
+        for (int n = n0 + threadIdx.y; n < n1; n += 8) acc += ldv<1>(dout + (long)n * OC + o).v[0];
     sh[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0 && o < OC) {
@@ -437,7 +454,8 @@ static dim3 colsum_grid(CudaCtx* cx, int N, int n) {
 // activations that is memory-bound. Products of bf16 values are exact in fp32, so this computes what TF32
 // or fp32 would on the same operands, up to the order of the fp32 sums. The packed operands live in one
 // scratch of the rank (cx->packed), each from a 16-byte boundary; it grows to the largest matmul's
-// (the LM head's backward: dlogits and lnf, B*T*Vp/P + B*T*C bf16).
+// (a backward's dout and input: fcproj's B*T*C + B*T*4C/P bf16, or fc's). The LM head's logits and
+// dlogits are bf16 storage in such a run (Logits), so its matmuls pack lnf alone.
 static void bf16_pack_cuda(CudaCtx* cx, bf16* out, const float* x, long n);  // (with the bf16 ops below)
 
 // The operands x[0..n) (each holding bf16 values, sizes[i] of them) packed into consecutive 16-byte-aligned
@@ -490,21 +508,35 @@ static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const
 static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, Weight w, const float* bias, int N, int IC, int OC) {
     matmul_forward_cuda(cx, out, inp, w.f, bias, N, IC, OC, w.h != nullptr, w.h);
 }
+// the LM head's (Logits): a bf16 run's logits are written by cuBLAS as bf16 (its fp32 sums rounded to
+// nearest, as the CPU's store_c), half the bytes of the largest activation. The head has no bias.
+static void matmul_forward_cuda(CudaCtx* cx, Logits out, const float* inp, Weight w, const float* bias, int N, int IC, int OC) {
+    if (!out.h) return matmul_forward_cuda(cx, out.f, inp, w, bias, N, IC, OC);
+    if (bias) fatal("rank %d: matmul_forward with bf16 output takes no bias (the LM head has none)", cx->rank);
+    if (N <= 0 || OC <= 0) return;
+    const float* x[2] = {inp, w.h ? nullptr : w.f};
+    long sizes[2] = {(long)N * IC, w.h ? 0 : (long)OC * IC};
+    bf16* h[2];
+    pack_operands_bf16(cx, 2, x, sizes, h);
+    gemm_bf16_cuda(cx, false, true, N, OC, IC, 1.0f, h[0], IC, w.h ? w.h : h[1], IC, 0.0f, out.h, OC, CUDA_R_16BF);
+}
 
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
 // dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
 // bf16: as in matmul_forward_cuda, the weight fp32 words (weight) or bf16 storage (weight_h, which bf16 implies)
+// dout_h: dout in bf16 storage instead (the LM head's dlogits in a bf16 run, Logits), used where it lies
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, int N, int IC, int OC, bool bf16 = false,
-                                 const ::bf16* weight_h = nullptr) {
+                                 const ::bf16* weight_h = nullptr, const ::bf16* dout_h = nullptr) {
     if (N <= 0) return;
-    if ((bf16 || weight_h) && (dinp || dweight)) {  // dout holds bf16 values too (keep_bf16 of the output gradient)
-        const float* x[3] = {dout, dinp && !weight_h ? weight : nullptr, dweight ? inp : nullptr};
-        long sizes[3] = {(long)N * OC, dinp && !weight_h ? (long)OC * IC : 0, dweight ? (long)N * IC : 0};
+    if ((bf16 || weight_h || dout_h) && (dinp || dweight)) {  // dout holds bf16 values too (keep_bf16 of the output gradient)
+        const float* x[3] = {dout_h ? nullptr : dout, dinp && !weight_h ? weight : nullptr, dweight ? inp : nullptr};
+        long sizes[3] = {dout_h ? 0 : (long)N * OC, dinp && !weight_h ? (long)OC * IC : 0, dweight ? (long)N * IC : 0};
         ::bf16* h[3];
         pack_operands_bf16(cx, 3, x, sizes, h);
-        if (dinp) gemm_bf16_cuda(cx, false, false, N, IC, OC, 1.0f, h[0], OC, weight_h ? weight_h : h[1], IC, 0.0f, dinp, IC);
-        if (dweight) gemm_bf16_cuda(cx, true, false, OC, IC, N, 1.0f, h[0], OC, h[2], IC, 1.0f, dweight, IC);
+        const ::bf16* d = dout_h ? dout_h : h[0];
+        if (dinp) gemm_bf16_cuda(cx, false, false, N, IC, OC, 1.0f, d, OC, weight_h ? weight_h : h[1], IC, 0.0f, dinp, IC);
+        if (dweight) gemm_bf16_cuda(cx, true, false, OC, IC, N, 1.0f, d, OC, h[2], IC, 1.0f, dweight, IC);
     } else {
         if (dinp) gemm_cuda(cx, false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
         // op(A) = dout^T (OC x N): dout stored (N x OC), transposed
@@ -513,7 +545,8 @@ static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float
     if (dbias) {
         dim3 grid = colsum_grid(cx, N, OC);
         float* partial = (float*)cuda_scratch(cx, &cx->red, &cx->red_bytes, (size_t)grid.x * OC * sizeof(float));
-        bias_grad_partial_kernel<<<grid, dim3(32, 8), 0, cx->stream>>>(partial, dout, N, OC);
+        if (dout_h) bias_grad_partial_kernel<::bf16><<<grid, dim3(32, 8), 0, cx->stream>>>(partial, dout_h, N, OC);
+        else bias_grad_partial_kernel<float><<<grid, dim3(32, 8), 0, cx->stream>>>(partial, dout, N, OC);
         CUDA_LAUNCH_CHECK(cx->rank, "bias_grad_partial_kernel");
         colsum_finish_kernel<<<ceil_div(OC, 256), 256, 0, cx->stream>>>(dbias, partial, nullptr, nullptr, (int)grid.x, OC);
         CUDA_LAUNCH_CHECK(cx->rank, "colsum_finish_kernel");
@@ -523,6 +556,11 @@ static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                  Weight w, int N, int IC, int OC) {
     matmul_backward_cuda(cx, dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, w.h != nullptr, w.h);
+}
+// the LM head's: dout is dlogits (Logits)
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, Logits dout, const float* inp,
+                                 Weight w, int N, int IC, int OC) {
+    matmul_backward_cuda(cx, dinp, dweight, dbias, dout.f, inp, w.f, N, IC, OC, w.h != nullptr || dout.h != nullptr, w.h, dout.h);
 }
 
 // ----------------------------------------------------------------------------
@@ -1414,14 +1452,15 @@ static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum,
 
 #define CE_THREADS 512
 
-// maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none)
-template <int VEC>
-__global__ void crossentropy_max_kernel(float* maxes, const float* logits, int Vl, int nv) {
+// maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none).
+// L: the logits fp32 (VEC 4: float4 loads), or a bf16 run's bf16 storage (VEC 8: 16-byte loads), widened.
+template <int VEC, typename L>
+__global__ void crossentropy_max_kernel(float* maxes, const L* logits, int Vl, int nv) {
     long n = blockIdx.x;
-    const float* l = logits + n * Vl;
+    const L* l = logits + n * Vl;
     float m = -FLT_MAX;
     for (int i = threadIdx.x * VEC; i < nv; i += blockDim.x * VEC) {
-        Fv<VEC> a = ldv<VEC>(l + i);  // with VEC = 4, Vl % 4 == 0, so i + 3 < Vl
+        Fv<VEC> a = ldv<VEC>(l + i);  // with VEC > 1, Vl % VEC == 0, so i + VEC - 1 < Vl
         for (int k = 0; k < VEC; k++)
             if (i + k < nv) m = fmaxf(m, a.v[k]);
     }
@@ -1431,11 +1470,11 @@ __global__ void crossentropy_max_kernel(float* maxes, const float* logits, int V
 
 // sums (N, 2): [0] = sum of exp(logit - max) over the real columns, [1] = the target's logit if this
 // rank owns the target's column, else 0
-template <int VEC>
-__global__ void crossentropy_sums_kernel(float* sums, const float* logits, const float* maxes, const int* targets,
+template <int VEC, typename L>
+__global__ void crossentropy_sums_kernel(float* sums, const L* logits, const float* maxes, const int* targets,
                                          int Vl, int v0, int nv) {
     long n = blockIdx.x;
-    const float* l = logits + n * Vl;
+    const L* l = logits + n * Vl;
     float m = maxes[n], s = 0.0f;
     for (int i = threadIdx.x * VEC; i < nv; i += blockDim.x * VEC) {
         Fv<VEC> a = ldv<VEC>(l + i);
@@ -1446,20 +1485,20 @@ __global__ void crossentropy_sums_kernel(float* sums, const float* logits, const
     if (threadIdx.x == 0) {
         int col = targets[n] - v0;
         sums[2 * n] = s;
-        sums[2 * n + 1] = (col >= 0 && col < Vl) ? l[col] : 0.0f;
+        sums[2 * n + 1] = (col >= 0 && col < Vl) ? ldv<1>(l + col).v[0] : 0.0f;
     }
 }
 
 // losses (N) = log(sum) - (target logit - max). If dscale != 0, logits become, in place,
-// dlogits = (softmax - onehot(target)) * dscale, zero in the padded columns.
-template <int VEC>
-__global__ void crossentropy_finish_kernel(float* losses, float* logits, const float* maxes, const float* sums,
+// dlogits = (softmax - onehot(target)) * dscale, zero in the padded columns (bf16: rounded to nearest).
+template <int VEC, typename L>
+__global__ void crossentropy_finish_kernel(float* losses, L* logits, const float* maxes, const float* sums,
                                            const int* targets, int Vl, int v0, int nv, float dscale) {
     long n = blockIdx.x;
     float m = maxes[n], s = sums[2 * n];
     if (threadIdx.x == 0) losses[n] = logf(s) - (sums[2 * n + 1] - m);
     if (dscale == 0.0f) return;
-    float* l = logits + n * Vl;
+    L* l = logits + n * Vl;
     float inv = 1.0f / s;
     int col = targets[n] - v0;
     for (int i = threadIdx.x * VEC; i < Vl; i += blockDim.x * VEC) {
@@ -1472,36 +1511,53 @@ __global__ void crossentropy_finish_kernel(float* losses, float* logits, const f
     }
 }
 
-static void crossentropy_max_cuda(CudaCtx* cx, float* maxes, const float* logits, int N, int Vl, int v0, int V) {
+// the widest loads the rows allow: 16 bytes where every row starts on a 16-byte boundary
+template <typename L> static bool ce_vector(const L* logits, int Vl) { return Vl % (16 / sizeof(L)) == 0 && aligned16(logits); }
+#define CE_LAUNCH(kernel, L, lg, ...)                                                                          \
+    do {                                                                                                       \
+        const L* l_ = (lg);                                                                                    \
+        if (ce_vector(l_, Vl)) kernel<16 / sizeof(L), L><<<N, CE_THREADS, 0, cx->stream>>>(__VA_ARGS__);      \
+        else kernel<1, L><<<N, CE_THREADS, 0, cx->stream>>>(__VA_ARGS__);                                      \
+        CUDA_LAUNCH_CHECK(cx->rank, #kernel);                                                                  \
+    } while (0)
+
+template <typename L>
+static void crossentropy_max_cuda(CudaCtx* cx, float* maxes, const L* logits, int N, int Vl, int v0, int V) {
     if (N <= 0) return;
     int nv = real_columns(Vl, v0, V);
-    if (Vl % 4 == 0 && aligned16(logits))
-        crossentropy_max_kernel<4><<<N, CE_THREADS, 0, cx->stream>>>(maxes, logits, Vl, nv);
-    else
-        crossentropy_max_kernel<1><<<N, CE_THREADS, 0, cx->stream>>>(maxes, logits, Vl, nv);
-    CUDA_LAUNCH_CHECK(cx->rank, "crossentropy_max_kernel");
+    CE_LAUNCH(crossentropy_max_kernel, L, logits, maxes, logits, Vl, nv);
 }
 
-static void crossentropy_sums_cuda(CudaCtx* cx, float* sums, const float* logits, const float* maxes, const int* targets,
+template <typename L>
+static void crossentropy_sums_cuda(CudaCtx* cx, float* sums, const L* logits, const float* maxes, const int* targets,
                                    int N, int Vl, int v0, int V) {
     if (N <= 0) return;
     int nv = real_columns(Vl, v0, V);
-    if (Vl % 4 == 0 && aligned16(logits))
-        crossentropy_sums_kernel<4><<<N, CE_THREADS, 0, cx->stream>>>(sums, logits, maxes, targets, Vl, v0, nv);
-    else
-        crossentropy_sums_kernel<1><<<N, CE_THREADS, 0, cx->stream>>>(sums, logits, maxes, targets, Vl, v0, nv);
-    CUDA_LAUNCH_CHECK(cx->rank, "crossentropy_sums_kernel");
+    CE_LAUNCH(crossentropy_sums_kernel, L, logits, sums, logits, maxes, targets, Vl, v0, nv);
 }
 
-static void crossentropy_finish_cuda(CudaCtx* cx, float* losses, float* logits, const float* maxes, const float* sums,
+template <typename L>
+static void crossentropy_finish_cuda(CudaCtx* cx, float* losses, L* logits, const float* maxes, const float* sums,
                                      const int* targets, int N, int Vl, int v0, int V, float dscale) {
     if (N <= 0) return;
     int nv = real_columns(Vl, v0, V);
-    if (Vl % 4 == 0 && aligned16(logits))
-        crossentropy_finish_kernel<4><<<N, CE_THREADS, 0, cx->stream>>>(losses, logits, maxes, sums, targets, Vl, v0, nv, dscale);
-    else
-        crossentropy_finish_kernel<1><<<N, CE_THREADS, 0, cx->stream>>>(losses, logits, maxes, sums, targets, Vl, v0, nv, dscale);
-    CUDA_LAUNCH_CHECK(cx->rank, "crossentropy_finish_kernel");
+    CE_LAUNCH(crossentropy_finish_kernel, L, logits, losses, logits, maxes, sums, targets, Vl, v0, nv, dscale);
+}
+
+// the recipe's forms: the logits in the run's storage (Logits)
+static void crossentropy_max_cuda(CudaCtx* cx, float* maxes, Logits lg, int N, int Vl, int v0, int V) {
+    if (lg.h) crossentropy_max_cuda(cx, maxes, (const bf16*)lg.h, N, Vl, v0, V);
+    else crossentropy_max_cuda(cx, maxes, (const float*)lg.f, N, Vl, v0, V);
+}
+static void crossentropy_sums_cuda(CudaCtx* cx, float* sums, Logits lg, const float* maxes, const int* targets, int N, int Vl,
+                                   int v0, int V) {
+    if (lg.h) crossentropy_sums_cuda(cx, sums, (const bf16*)lg.h, maxes, targets, N, Vl, v0, V);
+    else crossentropy_sums_cuda(cx, sums, (const float*)lg.f, maxes, targets, N, Vl, v0, V);
+}
+static void crossentropy_finish_cuda(CudaCtx* cx, float* losses, Logits lg, const float* maxes, const float* sums,
+                                     const int* targets, int N, int Vl, int v0, int V, float dscale) {
+    if (lg.h) crossentropy_finish_cuda(cx, losses, lg.h, maxes, sums, targets, N, Vl, v0, V, dscale);
+    else crossentropy_finish_cuda(cx, losses, lg.f, maxes, sums, targets, N, Vl, v0, V, dscale);
 }
 
 // ----------------------------------------------------------------------------

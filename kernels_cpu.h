@@ -283,10 +283,11 @@ typedef uint16_t bf16;
 
 // The GEMM of a --dtype bf16 run: the same product of operands that hold bf16 values (TA, TB = float: fp32
 // words, low halves zero; = bf16: bf16 storage), on AVX512-BF16's vdpbf16ps where that is faster, else
-// gemm_cpu on them widened; the same bits either way (common/bf16.h, included at the end of this file)
-template <typename TA, typename TB>
+// gemm_cpu on them widened; the same bits either way (common/bf16.h, included at the end of this file).
+// TC = bf16: C in bf16 storage, each element its fp32 sum rounded to nearest (not with accumulate).
+template <typename TA, typename TB, typename TC>
 static void gemm_bf16_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs, long b_cs,
-                          float* Cm, long ldc, bool accumulate, const float* bias);
+                          TC* Cm, long ldc, bool accumulate, const float* bias);
 
 // a linear layer's GEMM: gemm_cpu, or where its operands hold bf16 values (bf16) the bf16 GEMM; a weight
 // in bf16 storage (B, the second form) is a --dtype bf16 run's, so always the bf16 GEMM
@@ -295,7 +296,8 @@ static void linear_gemm_cpu(bool bf16, int M, int N, int K, const float* A, long
     if (bf16) gemm_bf16_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
     else gemm_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
 }
-static void linear_gemm_cpu(bool, int M, int N, int K, const float* A, long a_rs, long a_cs, const bf16* B, long b_rs,
+template <typename TA, typename TB>  // (an operand in bf16 storage: a bf16 run's)
+static void linear_gemm_cpu(bool, int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
                             long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
     gemm_bf16_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
 }
@@ -308,6 +310,18 @@ struct Weight {
     const float* f;
     const bf16* h;
 };
+
+// The LM head's output, the logits (B*T, Vl), and after the loss its gradient: fp32 (f), or in a --dtype
+// bf16 run bf16 storage (h), half the bytes of the largest activation of a GPT-2-vocabulary model. One of
+// the two is set. The head's matmuls and the cross-entropy take it; every sum over it is fp32.
+struct Logits {
+    float* f;
+    bf16* h;
+};
+
+// an element as fp32: itself, or a bf16 widened exactly (common/bf16.h)
+static inline float as_fp32(float x) { return x; }
+static inline float as_fp32(bf16 h);
 
 // ----------------------------------------------------------------------------
 // Linear layers
@@ -326,13 +340,20 @@ static void matmul_forward_cpu(float* out, const float* inp, Weight w, const flo
     if (w.h) matmul_forward_cpu(out, inp, w.h, bias, N, IC, OC, true);
     else matmul_forward_cpu(out, inp, w.f, bias, N, IC, OC, false);
 }
+// the LM head's: logits in bf16 storage are a bf16 run's, each its fp32 sum rounded to nearest
+static void matmul_forward_cpu(Logits out, const float* inp, Weight w, const float* bias, int N, int IC, int OC) {
+    if (!out.h) return matmul_forward_cpu(out.f, inp, w, bias, N, IC, OC);
+    if (w.h) gemm_bf16_cpu(N, OC, IC, inp, IC, 1, w.h, 1, IC, out.h, OC, false, bias);
+    else gemm_bf16_cpu(N, OC, IC, inp, IC, 1, w.f, 1, IC, out.h, OC, false, bias);
+}
 
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
 // dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
 // (gpt.cu calls it twice per column-parallel matmul, dinp alone and then the rest, to overlap a sum)
 // bf16: dout, inp and weight hold bf16 values, as in matmul_forward_cpu; W as there
-template <typename W>
-static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
+// D: dout in fp32 words, or bf16 storage (the LM head's dlogits in a bf16 run)
+template <typename W, typename D = float>
+static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const D* dout,
                                 const float* inp, const W* weight, int N, int IC, int OC, bool bf16 = false) {
     if (dinp) linear_gemm_cpu(bf16, N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false, nullptr);
     if (dweight) linear_gemm_cpu(bf16, OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
@@ -342,9 +363,9 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
             int o0 = (int)blk * 64, w = OC - o0 < 64 ? OC - o0 : 64;
             float s[64] = {0};
             for (int n = 0; n < N; n++) {
-                const float* d = dout + (size_t)n * OC + o0;
+                const D* d = dout + (size_t)n * OC + o0;
                 #pragma omp simd
-                for (int j = 0; j < w; j++) s[j] += d[j];
+                for (int j = 0; j < w; j++) s[j] += as_fp32(d[j]);
             }
             for (int j = 0; j < w; j++) dbias[o0 + j] += s[j];
         });
@@ -355,6 +376,13 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
                                 int N, int IC, int OC) {
     if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.h, N, IC, OC, true);
     else matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, false);
+}
+// the LM head's: dout is dlogits
+static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, Logits dout, const float* inp, Weight w,
+                                int N, int IC, int OC) {
+    if (!dout.h) return matmul_backward_cpu(dinp, dweight, dbias, dout.f, inp, w, N, IC, OC);
+    if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout.h, inp, w.h, N, IC, OC, true);
+    else matmul_backward_cpu(dinp, dweight, dbias, dout.h, inp, w.f, N, IC, OC, true);
 }
 
 // ----------------------------------------------------------------------------
@@ -880,39 +908,58 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
 // (the argument order of the ops: Vl, v0, V; kernels.cuh uses it too)
 static inline int real_columns(int Vl, int v0, int V) { return V - v0 < Vl ? (V - v0 > 0 ? V - v0 : 0) : Vl; }
 
-// maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none)
-static void crossentropy_max_cpu(float* maxes, const float* logits, int N, int Vl, int v0, int V) {
+// maxes (N) = the largest real logit of each row in this rank's columns (-FLT_MAX if it has none).
+// L: the logits in fp32, or bf16 storage (a bf16 run's, read widened; the recipe passes Logits)
+template <typename L>
+static void crossentropy_max_cpu(float* maxes, const L* logits, int N, int Vl, int v0, int V) {
     int nv = real_columns(Vl, v0, V);
     cpu_for(N, [&](long n_) {
         int n = (int)n_;
-        const float* l = logits + (size_t)n * Vl;
+        const L* l = logits + (size_t)n * Vl;
         float m = -FLT_MAX;
-        for (int i = 0; i < nv; i++) m = l[i] > m ? l[i] : m;
+        for (int i = 0; i < nv; i++) m = as_fp32(l[i]) > m ? as_fp32(l[i]) : m;
         maxes[n] = m;
     });
 }
 
 // sums (N, 2): [0] = sum of exp(logit - max) over this rank's real columns,
 //              [1] = the target's logit if this rank owns the target, else 0
-static void crossentropy_sums_cpu(float* sums, const float* logits, const float* maxes, const int* targets,
+template <typename L>
+static void crossentropy_sums_cpu(float* sums, const L* logits, const float* maxes, const int* targets,
                                   int N, int Vl, int v0, int V) {
     int nv = real_columns(Vl, v0, V);
     cpu_for(N, [&](long n_) {
         int n = (int)n_;
-        const float* l = logits + (size_t)n * Vl;
-        float m = maxes[n], s = 0.0f;
-        #pragma omp simd reduction(+ : s)
-        for (int i = 0; i < nv; i++) s += exp_fast(l[i] - m);
+        const L* l = logits + (size_t)n * Vl;
+        // 16 running sums, lane k over the columns i with i % 16 == k, then added pairwise: a fixed order
+        // (an omp simd reduction's would depend on the vector width the compiler picks for L), so logits
+        // in bf16 storage and the same values in fp32 words give the same bits
+        float m = maxes[n], acc[16] = {0};
+        int i = 0;
+        for (; i + 16 <= nv; i += 16) {
+            #pragma omp simd
+            for (int k = 0; k < 16; k++) acc[k] += exp_fast(as_fp32(l[i + k]) - m);
+        }
+        for (; i < nv; i++) acc[i % 16] += exp_fast(as_fp32(l[i]) - m);
+        for (int w = 8; w > 0; w /= 2)
+            for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+        float s = acc[0];
         int col = targets[n] - v0;
         sums[2 * n] = s;
-        sums[2 * n + 1] = (col >= 0 && col < Vl) ? l[col] : 0.0f;
+        sums[2 * n + 1] = (col >= 0 && col < Vl) ? as_fp32(l[col]) : 0.0f;
     });
 }
+
+// dlogits in the logits' storage: fp32, or bf16 rounded to nearest (a bf16 run's, the head's output
+// gradient, which its matmuls multiply as bf16; common/bf16.h)
+static inline void store_dlogit(float* l, float v) { *l = v; }
+static inline void store_dlogit(bf16* l, float v);
 
 // losses (N) = log(sum) - (target logit - max), the same on every rank once maxes and sums are global.
 // If dscale != 0, logits are overwritten in place by dlogits = (softmax - onehot(target)) * dscale,
 // zero in the padded columns: the forward and the backward of the loss fused, as llm.c does.
-static void crossentropy_finish_cpu(float* losses, float* logits, const float* maxes, const float* sums,
+template <typename L>
+static void crossentropy_finish_cpu(float* losses, L* logits, const float* maxes, const float* sums,
                                     const int* targets, int N, int Vl, int v0, int V, float dscale) {
     int nv = real_columns(Vl, v0, V);
     cpu_for(N, [&](long n_) {
@@ -920,14 +967,29 @@ static void crossentropy_finish_cpu(float* losses, float* logits, const float* m
         float m = maxes[n], s = sums[2 * n];
         losses[n] = logf(s) - (sums[2 * n + 1] - m);
         if (dscale == 0.0f) return;
-        float* l = logits + (size_t)n * Vl;
+        L* l = logits + (size_t)n * Vl;
         float inv = 1.0f / s;
         int col = targets[n] - v0;
         for (int i = 0; i < Vl; i++) {
-            float p = i < nv ? exp_fast(l[i] - m) * inv : 0.0f;
-            l[i] = (p - (i == col ? 1.0f : 0.0f)) * dscale;
+            float p = i < nv ? exp_fast(as_fp32(l[i]) - m) * inv : 0.0f;
+            store_dlogit(l + i, (p - (i == col ? 1.0f : 0.0f)) * dscale);
         }
     });
+}
+
+// the recipe's forms: the logits in the run's storage
+static void crossentropy_max_cpu(float* maxes, Logits lg, int N, int Vl, int v0, int V) {
+    if (lg.h) crossentropy_max_cpu(maxes, (const bf16*)lg.h, N, Vl, v0, V);
+    else crossentropy_max_cpu(maxes, (const float*)lg.f, N, Vl, v0, V);
+}
+static void crossentropy_sums_cpu(float* sums, Logits lg, const float* maxes, const int* targets, int N, int Vl, int v0, int V) {
+    if (lg.h) crossentropy_sums_cpu(sums, (const bf16*)lg.h, maxes, targets, N, Vl, v0, V);
+    else crossentropy_sums_cpu(sums, (const float*)lg.f, maxes, targets, N, Vl, v0, V);
+}
+static void crossentropy_finish_cpu(float* losses, Logits lg, const float* maxes, const float* sums, const int* targets,
+                                    int N, int Vl, int v0, int V, float dscale) {
+    if (lg.h) crossentropy_finish_cpu(losses, lg.h, maxes, sums, targets, N, Vl, v0, V, dscale);
+    else crossentropy_finish_cpu(losses, lg.f, maxes, sums, targets, N, Vl, v0, V, dscale);
 }
 
 // ----------------------------------------------------------------------------

@@ -447,7 +447,7 @@ static void test_acts_table() {
                     long per_layer = N * ((r >= 2 ? 2 : 4) * C + 4) + (r >= 1 ? 8 : 12) * HT + (fused ? rows : r >= 3 ? 0 : att);
                     // bf16: ln1, ln2 (unless -r 2), atty, fch and fch_gelu (unless -r 1) kept in bf16, each
                     // layer's in whole 16-byte units, and one fp32 copy of each that the layers share; SP's bf16
-                    // gather buffer
+                    // gather buffer; the logits in bf16
                     auto half = [](long n) { return (n + 7) / 8 * 4; };
                     long shared = 0;
                     if (bf16) {
@@ -457,6 +457,7 @@ static void test_acts_table() {
                         per_layer += half(4 * HTl) - 4 * HTl, shared += 4 * HTl;
                         if (r < 1) per_layer += half(4 * HTl) - 4 * HTl, shared += 4 * HTl;
                         if (split && C % 2 == 0) shared += (BT * C + 1) / 2;
+                        shared += half(BT * (c.Vp / P)) - BT * (c.Vp / P);  // the logits in bf16 storage
                     }
                     // outside the layers: encoded, lnf (every token) and its statistics, logits, the loss's
                     // 4 floats per token, partial, gathered (SP), dres, dln, datty, dqkv, dfch, and one copy

@@ -137,6 +137,10 @@ static void bf16_widen_cpu(float* out, const bf16* x, long n) {
     });
 }
 
+// (declared in kernels_cpu.h, for the ops that read or write a bf16 run's logits)
+static inline float as_fp32(bf16 h) { return bf16_to_float(h); }
+static inline void store_dlogit(bf16* l, float v) { *l = bf16_round(v); }
+
 // (declared in kernels_cpu.h, for encoder_forward_cpu on a --dtype bf16 run's wte)
 static inline void row_as_fp32(float* out, const bf16* row, int C) {
     for (int c = 0; c < C; c++) out[c] = bf16_to_float(row[c]);
@@ -256,11 +260,31 @@ static inline uint32_t bf16_pair(uint32_t first, uint32_t second) { return first
 #define BF16_MT 16
 #define BF16_NT 8
 
+// A GEMM's C is fp32, or bf16 storage where the result is kept in bf16 (the LM head's logits of a --dtype
+// bf16 run): each element rounded to nearest once, from its fp32 sum, as the fp32 result and bf16_round
+// would give (accumulate is only for an fp32 C)
+static inline void store_c(float* c, float v, bool accumulate) { *c = accumulate ? *c + v : v; }
+static inline void store_c(bf16* c, float v, bool) { *c = bf16_round(v); }
+
+// 16 fp32 rounded to the nearest bf16 (ties to even, a NaN kept quiet), as bf16_round does each
+// (the masked forms with every lane set, as in transpose16_epi32 below, for GCC 12)
+static inline __m256i bf16_round16(__m512 x) {
+    const __mmask16 all = 0xffff;
+    const __m512i u = _mm512_castps_si512(x), high = _mm512_maskz_srli_epi32(all, u, 16);
+    const __m512i one = _mm512_set1_epi32(1), abs_mask = _mm512_set1_epi32(0x7fffffff);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, one)));
+    r = _mm512_maskz_srli_epi32(all, r, 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, high, _mm512_set1_epi32(0x40));
+    return _mm512_maskz_cvtepi32_epi16(all, r);
+}
+
 // C (mr x nc of an MR x NR tile, row stride ldc) = [C +] (a (kp pairs x MR words) . b (kp pairs x NR words)
 // [+ bias (nc)]) with vdpbf16ps: one instruction does both fmas of 16 lanes, and the MR x NR sums stay in
 // registers over the whole of K (the panels stream from L2), so C is written once, straight from them: the
 // bias, then C, added in gemm_cpu's order (only called where the CPU has the instruction)
-__attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(float* Cm, long ldc, int mr, int nc,
+template <typename TC>
+__attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(TC* Cm, long ldc, int mr, int nc,
                                                                               const uint32_t* a, const uint32_t* b, int kp,
                                                                               const float* bias, bool accumulate) {
     __m512 c[BF16_MR][2];
@@ -280,13 +304,18 @@ __attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(fl
             for (int r = 0; r < BF16_MR; r++) { c[r][0] = _mm512_add_ps(c[r][0], b0); c[r][1] = _mm512_add_ps(c[r][1], b1); }
         }
         for (int r = 0; r < BF16_MR; r++) {
-            float* row = Cm + (size_t)r * ldc;
-            if (accumulate) {
-                c[r][0] = _mm512_add_ps(_mm512_loadu_ps(row), c[r][0]);
-                c[r][1] = _mm512_add_ps(_mm512_loadu_ps(row + BF16_VL), c[r][1]);
+            TC* row = Cm + (size_t)r * ldc;
+            if (std::is_same<TC, bf16>::value) {  // (accumulate is never set with a bf16 C)
+                _mm256_storeu_si256((__m256i*)(void*)row, bf16_round16(c[r][0]));
+                _mm256_storeu_si256((__m256i*)(void*)(row + BF16_VL), bf16_round16(c[r][1]));
+                continue;
             }
-            _mm512_storeu_ps(row, c[r][0]);
-            _mm512_storeu_ps(row + BF16_VL, c[r][1]);
+            if (accumulate) {
+                c[r][0] = _mm512_add_ps(_mm512_loadu_ps((const float*)(const void*)row), c[r][0]);
+                c[r][1] = _mm512_add_ps(_mm512_loadu_ps((const float*)(const void*)(row + BF16_VL)), c[r][1]);
+            }
+            _mm512_storeu_ps((float*)(void*)row, c[r][0]);
+            _mm512_storeu_ps((float*)(void*)(row + BF16_VL), c[r][1]);
         }
         return;
     }
@@ -296,7 +325,7 @@ __attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(fl
         for (int j = 0; j < nc; j++) {
             float v = s[r][j];
             if (bias) v += bias[j];
-            Cm[(size_t)r * ldc + j] = accumulate ? Cm[(size_t)r * ldc + j] + v : v;
+            store_c(Cm + (size_t)r * ldc + j, v, accumulate);
         }
 }
 
@@ -340,10 +369,11 @@ static inline __m512i bf16_pairs_from_words(__m512i lo, __m512i hi) {
 }
 #endif
 
-// the vdpbf16ps path, for operands in bf16 storage (TA, TB = bf16) or fp32 words holding bf16 values (= float)
-template <typename TA, typename TB>
+// the vdpbf16ps path, for operands in bf16 storage (TA, TB = bf16) or fp32 words holding bf16 values (= float);
+// C fp32 or bf16 storage (TC, store_c)
+template <typename TA, typename TB, typename TC>
 static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
-                             long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
+                             long b_cs, TC* Cm, long ldc, bool accumulate, const float* bias) {
     const int MB = (M + BF16_MR - 1) / BF16_MR, NB = (N + BF16_NR - 1) / BF16_NR, KP = (K + 1) / 2;
     // the packed operands belong to the calling (rank) thread and only grow
     static thread_local std::vector<uint32_t> packA, packB;
@@ -375,13 +405,22 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
         const __mmask16 rows = tiles == 2 ? 0xffff : 0x00ff;
         // rows next to each other (a weight gradient's A, dout transposed): the rows at k = 2j and 2j+1 are
         // two lines, and pair j of each row is their high halves, split between the two tiles' panels
-        if (std::is_same<TA, float>::value && tiles > 0 && a_rs == 1) {
+        // (in bf16 storage, the LM head's dlogits: 16 halves of each line widened to words, the even line's
+        // shifted up)
+        if (tiles > 0 && a_rs == 1) {
             const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-            const float* a0 = (const float*)(const void*)(A + mb2 * BF16_MR);
+            const TA* a0 = A + mb2 * BF16_MR;
             for (int j = 0; j < K / 2; j++) {
-                __m512i e = _mm512_maskz_loadu_epi32(rows, (const void*)(a0 + (long)(2 * j) * a_cs));
-                __m512i o = _mm512_maskz_loadu_epi32(rows, (const void*)(a0 + (long)(2 * j + 1) * a_cs));
-                __m512i w = _mm512_or_si512(_mm512_and_si512(e, high), _mm512_maskz_srli_epi32((__mmask16)0xffff, o, 16));
+                __m512i w;
+                if (std::is_same<TA, float>::value) {
+                    __m512i e = _mm512_maskz_loadu_epi32(rows, (const void*)(a0 + (long)(2 * j) * a_cs));
+                    __m512i o = _mm512_maskz_loadu_epi32(rows, (const void*)(a0 + (long)(2 * j + 1) * a_cs));
+                    w = _mm512_or_si512(_mm512_and_si512(e, high), _mm512_maskz_srli_epi32((__mmask16)0xffff, o, 16));
+                } else {
+                    __m512i e = _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_maskz_loadu_epi16(rows, (const void*)(a0 + (long)(2 * j) * a_cs)));
+                    __m512i o = _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_maskz_loadu_epi16(rows, (const void*)(a0 + (long)(2 * j + 1) * a_cs)));
+                    w = _mm512_or_si512(_mm512_maskz_slli_epi32((__mmask16)0xffff, e, 16), o);
+                }
                 _mm256_storeu_si256((__m256i*)(d0 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 0));
                 if (tiles == 2) _mm256_storeu_si256((__m256i*)(d1 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 1));
             }
@@ -391,14 +430,19 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
         // rows contiguous along k (activations, a forward's or an input gradient's A): each row's 32 k made
         // into 16 pair words by one permute, the 16 rows (zero past the whole tiles) transposed, each
         // column's halves stored to the two tiles' panels
-        else if (std::is_same<TA, float>::value && tiles > 0 && a_cs == 1) {
+        // (bf16 storage, the LM head's dlogits: each row's 32 k are one line, its words with their halves
+        // swapped, as the B pack's below)
+        else if (tiles > 0 && a_cs == 1) {
             const int JV = K / 32 * 16;  // the pairs of whole blocks of 32 k
             for (int j0 = 0; j0 < JV; j0 += 16) {
                 __m512i r[16];
                 for (int i = 0; i < 16; i++) {
-                    const float* row = (const float*)(const void*)(A + (mb2 * BF16_MR + i) * a_rs) + 2 * j0;
-                    r[i] = i < tiles * BF16_MR ? bf16_pairs_from_words(_mm512_loadu_si512((const void*)row), _mm512_loadu_si512((const void*)(row + 16)))
-                                               : _mm512_setzero_si512();
+                    const TA* row = A + (mb2 * BF16_MR + i) * a_rs + 2 * j0;
+                    if (i >= tiles * BF16_MR) r[i] = _mm512_setzero_si512();
+                    else if (std::is_same<TA, float>::value)
+                        r[i] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)row), _mm512_loadu_si512((const void*)(row + 16)));
+                    else
+                        r[i] = _mm512_maskz_rol_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)row), 16);
                 }
                 transpose16_epi32(r);
                 for (int j = 0; j < 16; j++) {
@@ -410,7 +454,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
             packed = tiles;
         }
 #endif
-        // pair by pair the rest: bf16 operands, other strides, the tile past M
+        // pair by pair the rest: other strides, the tile past M
         for (long mb = mb2 + packed; mb < mb2 + 2 && mb < MB; mb++) {
             uint32_t* d = Ap + (size_t)mb * BF16_MR * KP;
             for (int r = 0; r < BF16_MR; r++) {
@@ -506,7 +550,8 @@ static const float* bf16_fp32_view(const bf16* X, int rows, int cols, long* rs, 
 }
 static const float* bf16_fp32_view(const float* X, int, int, long*, long*, std::vector<float>&) { return X; }
 
-// The fp32 path: gemm_cpu on both operands as fp32 (bf16_fp32_view), the same bits as vdpbf16ps's
+// The fp32 path: gemm_cpu on both operands as fp32 (bf16_fp32_view), the same bits as vdpbf16ps's; a bf16
+// C is computed in fp32 and rounded, as store_c rounds
 template <typename TA, typename TB>
 static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
                               long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
@@ -515,12 +560,23 @@ static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long 
     const float* b = bf16_fp32_view(B, K, N, &b_rs, &b_cs, wideB);
     gemm_cpu(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, Cm, ldc, accumulate, bias);
 }
+template <typename TA, typename TB>
+static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
+                              long b_cs, bf16* Cm, long ldc, bool, const float* bias) {
+    static thread_local std::vector<float> wideC;
+    if (wideC.size() < (size_t)M * N) wideC.resize((size_t)M * N);
+    float* c = wideC.data();
+    gemm_bf16_fma_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, c, N, false, bias);
+    cpu_for(M, [&](long m) {
+        for (int n = 0; n < N; n++) Cm[m * ldc + n] = bf16_round(c[m * N + n]);
+    });
+}
 
 // (declared in kernels_cpu.h, whose matmuls call it in a --dtype bf16 run: A fp32 words holding bf16
 // values, the activations; B the same, or the weights' bf16 copy in bf16 storage)
-template <typename TA, typename TB>
+template <typename TA, typename TB, typename TC>
 static void gemm_bf16_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs, long b_cs,
-                          float* Cm, long ldc, bool accumulate, const float* bias) {
+                          TC* Cm, long ldc, bool accumulate, const float* bias) {
     if (M <= 0 || N <= 0) return;
 #if defined(__AVX512F__)
     if (bf16_dp_used()) {

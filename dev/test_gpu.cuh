@@ -519,6 +519,94 @@ static void test_bf16_weights(CudaCtx* cx) {
     }
 }
 
+// How far bf16 results from the GPU lie from the CPU's fp32 values beyond what the two fp32 sums may differ
+// (FP32_BOUND of the tensor's scale, as expect_close allows), in units of the bf16 spacing at each value:
+// at most 1/2 where the GPU rounds its sum to nearest
+static double bf16_ulps_from(const std::vector<bf16>& g, const std::vector<float>& c) {
+    double scale = 0.0, worst = 0.0;
+    for (float x : c) scale = worse(scale, (double)fabsf(x));
+    for (size_t i = 0; i < c.size(); i++) {
+        if (!std::isfinite(c[i])) return INFINITY;
+        int e;
+        frexpf(c[i], &e);
+        double ulp = c[i] == 0.0f ? ldexp(1.0, -133) : ldexp(1.0, e - 8);  // bf16 has 8 significant bits
+        worst = worse(worst, std::max(0.0, fabs((double)bf16_to_float(g[i]) - c[i]) - FP32_BOUND * scale) / ulp);
+    }
+    return worst;
+}
+
+// The LM head and the loss with a bf16 run's bf16 logits (Logits): matmul_forward writing bf16 (cuBLAS with
+// a bf16 C) against the CPU's fp32 sums, each within half a bf16 unit of them plus the sums' difference; the
+// cross-entropy on bf16 logits (16-byte loads, and one by one where Vl % 8 or the address says so) against
+// the CPU's on the same bf16, dlogits the same way; the head's backward from bf16 dlogits against the CPU's
+static void test_bf16_logits(CudaCtx* cx) {
+    printf("the LM head and the loss with bf16 logits (matmul_forward, crossentropy_*, matmul_backward)\n");
+    Rnd r = {43};
+    const double ULP_BOUND = 0.51;
+    struct { int N, C, Vl, v0, V, off; } cases[] = {{64, 128, 256, 0, 500, 0}, {33, 96, 100, 100, 150, 0}, {17, 64, 40, 40, 60, 1},
+                                                   {9, 33, 37, 0, 37, 0}, {5, 64, 64, 128, 150, 0}};  // the last: mostly padding
+    for (auto& k : cases) {
+        char s[96];
+        snprintf(s, sizeof(s), "N=%d C=%d Vl=%d v0=%d V=%d%s", k.N, k.C, k.Vl, k.v0, k.V, k.off ? " unaligned" : "");
+        std::vector<bf16> w((size_t)k.Vl * k.C);
+        for (auto& x : w) x = bf16_round(rnd_uniform(&r) * 2.0f - 1.0f);
+        auto lnf = rnd_vec(&r, (long)k.N * k.C);
+        round_bf16_cpu(lnf.data(), (long)lnf.size());
+        auto targets = rnd_ints(&r, k.N, k.V);
+        const long nl = (long)k.N * k.Vl;
+        // CPU: the fp32 sums, and the logits the CPU's bf16 head stores
+        std::vector<float> lg32(nl);
+        std::vector<bf16> lg16(nl);
+        matmul_forward_cpu(lg32.data(), lnf.data(), Weight{nullptr, w.data()}, nullptr, k.N, k.C, k.Vl);
+        matmul_forward_cpu(Logits{nullptr, lg16.data()}, lnf.data(), Weight{nullptr, w.data()}, nullptr, k.N, k.C, k.Vl);
+        // GPU head
+        bf16* wb = (bf16*)cuda_alloc(cx, ((long)w.size() + 1) / 2);
+        cuda_upload(cx, wb, w.data(), w.size() * sizeof(bf16));
+        DevBuf dlnf = dev_up(cx, lnf);
+        bf16* lbase = (bf16*)cuda_alloc(cx, (nl + k.off + 1) / 2);
+        bf16* dlg = lbase + k.off;
+        matmul_forward_cuda(cx, Logits{nullptr, dlg}, dlnf.p, Weight{nullptr, wb}, nullptr, k.N, k.C, k.Vl);
+        std::vector<bf16> g16(nl);
+        cuda_download(cx, g16.data(), dlg, nl * sizeof(bf16));
+        check_le(bf16_ulps_from(g16, lg32), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 sums", "matmul_forward bf16 out", s);
+        // the loss from the CPU's bf16 logits on both (one rank: its maxes and sums are the global ones)
+        cuda_upload(cx, dlg, lg16.data(), nl * sizeof(bf16));
+        std::vector<float> mx(k.N), sm(2 * k.N), loss(k.N), dl32(nl);
+        std::vector<bf16> dl16 = lg16;
+        crossentropy_max_cpu(mx.data(), lg16.data(), k.N, k.Vl, k.v0, k.V);
+        crossentropy_sums_cpu(sm.data(), lg16.data(), mx.data(), targets.data(), k.N, k.Vl, k.v0, k.V);
+        for (long i = 0; i < nl; i++) dl32[i] = bf16_to_float(lg16[i]);
+        crossentropy_finish_cpu(loss.data(), dl32.data(), mx.data(), sm.data(), targets.data(), k.N, k.Vl, k.v0, k.V, 1.0f / k.N);
+        crossentropy_finish_cpu(loss.data(), dl16.data(), mx.data(), sm.data(), targets.data(), k.N, k.Vl, k.v0, k.V, 1.0f / k.N);
+        int* dt = dev_up_int(cx, targets);
+        DevBuf dmx = dev_up(cx, std::vector<float>(k.N, 7.0f)), dsm = dev_up(cx, std::vector<float>(2 * k.N, 7.0f));
+        DevBuf dloss = dev_up(cx, std::vector<float>(k.N, 7.0f)), dgmx = dev_up(cx, mx), dgsm = dev_up(cx, sm);
+        crossentropy_max_cuda(cx, dmx.p, Logits{nullptr, dlg}, k.N, k.Vl, k.v0, k.V);
+        expect_exact("crossentropy_max bf16", s, dev_down(cx, dmx.p, k.N), mx);
+        crossentropy_sums_cuda(cx, dsm.p, Logits{nullptr, dlg}, dgmx.p, dt, k.N, k.Vl, k.v0, k.V);
+        expect_close("crossentropy_sums bf16", s, dev_down(cx, dsm.p, 2 * k.N), sm, FP32_BOUND);
+        crossentropy_finish_cuda(cx, dloss.p, Logits{nullptr, dlg}, dgmx.p, dgsm.p, dt, k.N, k.Vl, k.v0, k.V, 1.0f / k.N);
+        expect_close("crossentropy_finish bf16", (std::string(s) + " loss").c_str(), dev_down(cx, dloss.p, k.N), loss, FP32_BOUND);
+        cuda_download(cx, g16.data(), dlg, nl * sizeof(bf16));
+        check_le(bf16_ulps_from(g16, dl32), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 dlogits", "crossentropy_finish bf16", s);
+        // the head's backward from the CPU's bf16 dlogits
+        cuda_upload(cx, dlg, dl16.data(), nl * sizeof(bf16));
+        auto dw0 = rnd_vec(&r, (long)k.Vl * k.C), db0 = rnd_vec(&r, k.Vl);
+        std::vector<float> di_c((long)k.N * k.C), dw_c = dw0, db_c = db0;
+        matmul_backward_cpu(di_c.data(), dw_c.data(), db_c.data(), Logits{nullptr, dl16.data()}, lnf.data(), Weight{nullptr, w.data()},
+                            k.N, k.C, k.Vl);
+        DevBuf ddi = dev_up(cx, rnd_vec(&r, (long)k.N * k.C, 5, 6)), ddw = dev_up(cx, dw0), ddb = dev_up(cx, db0);
+        matmul_backward_cuda(cx, ddi.p, ddw.p, ddb.p, Logits{nullptr, dlg}, dlnf.p, Weight{nullptr, wb}, k.N, k.C, k.Vl);
+        expect_close("matmul_backward bf16 dout", (std::string(s) + " dinp").c_str(), dev_down(cx, ddi.p, (long)k.N * k.C), di_c, FP32_BOUND);
+        expect_close("matmul_backward bf16 dout", (std::string(s) + " dw").c_str(), dev_down(cx, ddw.p, (long)k.Vl * k.C), dw_c, FP32_BOUND);
+        expect_close("matmul_backward bf16 dout", (std::string(s) + " dbias").c_str(), dev_down(cx, ddb.p, k.Vl), db_c, SUM_BOUND);
+        cuda_free(cx, dt);
+        cuda_free(cx, wb);
+        cuda_free(cx, lbase);
+        for (DevBuf* d : {&dlnf, &dmx, &dsm, &dloss, &dgmx, &dgsm, &ddi, &ddw, &ddb}) cuda_free(cx, d->base);
+    }
+}
+
 // the bf16 copy of the master weights: the CUDA op against the CPU op, bit for bit, on every tensor's
 // shard of every rank at TP = 2 and 4, in two slices (as ZeRO-1 cuts a shard), for three launches
 static void test_bf16_from_master(CudaCtx* cx) {
@@ -1176,6 +1264,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     test_bf16_wire(&cx);
     test_gemm_bf16(&cx);
     test_bf16_weights(&cx);
+    test_bf16_logits(&cx);
     cuda_ctx_free(&cx);
     for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);
     test_skip_detected(argv0, false);

@@ -408,8 +408,8 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
                 OP(&rk, matmul_backward, x->dln, gr->qkvw, gr->qkvb, x->dqkv, in, WEIGHT(&m, qkvw, 0), BT, C, 3 * Cl);
                 plan_sync(&rk);
                 double t4 = comm_now();
-                OP(&rk, matmul_forward, x->logits, x->lnf, WEIGHT(&m, wte, 0), nullptr, BT, C, Vl);
-                OP(&rk, matmul_backward, x->dln, gr->wte, nullptr, x->logits, x->lnf, WEIGHT(&m, wte, 0), BT, C, Vl);
+                OP(&rk, matmul_forward, logits_of(&m), x->lnf, WEIGHT(&m, wte, 0), nullptr, BT, C, Vl);
+                OP(&rk, matmul_backward, x->dln, gr->wte, nullptr, logits_of(&m), x->lnf, WEIGHT(&m, wte, 0), BT, C, Vl);
                 plan_sync(&rk);
                 double t5 = comm_now();
                 if (r != 0 || rep == 0) continue;  // the first warms caches and allocations

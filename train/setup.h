@@ -123,11 +123,11 @@ static double host_free_bytes() {
 #define CUDA_CONTEXT_BYTES 1e9
 
 // A bf16 run on a GPU packs each matmul's activation operands into a scratch of the rank (kernels.cuh,
-// pack_operands_bf16; the weights are bf16 already): the largest backward's dout and input, 2 bytes each
-// (and 8 of padding each of three)
+// pack_operands_bf16; the weights are bf16 already, and so are the LM head's logits and dlogits): the
+// largest backward's dout and input, 2 bytes each (and 8 of padding each of three)
 static double gpu_bf16_pack_bytes(const GPTConfig* c, int P, int B, int T) {
     double BT = (double)B * T, C = c->C;
-    double ic[5] = {C, C / P, C, 4 * C / P, C}, oc[5] = {3 * C / P, C, 4 * C / P, C, (double)c->Vp / P}, most = 0;
+    double ic[5] = {C, C / P, C, 4 * C / P, C}, oc[5] = {3 * C / P, C, 4 * C / P, C, 0}, most = 0;  // (the head: lnf only)
     for (int i = 0; i < 5; i++) most = std::max(most, BT * oc[i] + BT * ic[i]);
     return 2.0 * (most + 24);
 }
