@@ -549,7 +549,7 @@ struct GPT {
     // activations, allocated for one (B, T)
     int B, T;
     bool split;     // this allocation splits the tokens (sp_splits)
-    bool acts_bf16; // this allocation is a --dtype bf16 run's (its kept activations, SP's wire buffer)
+    bool acts_bf16; // this allocation is a --dtype bf16 run's (its kept activations, SP's wire buffer, the logits)
     int ntok, t0;   // the tokens of the token-wise regions on this rank: N and the first one
     float* acts_mem;
     Acts acts;
