@@ -394,31 +394,44 @@ static double comm_now() {
 // Ranks that share an address space read each other's buffers directly. The group's rendezvous
 // (comm_wait_all) publishes every rank's pointer; then an all-reduce is a reduce-scatter followed by an
 // all-gather, as a ring does it: rank r of the P ranks reduces slice r of every rank's buffer, in rank
-// order (so the sum is the same bits on every rank, on the host and on the GPU), publishes its slice, and
-// every rank copies every slice back. A reduce-scatter is the first half, an all-gather the second. The
-// backend only decides how memory is touched: host loops and memcpy, or a kernel and copies on the
-// rank's stream (shm_reduce, shm_copy, shm_done, shm_slice). Across processes the host backend runs the
-// same first half, then exchanges the process's partial result over MPI (common/comm_mpi.h).
+// order (so the sum is the same bits on every rank, on the host and on the GPU), and every rank ends with
+// every slice. In one process rank r writes its sum straight into slice r of every rank's buffer: slice r
+// of each buffer is read and written by rank r alone, so nothing races, and no slice is copied a second
+// time. A reduce-scatter is the first half, an all-gather the second. The backend only decides how
+// memory is touched: host loops and memcpy, or a kernel and copies on the rank's stream (shm_reduce,
+// shm_copy, shm_done, shm_slice). Across processes the host backend reduces the slices into storage of
+// their own (shm_reduce_slices), exchanges the process's partial result over MPI, and gathers the slices
+// back (shm_gather_slices; common/comm_mpi.h).
 
-// out (len) = the elementwise sum (or max) of src.p[r][lo, lo+len) over r = 0, 1, ..., P-1 in that order,
-// the same expression as the host loop: bit-identical results. A thread per element.
+// the sum (or max) of a and b, as every reduction of the shared-memory protocol adds them: the same
+// expression on the host and the GPU, so the same bits
+static inline __host__ __device__ float comm_op(int op, float a, float b) { return op == COMM_MAX ? (b > a ? b : a) : a + b; }
+
+// Every rank's buffer (same process: valid on this device, or through peer access), and where a reduction
+// writes: elements [lo, lo+len) of the inputs, reduced, go to out.p[j][i - shift] for j < nout.
 struct CommPtrs {
-    const float* p[COMM_MAXP];  // every rank's buffer (same process: valid on this device, or through peer access)
+    const float* p[COMM_MAXP];
 };
-__global__ void comm_reduce_kernel(CommPtrs src, int P, long lo, long len, int op, float* out) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= len) return;
-    float v = src.p[0][lo + i];
-    for (int r = 1; r < P; r++) {
-        float x = src.p[r][lo + i];
-        v = op == COMM_SUM ? v + x : (x > v ? x : v);
-    }
-    out[i] = v;
+struct CommOuts {
+    float* p[COMM_MAXP];
+    int n;
+    long shift;
+};
+// the elementwise sum (or max) of src.p[r][lo, lo+len) over r = 0, 1, ..., P-1 in that order, into each
+// output; a thread per element
+__global__ void comm_reduce_kernel(CommPtrs src, int P, long lo, long len, int op, CommOuts out) {
+    long i = lo + (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= lo + len) return;
+    float v = src.p[0][i];
+    for (int r = 1; r < P; r++) v = comm_op(op, v, src.p[r][i]);
+    for (int j = 0; j < out.n; j++) out.p[j][i - out.shift] = v;
 }
 
-// out (hi - lo) <- elements [lo, hi) of every published buffer of the ranks in this process, summed (or
-// maxed) in rank order 0, 1, ..., P-1
-static void shm_reduce(Comm* c, long lo, long hi, int op, float* out) {
+// elements [lo, hi) of every published buffer of the ranks in this process, summed (or maxed) in rank
+// order 0, 1, ..., P-1, into each of out's outputs. On the host a block at a time: rank by rank into a
+// block in the cache (each pass a vector loop; per element the adds come in the same order), then copied
+// to the outputs, which may be inputs too: all of a block is read before any of it is written.
+static void shm_reduce_to(Comm* c, long lo, long hi, int op, CommOuts out) {
     const CommGroup* g = c->g;
     if (hi <= lo) return;
     if (c->backend == COMM_CUDA) {
@@ -428,14 +441,32 @@ static void shm_reduce(Comm* c, long lo, long hi, int op, float* out) {
         CUDA_LAUNCH_CHECK(c->rank, "comm_reduce_kernel");
         return;
     }
-    for (long i = lo; i < hi; i++) {
-        float v = g->call[0].ptr[i];
-        for (int r = 1; r < g->P; r++) {
-            float x = g->call[r].ptr[i];
-            v = op == COMM_MAX ? (x > v ? x : v) : v + x;
+    const long BLOCK = 2048;  // 8 KB: the block and a block of each input stay in L1
+    float acc[BLOCK];
+    for (long b0 = lo; b0 < hi; b0 += BLOCK) {
+        const long len = hi - b0 < BLOCK ? hi - b0 : BLOCK;
+        const float* p0 = g->call[0].ptr + b0;
+        if (g->P == 1) {
+            for (long i = 0; i < len; i++) acc[i] = p0[i];
+        } else {
+            const float* p1 = g->call[1].ptr + b0;
+            for (long i = 0; i < len; i++) acc[i] = comm_op(op, p0[i], p1[i]);
+            for (int r = 2; r < g->P; r++) {
+                const float* pr = g->call[r].ptr + b0;
+                for (long i = 0; i < len; i++) acc[i] = comm_op(op, acc[i], pr[i]);
+            }
         }
-        out[i - lo] = v;
+        for (int j = 0; j < out.n; j++) memcpy(out.p[j] - out.shift + b0, acc, (size_t)len * sizeof(float));
     }
+}
+
+// out (hi - lo) <- elements [lo, hi) of every published buffer, reduced in rank order
+static void shm_reduce(Comm* c, long lo, long hi, int op, float* out) {
+    CommOuts o = {};
+    o.p[0] = out;
+    o.n = 1;
+    o.shift = lo;
+    shm_reduce_to(c, lo, hi, op, o);
 }
 
 // n floats from src to dst (device: any device, through peer access, queued on the rank's stream)
@@ -501,9 +532,15 @@ static void shm_allreduce(Comm* c, float* buf, long n, int op, const char* where
     double t0 = comm_now();
     comm_begin(c, op, n, buf, where, layer);
     comm_wait_all(c, true);  // every buffer is ready
-    shm_reduce_slices(c, n, op);
-    comm_wait_all(c, false);  // every slice is reduced
-    shm_gather_slices(c, n, buf);
+    // this rank's slice, reduced, into every rank's buffer. Every published pointer is the buffer of an
+    // all-reduce, which its rank hands over to be written: the wait above checked that every rank is in
+    // this same collective.
+    const CommGroup* g = c->g;
+    CommOuts all = {};
+    for (int r = 0; r < g->P; r++) all.p[all.n++] = const_cast<float*>(g->call[r].ptr);
+    shm_reduce_to(c, n * c->local / g->P, n * (c->local + 1) / g->P, op, all);
+    shm_done(c);
+    comm_wait_all(c, false);  // every slice is in every buffer, and nobody reads another's buffer any more
     comm_count(c, op, n);
     c->seconds += comm_now() - t0;
 }
