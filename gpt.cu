@@ -397,8 +397,9 @@ struct Acts {
     float* attd;                       // (B, NHl, T) fused attention's D = rowsum(datty * atty)
     // --dtype bf16: what a layer keeps of ln1, ln2, atty, fch and fch_gelu for its backward, which are bf16
     // values (keep_bf16 rounds each where it is made), in bf16 storage (bf16_pack; each layer's part from a
-    // 16-byte boundary). Those five are then buffers every layer reuses, widened back from here in the
-    // backward (bf16_widen) where -r would recompute them.
+    // 16-byte boundary). Those five are then buffers every layer reuses. The backward's weight-gradient
+    // matmuls read the kept copies where they lie (kept_input); what an fp32 op reads (fch for the GELU's
+    // backward, atty for attention's, ln1 and ln2 for SP's gathers) is widened back into them (bf16_widen).
     float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // per layer: (N, C), (N, C), (B, T, Cl), (B, T, 4 Cl) bf16
     float* fch_kept;                                     // per layer: (B, T, 4 Cl) bf16
 };
@@ -747,10 +748,18 @@ static void keep_bf16(GPT* m, Rank* rk, float* x, long n) {
 
 // Whether this configuration allocates Acts buffer `name` (acts_layout). A bf16 run keeps ln1, atty, ln2, fch
 // and fch_gelu for the backward in bf16 storage (the *_kept buffers, where -r does not recompute them): the
-// forward packs each after keep_bf16 (bf16_pack, exact: the values are bf16) and the backward widens it back
-// (bf16_widen) where -r would recompute it, so it reads the very values the forward used, from half the memory.
+// forward packs each after keep_bf16 (bf16_pack, exact: the values are bf16), and the backward reads it, in
+// its matmuls where it lies (kept_input) and elsewhere widened back (bf16_widen), where -r would recompute it:
+// the very values the forward used, from half the memory.
 #define ACT_USED(m, name) ((m)->layout.kind[offsetof(Acts, name) / sizeof(float*)] != ACT_UNUSED)
 static bf16* as_bf16(float* p) { return (bf16*)(void*)p; }
+
+// The input x of a matmul's weight gradient in the backward: the bf16 copy of it the layer kept, where
+// this run keeps one (kept; ACT_USED), read by the GEMM where it lies, with no widening back to fp32 (and
+// on a GPU no packing); else x as it is, computed in the forward or again by -r.
+static Input kept_input(bool kept, const float* x, float* kept_buf) {
+    return kept ? Input{nullptr, as_bf16(kept_buf)} : Input{x, nullptr};
+}
 
 // The LM head's logits (and dlogits) in this allocation's storage (Logits, kernels_cpu.h). A bf16 run
 // keeps them in bf16, as it keeps the matmuls' other operands: the head's GEMM rounds each fp32 sum to
@@ -1276,10 +1285,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 1) {  // -r 1: not kept
             OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
             keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
-        } else if (ACT_USED(m, gelu_kept)) {  // bf16: kept in bf16
-            OP(rk, bf16_widen, la.fch_gelu, as_bf16(la.gelu_kept), (long)BT * C4l);
         }
-        OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, la.fch_gelu,
+        Input gelu_in = kept_input(ACT_USED(m, gelu_kept), la.fch_gelu, la.gelu_kept);  // bf16: kept in bf16
+        OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, gelu_in,
            WEIGHT(m, fcprojw, (long)l * C * C4l), BT, C4l, C);
         OP(rk, gelu_backward, a->dfch, la.fch, a->dfch, (long)BT * C4l);
         keep_bf16(m, rk, a->dfch, (long)BT * C4l);
@@ -1290,13 +1298,14 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 2) {  // -r 2: not kept
             OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
             keep_bf16(m, rk, la.ln2, (long)N * C);
-        } else if (ACT_USED(m, ln2_kept)) {
+        } else if (ACT_USED(m, ln2_kept) && m->split) {  // SP all-gathers it from fp32 words (all_tokens)
             OP(rk, bf16_widen, la.ln2, as_bf16(la.ln2_kept), (long)N * C);
         }
         float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 bwd", lg);
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_all, WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);
+        Input ln2_in = kept_input(ACT_USED(m, ln2_kept) && !m->split, ln2_all, la.ln2_kept);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);
         float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", lg);
-        OP(rk, matmul_backward, nullptr, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_all,
+        OP(rk, matmul_backward, nullptr, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_in,
            WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);  // under the sum
         my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, g->ln2w + l * C, g->ln2b + l * C, dln2, la.residual2, p->ln2w + l * C,
@@ -1306,9 +1315,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // attention on local heads, qkv column-parallel with the f all-reduce of dln1 (SP: reduce-scatter).
         keep_bf16(m, rk, a->dres, (long)N * C);
         dout = all_tokens(m, rk, a->dres, true, "attproj bwd", lg);
-        if (ACT_USED(m, atty_kept)) OP(rk, bf16_widen, la.atty, as_bf16(la.atty_kept), (long)BT * Cl);
-        OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout, la.atty,
-           WEIGHT(m, attprojw, (long)l * C * Cl), BT, Cl, C);
+        if (ACT_USED(m, atty_kept)) OP(rk, bf16_widen, la.atty, as_bf16(la.atty_kept), (long)BT * Cl);  // for attention's backward
+        OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout,
+           kept_input(ACT_USED(m, atty_kept), la.atty, la.atty_kept), WEIGHT(m, attprojw, (long)l * C * Cl), BT, Cl, C);
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse
             OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
         } else {
@@ -1319,13 +1328,14 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 2) {
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
             keep_bf16(m, rk, la.ln1, (long)N * C);
-        } else if (ACT_USED(m, ln1_kept)) {
+        } else if (ACT_USED(m, ln1_kept) && m->split) {
             OP(rk, bf16_widen, la.ln1, as_bf16(la.ln1_kept), (long)N * C);
         }
         float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 bwd", lg);
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_all, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);
+        Input ln1_in = kept_input(ACT_USED(m, ln1_kept) && !m->split, ln1_all, la.ln1_kept);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_in, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);
         float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", lg);
-        OP(rk, matmul_backward, nullptr, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_all,
+        OP(rk, matmul_backward, nullptr, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_in,
            WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);  // under the sum
         my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, g->ln1w + l * C, g->ln1b + l * C, dln1, la.residual, p->ln1w + l * C,

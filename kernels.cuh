@@ -524,19 +524,22 @@ static void matmul_forward_cuda(CudaCtx* cx, Logits out, const float* inp, Weigh
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
 // dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
 // bf16: as in matmul_forward_cuda, the weight fp32 words (weight) or bf16 storage (weight_h, which bf16 implies)
-// dout_h: dout in bf16 storage instead (the LM head's dlogits in a bf16 run, Logits), used where it lies
+// dout_h: dout in bf16 storage instead (the LM head's dlogits in a bf16 run, Logits), used where it lies;
+// inp_h: inp likewise (the bf16 copy a layer kept of its input, Input)
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, int N, int IC, int OC, bool bf16 = false,
-                                 const ::bf16* weight_h = nullptr, const ::bf16* dout_h = nullptr) {
+                                 const ::bf16* weight_h = nullptr, const ::bf16* dout_h = nullptr,
+                                 const ::bf16* inp_h = nullptr) {
     if (N <= 0) return;
-    if ((bf16 || weight_h || dout_h) && (dinp || dweight)) {  // dout holds bf16 values too (keep_bf16 of the output gradient)
-        const float* x[3] = {dout_h ? nullptr : dout, dinp && !weight_h ? weight : nullptr, dweight ? inp : nullptr};
-        long sizes[3] = {dout_h ? 0 : (long)N * OC, dinp && !weight_h ? (long)OC * IC : 0, dweight ? (long)N * IC : 0};
+    if ((bf16 || weight_h || dout_h || inp_h) && (dinp || dweight)) {  // dout holds bf16 values too (keep_bf16 of the output gradient)
+        const bool pack_inp = dweight && !inp_h;
+        const float* x[3] = {dout_h ? nullptr : dout, dinp && !weight_h ? weight : nullptr, pack_inp ? inp : nullptr};
+        long sizes[3] = {dout_h ? 0 : (long)N * OC, dinp && !weight_h ? (long)OC * IC : 0, pack_inp ? (long)N * IC : 0};
         ::bf16* h[3];
         pack_operands_bf16(cx, 3, x, sizes, h);
         const ::bf16* d = dout_h ? dout_h : h[0];
         if (dinp) gemm_bf16_cuda(cx, false, false, N, IC, OC, 1.0f, d, OC, weight_h ? weight_h : h[1], IC, 0.0f, dinp, IC);
-        if (dweight) gemm_bf16_cuda(cx, true, false, OC, IC, N, 1.0f, d, OC, h[2], IC, 1.0f, dweight, IC);
+        if (dweight) gemm_bf16_cuda(cx, true, false, OC, IC, N, 1.0f, d, OC, inp_h ? inp_h : h[2], IC, 1.0f, dweight, IC);
     } else {
         if (dinp) gemm_cuda(cx, false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
         // op(A) = dout^T (OC x N): dout stored (N x OC), transposed
@@ -556,6 +559,11 @@ static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                  Weight w, int N, int IC, int OC) {
     matmul_backward_cuda(cx, dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, w.h != nullptr, w.h);
+}
+// ... with the input as the layer kept it (Input): a bf16 copy goes to cuBLAS as it lies, unpacked
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout, Input inp,
+                                 Weight w, int N, int IC, int OC) {
+    matmul_backward_cuda(cx, dinp, dweight, dbias, dout, inp.f, w.f, N, IC, OC, w.h != nullptr || inp.h != nullptr, w.h, nullptr, inp.h);
 }
 // the LM head's: dout is dlogits (Logits)
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, Logits dout, const float* inp,

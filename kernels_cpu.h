@@ -319,6 +319,14 @@ struct Logits {
     bf16* h;
 };
 
+// A linear layer's input as the backward reads it for the weight's gradient: fp32 (f; a bf16 run's holds
+// bf16 values), or in a --dtype bf16 run the bf16 copy of it that the layer kept for its backward (h),
+// read where it lies rather than widened back first. One of the two is set.
+struct Input {
+    const float* f;
+    const bf16* h;
+};
+
 // an element as fp32: itself, or a bf16 widened exactly (common/bf16.h)
 static inline float as_fp32(float x) { return x; }
 static inline float as_fp32(bf16 h);
@@ -351,10 +359,10 @@ static void matmul_forward_cpu(Logits out, const float* inp, Weight w, const flo
 // dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
 // (gpt.cu calls it twice per column-parallel matmul, dinp alone and then the rest, to overlap a sum)
 // bf16: dout, inp and weight hold bf16 values, as in matmul_forward_cpu; W as there
-// D: dout in fp32 words, or bf16 storage (the LM head's dlogits in a bf16 run)
-template <typename W, typename D = float>
+// D: dout in fp32 words, or bf16 storage (the LM head's dlogits in a bf16 run); I: inp likewise (a kept copy)
+template <typename W, typename D = float, typename I = float>
 static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const D* dout,
-                                const float* inp, const W* weight, int N, int IC, int OC, bool bf16 = false) {
+                                const I* inp, const W* weight, int N, int IC, int OC, bool bf16 = false) {
     if (dinp) linear_gemm_cpu(bf16, N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false, nullptr);
     if (dweight) linear_gemm_cpu(bf16, OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
     if (dbias) {
@@ -376,6 +384,13 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
                                 int N, int IC, int OC) {
     if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.h, N, IC, OC, true);
     else matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, false);
+}
+// ... with the input as the layer kept it (Input): a bf16 copy goes to the weight gradient's GEMM as it lies
+static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, Input inp, Weight w,
+                                int N, int IC, int OC) {
+    if (!inp.h) return matmul_backward_cpu(dinp, dweight, dbias, dout, inp.f, w, N, IC, OC);
+    if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout, inp.h, w.h, N, IC, OC, true);
+    else matmul_backward_cpu(dinp, dweight, dbias, dout, inp.h, w.f, N, IC, OC, true);
 }
 // the LM head's: dout is dlogits
 static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, Logits dout, const float* inp, Weight w,

@@ -171,42 +171,56 @@ static float bf16_test_uniform(uint64_t* z) {
 
 // The ops a bf16 run calls with the weights' copy in bf16 storage (Weight's h): matmul_forward and
 // matmul_backward, and the embedding's lookup, against the same values held in fp32 words, bit for bit,
-// at a ragged shape and at one whose weight takes the vector packs; with 1 and 3 threads
+// at a ragged shape and at one whose weight takes the vector packs; with 1 and 3 threads. And
+// matmul_backward with its input as a layer keeps it, in bf16 storage (Input's h), the same way.
 static void test_bf16_weight_ops() {
     long differ = 0, compared = 0;
     struct { int N, IC, OC; } shapes[] = {{67, 96, 64}, {37, 33, 70}};
-    on_rank_with_1_and_3_threads([&]() {
-        for (auto& sh : shapes) {
-            const int N = sh.N, IC = sh.IC, OC = sh.OC;
-            uint64_t z = 77 + (uint64_t)N;
-            auto rnd = [&]() { return bf16_test_uniform(&z); };
-            std::vector<bf16> w((size_t)OC * IC);
-            std::vector<float> ww(w.size()), inp((size_t)N * IC), dout((size_t)N * OC), bias(OC);
-            for (size_t i = 0; i < w.size(); i++) ww[i] = bf16_to_float(w[i] = bf16_round(rnd()));
-            for (auto& x : inp) x = bf16_to_float(bf16_round(rnd()));
-            for (auto& x : dout) x = bf16_to_float(bf16_round(rnd()));
-            for (auto& x : bias) x = rnd();
-            std::vector<float> out16((size_t)N * OC), out32(out16.size()), di16(inp.size()), di32(inp.size());
-            std::vector<float> dw16(ww.size(), 0.5f), dw32 = dw16, db16(OC, 0.25f), db32 = db16;
-            matmul_forward_cpu(out16.data(), inp.data(), Weight{nullptr, w.data()}, bias.data(), N, IC, OC);
-            matmul_forward_cpu(out32.data(), inp.data(), ww.data(), bias.data(), N, IC, OC, true);
-            matmul_backward_cpu(di16.data(), dw16.data(), db16.data(), dout.data(), inp.data(), Weight{nullptr, w.data()}, N, IC, OC);
-            matmul_backward_cpu(di32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), ww.data(), N, IC, OC, true);
-            // the embedding: rows [v0, v0 + OC) of a vocabulary, tokens inside and outside them
-            std::vector<int> tokens(N);
-            for (int n = 0; n < N; n++) tokens[n] = (n * 37) % (2 * OC);
-            std::vector<float> enc16((size_t)N * IC), enc32(enc16.size());
-            encoder_forward_cpu(enc16.data(), tokens.data(), Weight{nullptr, w.data()}, OC / 2, OC, N, IC);
-            encoder_forward_cpu(enc32.data(), tokens.data(), Weight{ww.data(), nullptr}, OC / 2, OC, N, IC);
-            for (auto* pr : {&out16, &di16, &dw16, &db16, &enc16}) {
-                const std::vector<float>& b = pr == &out16 ? out32 : pr == &di16 ? di32 : pr == &dw16 ? dw32 : pr == &db16 ? db32 : enc32;
-                for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
-                compared += (long)b.size();
+    const Bf16Path had = bf16_path;
+    for (Bf16Path path : {BF16_DP, BF16_FMA}) {
+        if (path == BF16_DP && !bf16_dp_supported()) continue;
+        bf16_path = path;
+        on_rank_with_1_and_3_threads([&]() {
+            for (auto& sh : shapes) {
+                const int N = sh.N, IC = sh.IC, OC = sh.OC;
+                uint64_t z = 77 + (uint64_t)N;
+                auto rnd = [&]() { return bf16_test_uniform(&z); };
+                std::vector<bf16> w((size_t)OC * IC);
+                std::vector<float> ww(w.size()), inp((size_t)N * IC), dout((size_t)N * OC), bias(OC);
+                for (size_t i = 0; i < w.size(); i++) ww[i] = bf16_to_float(w[i] = bf16_round(rnd()));
+                for (auto& x : inp) x = bf16_to_float(bf16_round(rnd()));
+                for (auto& x : dout) x = bf16_to_float(bf16_round(rnd()));
+                for (auto& x : bias) x = rnd();
+                std::vector<float> out16((size_t)N * OC), out32(out16.size()), di16(inp.size()), di32(inp.size());
+                std::vector<float> dw16(ww.size(), 0.5f), dw32 = dw16, db16(OC, 0.25f), db32 = db16;
+                matmul_forward_cpu(out16.data(), inp.data(), Weight{nullptr, w.data()}, bias.data(), N, IC, OC);
+                matmul_forward_cpu(out32.data(), inp.data(), ww.data(), bias.data(), N, IC, OC, true);
+                matmul_backward_cpu(di16.data(), dw16.data(), db16.data(), dout.data(), inp.data(), Weight{nullptr, w.data()}, N, IC, OC);
+                matmul_backward_cpu(di32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), ww.data(), N, IC, OC, true);
+                std::vector<bf16> inp_kept(inp.size());
+                for (size_t i = 0; i < inp.size(); i++) inp_kept[i] = bf16_round(inp[i]);
+                std::vector<float> dik(inp.size()), dwk(ww.size(), 0.5f), dbk(OC, 0.25f);
+                matmul_backward_cpu(dik.data(), dwk.data(), dbk.data(), dout.data(), Input{nullptr, inp_kept.data()},
+                                    Weight{nullptr, w.data()}, N, IC, OC);
+                // the embedding: rows [v0, v0 + OC) of a vocabulary, tokens inside and outside them
+                std::vector<int> tokens(N);
+                for (int n = 0; n < N; n++) tokens[n] = (n * 37) % (2 * OC);
+                std::vector<float> enc16((size_t)N * IC), enc32(enc16.size());
+                encoder_forward_cpu(enc16.data(), tokens.data(), Weight{nullptr, w.data()}, OC / 2, OC, N, IC);
+                encoder_forward_cpu(enc32.data(), tokens.data(), Weight{ww.data(), nullptr}, OC / 2, OC, N, IC);
+                for (auto* pr : {&out16, &di16, &dw16, &db16, &enc16, &dik, &dwk, &dbk}) {
+                    const std::vector<float>& b = pr == &out16 ? out32 : pr == &di16 || pr == &dik ? di32 : pr == &dw16 || pr == &dwk ? dw32
+                                                : pr == &db16 || pr == &dbk ? db32 : enc32;
+                    for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
+                    compared += (long)b.size();
+                }
             }
-        }
-    });
-    check(differ == 0, "matmul_forward, matmul_backward and encoder_forward with the weights in bf16 storage give the bits of "
-          "the same weights in fp32 words: %ld of %ld differ (2 shapes, 1 and 3 threads)", differ, compared);
+        });
+    }
+    bf16_path = had;
+    check(differ == 0, "matmul_forward, matmul_backward and encoder_forward with the weights in bf16 storage, and matmul_backward "
+          "with its input in bf16 storage too, give the bits of the same values in fp32 words: %ld of %ld differ (2 shapes, "
+          "%s, 1 and 3 threads)", differ, compared, bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path");
 }
 
 // The LM head and the loss with the logits in bf16 storage (a --dtype bf16 run's, Logits) against the same
