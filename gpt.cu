@@ -396,10 +396,11 @@ struct Acts {
     float *dres, *dln, *datty, *dqkv, *dfch;  // (N,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
     float* attd;                       // (B, NHl, T) fused attention's D = rowsum(datty * atty)
     // --dtype bf16: what a layer keeps of ln1, ln2, atty, fch and fch_gelu for its backward, which are bf16
-    // values (keep_bf16 rounds each where it is made), in bf16 storage (bf16_pack; each layer's part from a
-    // 16-byte boundary). Those five are then buffers every layer reuses. The backward's weight-gradient
-    // matmuls read the kept copies where they lie (kept_input); what an fp32 op reads (fch for the GELU's
-    // backward, atty for attention's, ln1 and ln2 for SP's gathers) is widened back into them (bf16_widen).
+    // values, in bf16 storage (each layer's part from a 16-byte boundary), each rounded to nearest into it
+    // where it is made (bf16_pack; keep_input). Those five are then buffers every layer reuses. The matmuls
+    // read the kept copies where they lie, the forward's (keep_input) and the weight gradients' (kept_input);
+    // what an fp32 op reads (fch for the GELU and its backward, atty for attention's backward, ln1 and ln2
+    // for SP's gathers) is rounded in place in the forward and widened back in the backward (bf16_widen).
     float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // per layer: (N, C), (N, C), (B, T, Cl), (B, T, 4 Cl) bf16
     float* fch_kept;                                     // per layer: (B, T, 4 Cl) bf16
 };
@@ -748,11 +749,26 @@ static void keep_bf16(GPT* m, Rank* rk, float* x, long n) {
 
 // Whether this configuration allocates Acts buffer `name` (acts_layout). A bf16 run keeps ln1, atty, ln2, fch
 // and fch_gelu for the backward in bf16 storage (the *_kept buffers, where -r does not recompute them): the
-// forward packs each after keep_bf16 (bf16_pack, exact: the values are bf16), and the backward reads it, in
-// its matmuls where it lies (kept_input) and elsewhere widened back (bf16_widen), where -r would recompute it:
+// forward rounds each into it (bf16_pack, to nearest as keep_bf16), and the backward reads it, in its
+// matmuls where it lies (kept_input) and elsewhere widened back (bf16_widen), where -r would recompute it:
 // the very values the forward used, from half the memory.
 #define ACT_USED(m, name) ((m)->layout.kind[offsetof(Acts, name) / sizeof(float*)] != ACT_UNUSED)
 static bf16* as_bf16(float* p) { return (bf16*)(void*)p; }
+
+// A matmul's input x (n), made in this layer's forward, as the matmul takes it. An fp32 run: x. A bf16 run
+// whose backward reads a bf16 copy of it (kept: its buffer, else NULL): x rounded to nearest into that copy
+// (bf16_pack), which the matmul reads where it lies, x left as computed (nothing reads it again); else x
+// rounded in place (keep_bf16). gathered: SP all-gathers x itself from every rank, so x is rounded in place
+// and copied into kept as well. Either way the matmul multiplies the same bf16 values.
+static Input keep_input(GPT* m, Rank* rk, float* x, float* kept, long n, bool gathered) {
+    if (m->bf16 && kept && !gathered) {
+        OP(rk, bf16_pack, as_bf16(kept), x, n);
+        return {nullptr, as_bf16(kept)};
+    }
+    keep_bf16(m, rk, x, n);
+    if (m->bf16 && kept) OP(rk, bf16_pack, as_bf16(kept), x, n);
+    return {x, nullptr};
+}
 
 // The input x of a matmul's weight gradient in the backward: the bf16 copy of it the layer kept, where
 // this run keeps one (kept; ACT_USED), read by the GEMM where it lies, with no widening back to fp32 (and
@@ -1057,40 +1073,36 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
     // attention block. ln1 is replicated: every rank normalises the same residual stream (with SP,
     // its own tokens of it).
     OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
-    keep_bf16(m, rk, la.ln1, (long)N * C);
-    if (keep && ACT_USED(m, ln1_kept)) OP(rk, bf16_pack, as_bf16(la.ln1_kept), la.ln1, (long)N * C);
+    Input ln1_in = keep_input(m, rk, la.ln1, keep && ACT_USED(m, ln1_kept) ? la.ln1_kept : nullptr, (long)N * C, m->split);
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
-    float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 fwd", lg);
-    OP(rk, matmul_forward, la.qkv, ln1_all, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
+    if (m->split) ln1_in = Input{all_tokens(m, rk, la.ln1, true, "ln1 fwd", lg), nullptr};
+    OP(rk, matmul_forward, la.qkv, ln1_in, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
     // heads are independent, so attention needs nothing from the other ranks; nor does the cache,
     // which holds this rank's heads only
     if (kv) OP(rk, kv_write, kv->k + l * kv->lstride, kv->v + l * kv->lstride, la.qkv, kv->pos, B, T, NHl, kv->Tmax, hs);
     if (decode) OP(rk, attention_decode, la.atty, la.qkv, kv->k + l * kv->lstride, kv->v + l * kv->lstride, kv->pos, B, NHl, kv->Tmax, hs);
     else if (m->fused) OP(rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);  // keeps out and lse
     else OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);  // keeps the (T, T) probabilities
-    keep_bf16(m, rk, la.atty, (long)BT * Cl);
-    if (keep && ACT_USED(m, atty_kept)) OP(rk, bf16_pack, as_bf16(la.atty_kept), la.atty, (long)BT * Cl);
+    Input atty_in = keep_input(m, rk, la.atty, keep && ACT_USED(m, atty_kept) ? la.atty_kept : nullptr, (long)BT * Cl, false);
     // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
     // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
     // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
-    OP(rk, matmul_forward, a->partial, la.atty, WEIGHT(m, attprojw, (long)l * C * Cl), nullptr, BT, Cl, C);
+    OP(rk, matmul_forward, a->partial, atty_in, WEIGHT(m, attprojw, (long)l * C * Cl), nullptr, BT, Cl, C);
     float* attn_out = my_tokens_summed(m, rk, a->partial, "attproj fwd", lg);
     OP(rk, residual_forward, la.residual2, la.residual, attn_out, p->attprojb + l * C, N, C);  // bias once, after the sum
 
     // MLP block: fc is column-parallel (this rank's 4C/P hidden units), GELU is elementwise on them,
     // fcproj is row-parallel over the same units: again a partial sum, again g.
     OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
-    keep_bf16(m, rk, la.ln2, (long)N * C);
-    if (keep && ACT_USED(m, ln2_kept)) OP(rk, bf16_pack, as_bf16(la.ln2_kept), la.ln2, (long)N * C);
-    float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 fwd", lg);
-    OP(rk, matmul_forward, la.fch, ln2_all, WEIGHT(m, fcw, (long)l * C4l * C), p->fcb + l * C4l, BT, C, C4l);
+    Input ln2_in = keep_input(m, rk, la.ln2, keep && ACT_USED(m, ln2_kept) ? la.ln2_kept : nullptr, (long)N * C, m->split);
+    if (m->split) ln2_in = Input{all_tokens(m, rk, la.ln2, true, "ln2 fwd", lg), nullptr};
+    OP(rk, matmul_forward, la.fch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), p->fcb + l * C4l, BT, C, C4l);
     keep_bf16(m, rk, la.fch, (long)BT * C4l);  // the pre-activation in bf16, as the GELU's input and as kept
     if (keep && ACT_USED(m, fch_kept)) OP(rk, bf16_pack, as_bf16(la.fch_kept), la.fch, (long)BT * C4l);
     OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
-    keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
-    if (keep && ACT_USED(m, gelu_kept)) OP(rk, bf16_pack, as_bf16(la.gelu_kept), la.fch_gelu, (long)BT * C4l);
-    OP(rk, matmul_forward, a->partial, la.fch_gelu, WEIGHT(m, fcprojw, (long)l * C * C4l), nullptr, BT, C4l, C);
+    Input gelu_in = keep_input(m, rk, la.fch_gelu, keep && ACT_USED(m, gelu_kept) ? la.gelu_kept : nullptr, (long)BT * C4l, false);
+    OP(rk, matmul_forward, a->partial, gelu_in, WEIGHT(m, fcprojw, (long)l * C * C4l), nullptr, BT, C4l, C);
     float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", lg);
     OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
 }

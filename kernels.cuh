@@ -474,21 +474,24 @@ static void pack_operands_bf16(CudaCtx* cx, int n, const float* const* x, const 
 // out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL. bf16: inp and weight hold
 // bf16 values, multiplied as bf16 (above): inp is packed, and the weight too where it is fp32 words
 // (weight); a --dtype bf16 run's is bf16 storage already (weight_h, which bf16 implies), read where it lies.
+// inp_h: inp in bf16 storage instead (the bf16 copy a layer keeps of its input, Input), read where it lies.
 static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const float* weight, const float* bias,
-                                int N, int IC, int OC, bool bf16 = false, const ::bf16* weight_h = nullptr) {
+                                int N, int IC, int OC, bool bf16 = false, const ::bf16* weight_h = nullptr,
+                                const ::bf16* inp_h = nullptr) {
     if (N <= 0 || OC <= 0) return;
-    if (bf16 || weight_h) {
-        const float* x[2] = {inp, weight_h ? nullptr : weight};
-        long sizes[2] = {(long)N * IC, weight_h ? 0 : (long)OC * IC};
+    if (bf16 || weight_h || inp_h) {
+        const float* x[2] = {inp_h ? nullptr : inp, weight_h ? nullptr : weight};
+        long sizes[2] = {inp_h ? 0 : (long)N * IC, weight_h ? 0 : (long)OC * IC};
         ::bf16* h[2];  // (:: because the flag bf16 hides the type)
         pack_operands_bf16(cx, 2, x, sizes, h);
+        const ::bf16* a = inp_h ? inp_h : h[0];
         float beta = 0.0f;
         if (bias) {  // out = bias, then out = inp . W^T + 1 * out: the CPU op's (acc + bias)
             bias_broadcast_kernel<<<ceil_div((long)N * OC, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, bias, N, OC);
             CUDA_LAUNCH_CHECK(cx->rank, "bias_broadcast_kernel");
             beta = 1.0f;
         }
-        gemm_bf16_cuda(cx, false, true, N, OC, IC, 1.0f, h[0], IC, weight_h ? weight_h : h[1], IC, beta, out, OC);
+        gemm_bf16_cuda(cx, false, true, N, OC, IC, 1.0f, a, IC, weight_h ? weight_h : h[1], IC, beta, out, OC);
         return;
     }
     // cuBLASLt's bias epilogue wants a 16-byte aligned bias; every GPT-2 shape gives one
@@ -507,6 +510,10 @@ static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const
 // the recipe's form: the weight in the run's dtype (Weight, kernels_cpu.h)
 static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, Weight w, const float* bias, int N, int IC, int OC) {
     matmul_forward_cuda(cx, out, inp, w.f, bias, N, IC, OC, w.h != nullptr, w.h);
+}
+// ... with the input as the layer keeps it (Input): a bf16 copy goes to cuBLAS as it lies, unpacked
+static void matmul_forward_cuda(CudaCtx* cx, float* out, Input inp, Weight w, const float* bias, int N, int IC, int OC) {
+    matmul_forward_cuda(cx, out, inp.f, w.f, bias, N, IC, OC, w.h != nullptr || inp.h != nullptr, w.h, inp.h);
 }
 // the LM head's (Logits): a bf16 run's logits are written by cuBLAS as bf16 (its fp32 sums rounded to
 // nearest, as the CPU's store_c), half the bytes of the largest activation. The head has no bias.

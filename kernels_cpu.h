@@ -319,9 +319,10 @@ struct Logits {
     bf16* h;
 };
 
-// A linear layer's input as the backward reads it for the weight's gradient: fp32 (f; a bf16 run's holds
-// bf16 values), or in a --dtype bf16 run the bf16 copy of it that the layer kept for its backward (h),
-// read where it lies rather than widened back first. One of the two is set.
+// A linear layer's input as the layer keeps it: fp32 (f; a bf16 run's holds bf16 values), or in a --dtype
+// bf16 run the bf16 copy of it that the layer keeps for its backward (h), which the forward's matmul and
+// the weight gradient's read where it lies (no fp32 copy rounded first, none widened back). One of the
+// two is set.
 struct Input {
     const float* f;
     const bf16* h;
@@ -336,9 +337,9 @@ static inline float as_fp32(bf16 h);
 
 // out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC); bias may be NULL. bf16: inp and weight hold
 // bf16 values (a --dtype bf16 run), which the bf16 GEMM multiplies, to the same bits as gemm_cpu. W: the
-// weight in fp32 words, or bf16 storage (then bf16 whatever the flag says).
-template <typename W>
-static void matmul_forward_cpu(float* out, const float* inp, const W* weight, const float* bias,
+// weight in fp32 words, or bf16 storage (then bf16 whatever the flag says); I: inp likewise.
+template <typename W, typename I = float>
+static void matmul_forward_cpu(float* out, const I* inp, const W* weight, const float* bias,
                                int N, int IC, int OC, bool bf16 = false) {
     // b(k=i, n=o) = weight[o*IC + i]: weight^T, read through its strides
     linear_gemm_cpu(bf16, N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false, bias);
@@ -347,6 +348,12 @@ static void matmul_forward_cpu(float* out, const float* inp, const W* weight, co
 static void matmul_forward_cpu(float* out, const float* inp, Weight w, const float* bias, int N, int IC, int OC) {
     if (w.h) matmul_forward_cpu(out, inp, w.h, bias, N, IC, OC, true);
     else matmul_forward_cpu(out, inp, w.f, bias, N, IC, OC, false);
+}
+// ... with the input as the layer keeps it (Input): a bf16 copy goes to the GEMM as it lies
+static void matmul_forward_cpu(float* out, Input inp, Weight w, const float* bias, int N, int IC, int OC) {
+    if (!inp.h) return matmul_forward_cpu(out, inp.f, w, bias, N, IC, OC);
+    if (w.h) matmul_forward_cpu(out, inp.h, w.h, bias, N, IC, OC, true);
+    else matmul_forward_cpu(out, inp.h, w.f, bias, N, IC, OC, true);
 }
 // the LM head's: logits in bf16 storage are a bf16 run's, each its fp32 sum rounded to nearest
 static void matmul_forward_cpu(Logits out, const float* inp, Weight w, const float* bias, int N, int IC, int OC) {

@@ -172,7 +172,8 @@ static float bf16_test_uniform(uint64_t* z) {
 // The ops a bf16 run calls with the weights' copy in bf16 storage (Weight's h): matmul_forward and
 // matmul_backward, and the embedding's lookup, against the same values held in fp32 words, bit for bit,
 // at a ragged shape and at one whose weight takes the vector packs; with 1 and 3 threads. And
-// matmul_backward with its input as a layer keeps it, in bf16 storage (Input's h), the same way.
+// matmul_forward and matmul_backward with the input as a layer keeps it, in bf16 storage (Input's h), the
+// same way.
 static void test_bf16_weight_ops() {
     long differ = 0, compared = 0;
     struct { int N, IC, OC; } shapes[] = {{67, 96, 64}, {37, 33, 70}};
@@ -199,7 +200,8 @@ static void test_bf16_weight_ops() {
                 matmul_backward_cpu(di32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), ww.data(), N, IC, OC, true);
                 std::vector<bf16> inp_kept(inp.size());
                 for (size_t i = 0; i < inp.size(); i++) inp_kept[i] = bf16_round(inp[i]);
-                std::vector<float> dik(inp.size()), dwk(ww.size(), 0.5f), dbk(OC, 0.25f);
+                std::vector<float> outk(out16.size()), dik(inp.size()), dwk(ww.size(), 0.5f), dbk(OC, 0.25f);
+                matmul_forward_cpu(outk.data(), Input{nullptr, inp_kept.data()}, Weight{nullptr, w.data()}, bias.data(), N, IC, OC);
                 matmul_backward_cpu(dik.data(), dwk.data(), dbk.data(), dout.data(), Input{nullptr, inp_kept.data()},
                                     Weight{nullptr, w.data()}, N, IC, OC);
                 // the embedding: rows [v0, v0 + OC) of a vocabulary, tokens inside and outside them
@@ -208,8 +210,8 @@ static void test_bf16_weight_ops() {
                 std::vector<float> enc16((size_t)N * IC), enc32(enc16.size());
                 encoder_forward_cpu(enc16.data(), tokens.data(), Weight{nullptr, w.data()}, OC / 2, OC, N, IC);
                 encoder_forward_cpu(enc32.data(), tokens.data(), Weight{ww.data(), nullptr}, OC / 2, OC, N, IC);
-                for (auto* pr : {&out16, &di16, &dw16, &db16, &enc16, &dik, &dwk, &dbk}) {
-                    const std::vector<float>& b = pr == &out16 ? out32 : pr == &di16 || pr == &dik ? di32 : pr == &dw16 || pr == &dwk ? dw32
+                for (auto* pr : {&out16, &di16, &dw16, &db16, &enc16, &outk, &dik, &dwk, &dbk}) {
+                    const std::vector<float>& b = pr == &out16 || pr == &outk ? out32 : pr == &di16 || pr == &dik ? di32 : pr == &dw16 || pr == &dwk ? dw32
                                                 : pr == &db16 || pr == &dbk ? db32 : enc32;
                     for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
                     compared += (long)b.size();
@@ -218,8 +220,8 @@ static void test_bf16_weight_ops() {
         });
     }
     bf16_path = had;
-    check(differ == 0, "matmul_forward, matmul_backward and encoder_forward with the weights in bf16 storage, and matmul_backward "
-          "with its input in bf16 storage too, give the bits of the same values in fp32 words: %ld of %ld differ (2 shapes, "
+    check(differ == 0, "matmul_forward, matmul_backward and encoder_forward with the weights in bf16 storage, and the matmuls "
+          "with their input in bf16 storage too, give the bits of the same values in fp32 words: %ld of %ld differ (2 shapes, "
           "%s, 1 and 3 threads)", differ, compared, bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path");
 }
 

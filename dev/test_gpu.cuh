@@ -465,11 +465,11 @@ static void test_gemm_bf16(CudaCtx* cx) {
 
 // A --dtype bf16 run's weights in bf16 storage (Weight's h), as the recipe passes them: matmul_forward and
 // matmul_backward against the CPU's (the activations bf16 values in fp32 words, the weight read where it
-// lies, at a 16-byte boundary and 2 and 6 bytes past one), matmul_backward again with its input in bf16
-// storage as a layer keeps it (Input's h), and the embedding's rows widened, bit for bit, on its 16-byte
+// lies, at a 16-byte boundary and 2 and 6 bytes past one), both again with the input in bf16 storage as a
+// layer keeps it (Input's h), and the embedding's rows widened, bit for bit, on its 16-byte
 // path and its element one
 static void test_bf16_weights(CudaCtx* cx) {
-    printf("matmul_forward / matmul_backward / encoder_forward with the weights in bf16 storage; matmul_backward with its input too\n");
+    printf("matmul_forward / matmul_backward / encoder_forward with the weights in bf16 storage; the matmuls with their input too\n");
     Rnd r = {31};
     auto bf16_values = [](std::vector<float> v) { round_bf16_cpu(v.data(), (long)v.size()); return v; };
     struct { int N, IC, OC, off; bool bias; } cases[] = {{256, 128, 384, 0, true}, {256, 512, 128, 0, false}, {33, 65, 17, 1, true}, {7, 96, 130, 3, false}};
@@ -502,6 +502,9 @@ static void test_bf16_weights(CudaCtx* cx) {
         bf16* di_base = (bf16*)cuda_alloc(cx, ((long)inp_kept.size() + k.off + 1) / 2);
         cuda_upload(cx, di_base + k.off, inp_kept.data(), inp_kept.size() * sizeof(bf16));
         DevBuf ddinp_k = dev_up(cx, rnd_vec(&r, (long)k.N * k.IC, 5, 6)), ddw_k = dev_up(cx, dw0), ddb_k = dev_up(cx, db0);
+        DevBuf dout_k = dev_up(cx, rnd_vec(&r, (long)k.N * k.OC, 5, 6));
+        matmul_forward_cuda(cx, dout_k.p, Input{nullptr, di_base + k.off}, Weight{nullptr, dwt}, k.bias ? dbias.p : nullptr, k.N, k.IC, k.OC);
+        expect_close("matmul_forward bf16 inp", s, dev_down(cx, dout_k.p, (long)k.N * k.OC), out_c, FP32_BOUND);
         matmul_backward_cuda(cx, ddinp_k.p, ddw_k.p, k.bias ? ddb_k.p : nullptr, ddout.p, Input{nullptr, di_base + k.off},
                              Weight{nullptr, dwt}, k.N, k.IC, k.OC);
         expect_close("matmul_backward bf16 inp", (std::string(s) + " dinp").c_str(), dev_down(cx, ddinp_k.p, (long)k.N * k.IC), dinp_c, FP32_BOUND);
@@ -509,7 +512,7 @@ static void test_bf16_weights(CudaCtx* cx) {
         if (k.bias) expect_close("matmul_backward bf16 inp", (std::string(s) + " dbias").c_str(), dev_down(cx, ddb_k.p, k.OC), db_c, SUM_BOUND);
         cuda_free(cx, dw_base);
         cuda_free(cx, di_base);
-        for (DevBuf* d : {&di, &dbias, &ddout, &dout_g, &ddinp, &ddw, &ddb, &ddinp_k, &ddw_k, &ddb_k}) cuda_free(cx, d->base);
+        for (DevBuf* d : {&di, &dbias, &ddout, &dout_g, &ddinp, &ddw, &ddb, &ddinp_k, &ddw_k, &ddb_k, &dout_k}) cuda_free(cx, d->base);
     }
     struct { int N, C, Vl, v0, off; } enc[] = {{64, 128, 96, 0, 0}, {50, 130, 40, 40, 0}, {31, 64, 32, 16, 1}, {9, 7, 5, 3, 0}};
     for (auto& k : enc) {
