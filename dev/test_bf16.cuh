@@ -152,16 +152,23 @@ static void test_bf16_masters() {
           full.size());
 }
 
-// body on a rank's thread with a pool of 1, then of 3 threads (a rank's thread, so that its pool is its own)
+// body on a rank's thread with a pool of 1, then of 3 threads (a rank's thread, so that its pool is its own),
+// on each of the bf16 GEMM's paths this CPU has (vdpbf16ps where it has AVX512-BF16, and the fp32 one)
 template <typename F>
-static void on_rank_with_1_and_3_threads(F body) {
-    for (int threads : {1, 3}) {
-        std::thread rank([&]() {
-            cpu_pool_start(threads);
-            body();
-        });
-        rank.join();
+static void on_each_path_with_1_and_3_threads(F body) {
+    const Bf16Path had = bf16_path;
+    for (Bf16Path path : {BF16_DP, BF16_FMA}) {
+        if (path == BF16_DP && !bf16_dp_supported()) continue;
+        bf16_path = path;
+        for (int threads : {1, 3}) {
+            std::thread rank([&]() {
+                cpu_pool_start(threads);
+                body();
+            });
+            rank.join();
+        }
     }
+    bf16_path = had;
 }
 // uniform in [-0.5, 0.5) from a 64-bit LCG state
 static float bf16_test_uniform(uint64_t* z) {
@@ -171,55 +178,50 @@ static float bf16_test_uniform(uint64_t* z) {
 
 // The ops a bf16 run calls with the weights' copy in bf16 storage (Weight's h): matmul_forward and
 // matmul_backward, and the embedding's lookup, against the same values held in fp32 words, bit for bit,
-// at a ragged shape and at one whose weight takes the vector packs; with 1 and 3 threads. And
+// at a ragged shape and at one whose weight takes the vector packs; on both GEMM paths, with 1 and 3
+// threads. And
 // matmul_forward and matmul_backward with the input as a layer keeps it, in bf16 storage (Input's h), the
 // same way.
 static void test_bf16_weight_ops() {
     long differ = 0, compared = 0;
     struct { int N, IC, OC; } shapes[] = {{67, 96, 64}, {37, 33, 70}};
-    const Bf16Path had = bf16_path;
-    for (Bf16Path path : {BF16_DP, BF16_FMA}) {
-        if (path == BF16_DP && !bf16_dp_supported()) continue;
-        bf16_path = path;
-        on_rank_with_1_and_3_threads([&]() {
-            for (auto& sh : shapes) {
-                const int N = sh.N, IC = sh.IC, OC = sh.OC;
-                uint64_t z = 77 + (uint64_t)N;
-                auto rnd = [&]() { return bf16_test_uniform(&z); };
-                std::vector<bf16> w((size_t)OC * IC);
-                std::vector<float> ww(w.size()), inp((size_t)N * IC), dout((size_t)N * OC), bias(OC);
-                for (size_t i = 0; i < w.size(); i++) ww[i] = bf16_to_float(w[i] = bf16_round(rnd()));
-                for (auto& x : inp) x = bf16_to_float(bf16_round(rnd()));
-                for (auto& x : dout) x = bf16_to_float(bf16_round(rnd()));
-                for (auto& x : bias) x = rnd();
-                std::vector<float> out16((size_t)N * OC), out32(out16.size()), di16(inp.size()), di32(inp.size());
-                std::vector<float> dw16(ww.size(), 0.5f), dw32 = dw16, db16(OC, 0.25f), db32 = db16;
-                matmul_forward_cpu(out16.data(), inp.data(), Weight{nullptr, w.data()}, bias.data(), N, IC, OC);
-                matmul_forward_cpu(out32.data(), inp.data(), ww.data(), bias.data(), N, IC, OC, true);
-                matmul_backward_cpu(di16.data(), dw16.data(), db16.data(), dout.data(), inp.data(), Weight{nullptr, w.data()}, N, IC, OC);
-                matmul_backward_cpu(di32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), ww.data(), N, IC, OC, true);
-                std::vector<bf16> inp_kept(inp.size());
-                for (size_t i = 0; i < inp.size(); i++) inp_kept[i] = bf16_round(inp[i]);
-                std::vector<float> outk(out16.size()), dik(inp.size()), dwk(ww.size(), 0.5f), dbk(OC, 0.25f);
-                matmul_forward_cpu(outk.data(), Input{nullptr, inp_kept.data()}, Weight{nullptr, w.data()}, bias.data(), N, IC, OC);
-                matmul_backward_cpu(dik.data(), dwk.data(), dbk.data(), dout.data(), Input{nullptr, inp_kept.data()},
-                                    Weight{nullptr, w.data()}, N, IC, OC);
-                // the embedding: rows [v0, v0 + OC) of a vocabulary, tokens inside and outside them
-                std::vector<int> tokens(N);
-                for (int n = 0; n < N; n++) tokens[n] = (n * 37) % (2 * OC);
-                std::vector<float> enc16((size_t)N * IC), enc32(enc16.size());
-                encoder_forward_cpu(enc16.data(), tokens.data(), Weight{nullptr, w.data()}, OC / 2, OC, N, IC);
-                encoder_forward_cpu(enc32.data(), tokens.data(), Weight{ww.data(), nullptr}, OC / 2, OC, N, IC);
-                for (auto* pr : {&out16, &di16, &dw16, &db16, &enc16, &outk, &dik, &dwk, &dbk}) {
-                    const std::vector<float>& b = pr == &out16 || pr == &outk ? out32 : pr == &di16 || pr == &dik ? di32 : pr == &dw16 || pr == &dwk ? dw32
-                                                : pr == &db16 || pr == &dbk ? db32 : enc32;
-                    for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
-                    compared += (long)b.size();
-                }
+    on_each_path_with_1_and_3_threads([&]() {
+        for (auto& sh : shapes) {
+            const int N = sh.N, IC = sh.IC, OC = sh.OC;
+            uint64_t z = 77 + (uint64_t)N;
+            auto rnd = [&]() { return bf16_test_uniform(&z); };
+            std::vector<bf16> w((size_t)OC * IC);
+            std::vector<float> ww(w.size()), inp((size_t)N * IC), dout((size_t)N * OC), bias(OC);
+            for (size_t i = 0; i < w.size(); i++) ww[i] = bf16_to_float(w[i] = bf16_round(rnd()));
+            for (auto& x : inp) x = bf16_to_float(bf16_round(rnd()));
+            for (auto& x : dout) x = bf16_to_float(bf16_round(rnd()));
+            for (auto& x : bias) x = rnd();
+            std::vector<float> out16((size_t)N * OC), out32(out16.size()), di16(inp.size()), di32(inp.size());
+            std::vector<float> dw16(ww.size(), 0.5f), dw32 = dw16, db16(OC, 0.25f), db32 = db16;
+            matmul_forward_cpu(out16.data(), inp.data(), Weight{nullptr, w.data()}, bias.data(), N, IC, OC);
+            matmul_forward_cpu(out32.data(), inp.data(), ww.data(), bias.data(), N, IC, OC, true);
+            matmul_backward_cpu(di16.data(), dw16.data(), db16.data(), dout.data(), inp.data(), Weight{nullptr, w.data()}, N, IC, OC);
+            matmul_backward_cpu(di32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), ww.data(), N, IC, OC, true);
+            std::vector<bf16> inp_kept(inp.size());
+            for (size_t i = 0; i < inp.size(); i++) inp_kept[i] = bf16_round(inp[i]);
+            std::vector<float> outk(out16.size()), dik(inp.size()), dwk(ww.size(), 0.5f), dbk(OC, 0.25f);
+            matmul_forward_cpu(outk.data(), Input{nullptr, inp_kept.data()}, Weight{nullptr, w.data()}, bias.data(), N, IC, OC);
+            matmul_backward_cpu(dik.data(), dwk.data(), dbk.data(), dout.data(), Input{nullptr, inp_kept.data()},
+                                Weight{nullptr, w.data()}, N, IC, OC);
+            // the embedding: rows [v0, v0 + OC) of a vocabulary, tokens inside and outside them
+            std::vector<int> tokens(N);
+            for (int n = 0; n < N; n++) tokens[n] = (n * 37) % (2 * OC);
+            std::vector<float> enc16((size_t)N * IC), enc32(enc16.size());
+            encoder_forward_cpu(enc16.data(), tokens.data(), Weight{nullptr, w.data()}, OC / 2, OC, N, IC);
+            encoder_forward_cpu(enc32.data(), tokens.data(), Weight{ww.data(), nullptr}, OC / 2, OC, N, IC);
+            for (auto* pr : {&out16, &di16, &dw16, &db16, &enc16, &outk, &dik, &dwk, &dbk}) {
+                const std::vector<float>& b = pr == &out16 || pr == &outk ? out32 : pr == &di16 || pr == &dik ? di32
+                                            : pr == &dw16 || pr == &dwk ? dw32 : pr == &db16 || pr == &dbk ? db32 : enc32;
+                for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
+                compared += (long)b.size();
             }
-        });
-    }
-    bf16_path = had;
+        }
+    });
     check(differ == 0, "matmul_forward, matmul_backward and encoder_forward with the weights in bf16 storage, and the matmuls "
           "with their input in bf16 storage too, give the bits of the same values in fp32 words: %ld of %ld differ (2 shapes, "
           "%s, 1 and 3 threads)", differ, compared, bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path");
@@ -234,66 +236,60 @@ static void test_bf16_weight_ops() {
 static void test_bf16_logits_ops() {
     long differ = 0, compared = 0;
     struct { int N, C, Vl, v0, V; } shapes[] = {{67, 96, 64, 64, 120}, {37, 33, 70, 0, 51}};
-    const Bf16Path had = bf16_path;
-    for (Bf16Path path : {BF16_DP, BF16_FMA}) {
-        if (path == BF16_DP && !bf16_dp_supported()) continue;
-        bf16_path = path;
-        on_rank_with_1_and_3_threads([&]() {
-            for (auto& sh : shapes) {
-                const int N = sh.N, C = sh.C, Vl = sh.Vl;
-                uint64_t z = 91 + (uint64_t)N;
-                auto rnd = [&]() { return bf16_test_uniform(&z); };
-                std::vector<bf16> w((size_t)Vl * C);
-                std::vector<float> lnf((size_t)N * C);
-                std::vector<int> targets(N);
-                for (auto& x : w) x = bf16_round(rnd() * 4.0f);
-                for (auto& x : lnf) x = bf16_to_float(bf16_round(rnd() * 2.0f));
-                for (int n = 0; n < N; n++) targets[n] = (n * 13) % sh.V;  // some in this shard, some not
-                const Weight wt = {nullptr, w.data()};
-                // the head: bf16 logits against the fp32 sums rounded
-                std::vector<bf16> lg16((size_t)N * Vl);
-                std::vector<float> lg32(lg16.size());
-                matmul_forward_cpu(Logits{nullptr, lg16.data()}, lnf.data(), wt, nullptr, N, C, Vl);
-                matmul_forward_cpu(lg32.data(), lnf.data(), wt, nullptr, N, C, Vl);
-                for (size_t i = 0; i < lg32.size(); i++) {
-                    differ += lg16[i] != bf16_round(lg32[i]);
-                    lg32[i] = bf16_to_float(lg16[i]);  // from here on, the same values in fp32 words
-                }
-                compared += (long)lg32.size();
-                // the loss (maxes and sums as the all-reduces of one rank leave them)
-                std::vector<float> mx16(N), mx32(N), sm16(2 * N), sm32(2 * N), loss16(N), loss32(N);
-                crossentropy_max_cpu(mx16.data(), Logits{nullptr, lg16.data()}, N, Vl, sh.v0, sh.V);
-                crossentropy_max_cpu(mx32.data(), Logits{lg32.data(), nullptr}, N, Vl, sh.v0, sh.V);
-                crossentropy_sums_cpu(sm16.data(), Logits{nullptr, lg16.data()}, mx16.data(), targets.data(), N, Vl, sh.v0, sh.V);
-                crossentropy_sums_cpu(sm32.data(), Logits{lg32.data(), nullptr}, mx32.data(), targets.data(), N, Vl, sh.v0, sh.V);
-                crossentropy_finish_cpu(loss16.data(), Logits{nullptr, lg16.data()}, mx16.data(), sm16.data(), targets.data(), N, Vl,
-                                        sh.v0, sh.V, 1.0f / N);
-                crossentropy_finish_cpu(loss32.data(), Logits{lg32.data(), nullptr}, mx32.data(), sm32.data(), targets.data(), N, Vl,
-                                        sh.v0, sh.V, 1.0f / N);
-                for (auto* pr : {&mx16, &sm16, &loss16}) {
-                    const std::vector<float>& b = pr == &mx16 ? mx32 : pr == &sm16 ? sm32 : loss32;
-                    for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
-                    compared += (long)b.size();
-                }
-                for (size_t i = 0; i < lg32.size(); i++) {
-                    differ += lg16[i] != bf16_round(lg32[i]);
-                    lg32[i] = bf16_to_float(lg16[i]);  // dlogits: the bf16 run's values, in fp32 words
-                }
-                compared += (long)lg32.size();
-                // the head's backward from either
-                std::vector<float> di16((size_t)N * C), di32(di16.size()), dw16((size_t)Vl * C, 0.5f), dw32 = dw16;
-                std::vector<float> db16(Vl, 0.25f), db32 = db16;
-                matmul_backward_cpu(di16.data(), dw16.data(), db16.data(), Logits{nullptr, lg16.data()}, lnf.data(), wt, N, C, Vl);
-                matmul_backward_cpu(di32.data(), dw32.data(), db32.data(), Logits{lg32.data(), nullptr}, lnf.data(), wt, N, C, Vl);
-                for (auto* pr : {&di16, &dw16, &db16}) {
-                    const std::vector<float>& b = pr == &di16 ? di32 : pr == &dw16 ? dw32 : db32;
-                    for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
-                    compared += (long)b.size();
-                }
+    on_each_path_with_1_and_3_threads([&]() {
+        for (auto& sh : shapes) {
+            const int N = sh.N, C = sh.C, Vl = sh.Vl;
+            uint64_t z = 91 + (uint64_t)N;
+            auto rnd = [&]() { return bf16_test_uniform(&z); };
+            std::vector<bf16> w((size_t)Vl * C);
+            std::vector<float> lnf((size_t)N * C);
+            std::vector<int> targets(N);
+            for (auto& x : w) x = bf16_round(rnd() * 4.0f);
+            for (auto& x : lnf) x = bf16_to_float(bf16_round(rnd() * 2.0f));
+            for (int n = 0; n < N; n++) targets[n] = (n * 13) % sh.V;  // some in this shard, some not
+            const Weight wt = {nullptr, w.data()};
+            // the head: bf16 logits against the fp32 sums rounded
+            std::vector<bf16> lg16((size_t)N * Vl);
+            std::vector<float> lg32(lg16.size());
+            matmul_forward_cpu(Logits{nullptr, lg16.data()}, lnf.data(), wt, nullptr, N, C, Vl);
+            matmul_forward_cpu(lg32.data(), lnf.data(), wt, nullptr, N, C, Vl);
+            for (size_t i = 0; i < lg32.size(); i++) {
+                differ += lg16[i] != bf16_round(lg32[i]);
+                lg32[i] = bf16_to_float(lg16[i]);  // from here on, the same values in fp32 words
             }
-        });
-    }
-    bf16_path = had;
+            compared += (long)lg32.size();
+            // the loss (maxes and sums as the all-reduces of one rank leave them)
+            std::vector<float> mx16(N), mx32(N), sm16(2 * N), sm32(2 * N), loss16(N), loss32(N);
+            crossentropy_max_cpu(mx16.data(), Logits{nullptr, lg16.data()}, N, Vl, sh.v0, sh.V);
+            crossentropy_max_cpu(mx32.data(), Logits{lg32.data(), nullptr}, N, Vl, sh.v0, sh.V);
+            crossentropy_sums_cpu(sm16.data(), Logits{nullptr, lg16.data()}, mx16.data(), targets.data(), N, Vl, sh.v0, sh.V);
+            crossentropy_sums_cpu(sm32.data(), Logits{lg32.data(), nullptr}, mx32.data(), targets.data(), N, Vl, sh.v0, sh.V);
+            crossentropy_finish_cpu(loss16.data(), Logits{nullptr, lg16.data()}, mx16.data(), sm16.data(), targets.data(), N, Vl,
+                                    sh.v0, sh.V, 1.0f / N);
+            crossentropy_finish_cpu(loss32.data(), Logits{lg32.data(), nullptr}, mx32.data(), sm32.data(), targets.data(), N, Vl,
+                                    sh.v0, sh.V, 1.0f / N);
+            for (auto* pr : {&mx16, &sm16, &loss16}) {
+                const std::vector<float>& b = pr == &mx16 ? mx32 : pr == &sm16 ? sm32 : loss32;
+                for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
+                compared += (long)b.size();
+            }
+            for (size_t i = 0; i < lg32.size(); i++) {
+                differ += lg16[i] != bf16_round(lg32[i]);
+                lg32[i] = bf16_to_float(lg16[i]);  // dlogits: the bf16 run's values, in fp32 words
+            }
+            compared += (long)lg32.size();
+            // the head's backward from either
+            std::vector<float> di16((size_t)N * C), di32(di16.size()), dw16((size_t)Vl * C, 0.5f), dw32 = dw16;
+            std::vector<float> db16(Vl, 0.25f), db32 = db16;
+            matmul_backward_cpu(di16.data(), dw16.data(), db16.data(), Logits{nullptr, lg16.data()}, lnf.data(), wt, N, C, Vl);
+            matmul_backward_cpu(di32.data(), dw32.data(), db32.data(), Logits{lg32.data(), nullptr}, lnf.data(), wt, N, C, Vl);
+            for (auto* pr : {&di16, &dw16, &db16}) {
+                const std::vector<float>& b = pr == &di16 ? di32 : pr == &dw16 ? dw32 : db32;
+                for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
+                compared += (long)b.size();
+            }
+        }
+    });
     check(differ == 0, "the LM head and the loss with the logits in bf16 storage: the head's outputs are its fp32 sums rounded, and "
           "the loss, dlogits (rounded) and the head's gradients the bits of the same values in fp32 words: %ld of %ld differ "
           "(2 shapes, %s, 1 and 3 threads)", differ, compared, bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path");
