@@ -397,10 +397,12 @@ struct Acts {
     float* attd;                       // (B, NHl, T) fused attention's D = rowsum(datty * atty)
     // --dtype bf16: what a layer keeps of ln1, ln2, atty, fch and fch_gelu for its backward, which are bf16
     // values, in bf16 storage (each layer's part from a 16-byte boundary), each rounded to nearest into it
-    // where it is made (bf16_pack; keep_input). Those five are then buffers every layer reuses. The matmuls
-    // read the kept copies where they lie, the forward's (keep_input) and the weight gradients' (kept_input);
-    // what an fp32 op reads (fch for the GELU and its backward, atty for attention's backward, ln1 and ln2
-    // for SP's gathers) is rounded in place in the forward and widened back in the backward (bf16_widen).
+    // where it is made: the layernorms and the GELU write it straight (layernorm_input, gelu_input), fc's and
+    // attention's fp32 outputs are packed into it (gelu_forward_bf16, keep_input). The fp32 buffers above are
+    // then ones every layer reuses (atty), or none (ln1, ln2 without SP; fch, fch_gelu without -r 1). The
+    // matmuls read the kept copies where they lie, the forward's and the weight gradients' (kept_input); so
+    // does the GELU's backward (fch). Attention's backward reads atty, and SP's gathers ln1 and ln2, in fp32
+    // words: rounded in place in the forward, widened back in the backward (bf16_widen).
     float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // per layer: (N, C), (N, C), (B, T, Cl), (B, T, 4 Cl) bf16
     float* fch_kept;                                     // per layer: (B, T, 4 Cl) bf16
 };
@@ -434,11 +436,15 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
     long C = c->C, BT = (long)B * T, N = split ? BT / s->P : BT;
     const int LAYER = ACT_PER_LAYER, ONCE = ACT_ONCE;
     // bf16 keeps ln1, ln2 and fch_gelu in bf16 (the *_kept buffers) unless -r recomputes them, and atty and
-    // fch always
+    // fch always.
     const bool logits_bf16 = bf16;  // (the logits are bf16 storage in every bf16 run: the hook leaves them)
     bf16 = bf16 && !g_bf16_in_fp32;
+    // Where the layernorms and the GELU write their bf16 output straight into the kept copy (layernorm_input,
+    // gelu_input) no fp32 copy of it is made: ln1 and ln2 then need one only for SP's all-gathers, which move
+    // fp32 words, and fch_gelu only for -r 1's recomputation; and fc's fp32 sums go to dfch's buffer
     bool ln_kept = bf16 && recompute < 2, gelu_kept = bf16 && recompute < 1;
-    int ln = recompute >= 2 || ln_kept ? ACT_REUSED : LAYER, gelu = recompute >= 1 || gelu_kept ? ACT_REUSED : LAYER;
+    int ln = recompute >= 2 ? ACT_REUSED : ln_kept ? (split ? ACT_REUSED : ACT_UNUSED) : LAYER;
+    int gelu = recompute >= 1 ? ACT_REUSED : gelu_kept ? ACT_UNUSED : LAYER;
     int att = fused ? ACT_UNUSED : recompute >= 3 ? ACT_REUSED : LAYER;
     long rows = B * s->NHl * (long)T;  // one float per (b, local head, t): the log-sum-exp, and D
     auto half = [](long n) { return (n + 7) / 8 * 4; };  // the floats n bf16 take, in whole 16-byte units
@@ -451,7 +457,8 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {rows, fused ? LAYER : ACT_UNUSED},                                     // lse
         {N * C, LAYER},                                                         // residual2
         {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln2, ln2_mean, ln2_rstd
-        {BT * s->C4l, bf16 ? ACT_REUSED : LAYER}, {BT * s->C4l, gelu},          // fch, fch_gelu
+        {BT * s->C4l, gelu_kept ? ACT_UNUSED : bf16 ? ACT_REUSED : LAYER},       // fch (gelu_kept: in dfch, fc_sums)
+        {BT * s->C4l, gelu},                                                    // fch_gelu
         {N * C, LAYER},                                                         // residual3
         {BT * C, ONCE}, {N, ONCE}, {N, ONCE},                                   // lnf, lnf_mean, lnf_rstd
         {logits_bf16 ? half(BT * s->Vl) : BT * s->Vl, ONCE},                    // logits
@@ -749,9 +756,9 @@ static void keep_bf16(GPT* m, Rank* rk, float* x, long n) {
 
 // Whether this configuration allocates Acts buffer `name` (acts_layout). A bf16 run keeps ln1, atty, ln2, fch
 // and fch_gelu for the backward in bf16 storage (the *_kept buffers, where -r does not recompute them): the
-// forward rounds each into it (bf16_pack, to nearest as keep_bf16), and the backward reads it, in its
-// matmuls where it lies (kept_input) and elsewhere widened back (bf16_widen), where -r would recompute it:
-// the very values the forward used, from half the memory.
+// forward rounds each into it (to nearest, as keep_bf16), and the backward reads it, in its matmuls and the
+// GELU's backward where it lies and elsewhere widened back (bf16_widen), where -r would recompute it: the
+// very values the forward used, from half the memory.
 #define ACT_USED(m, name) ((m)->layout.kind[offsetof(Acts, name) / sizeof(float*)] != ACT_UNUSED)
 static bf16* as_bf16(float* p) { return (bf16*)(void*)p; }
 
@@ -775,6 +782,43 @@ static Input keep_input(GPT* m, Rank* rk, float* x, float* kept, long n, bool ga
 // on a GPU no packing); else x as it is, computed in the forward or again by -r.
 static Input kept_input(bool kept, const float* x, float* kept_buf) {
     return kept ? Input{nullptr, as_bf16(kept_buf)} : Input{x, nullptr};
+}
+
+// A layer's layernorm in the forward, (N, C) from the residual stream inp, as the matmul after it takes it.
+// A bf16 run that keeps the output in bf16 (kept: the layer's copy, else NULL) writes it there straight,
+// each value rounded to nearest as it is stored: keep_input's bits, with no fp32 copy (acts_layout makes
+// none). Under SP the rank's rows go to every rank as fp32 words first (all_tokens), so there, and in an
+// fp32 run, the layernorm writes out (fp32) and keep_input rounds and keeps that.
+static Input layernorm_input(GPT* m, Rank* rk, float* out, float* kept, bool keep, float* mean, float* rstd,
+                             const float* inp, const float* w, const float* b) {
+    int N = m->ntok, C = m->cfg.C;
+    if (m->bf16 && kept && !m->split) {
+        OP(rk, layernorm_forward, as_bf16(kept), mean, rstd, inp, w, b, N, C);
+        return {nullptr, as_bf16(kept)};
+    }
+    OP(rk, layernorm_forward, out, mean, rstd, inp, w, b, N, C);
+    return keep_input(m, rk, out, keep ? kept : nullptr, (long)N * C, m->split);
+}
+
+// The MLP's GELU in the forward, on fch (B*T*C4l fc sums), as fcproj takes its output. A bf16 run that keeps
+// the output in bf16 makes both bf16 copies in one pass (gelu_forward_bf16): fch rounded to nearest, which
+// the GELU takes and its backward reads again, and the GELU's output rounded to nearest, fcproj's input,
+// with no fp32 copy of it (acts_layout makes none). Nothing reads the fp32 sums after that, so fc writes
+// them into the backward's dfch buffer, unused until the backward (fc_sums). Else (fp32; -r 1, which
+// recomputes the output; the fp32-words hook) fch is rounded in place, kept, and the GELU writes fch_gelu
+// in fp32 words.
+static bool gelu_into_kept(const GPT* m) { return m->bf16 && ACT_USED(m, gelu_kept); }  // (fch_kept too, then)
+static float* fc_sums(GPT* m, LayerActs* la) { return gelu_into_kept(m) ? m->acts.dfch : la->fch; }
+static Input gelu_input(GPT* m, Rank* rk, LayerActs* la, float* fch, bool keep) {
+    long n = (long)m->B * m->T * m->plan.C4l;
+    if (gelu_into_kept(m)) {
+        OP(rk, gelu_forward_bf16, as_bf16(la->gelu_kept), as_bf16(la->fch_kept), fch, n);
+        return {nullptr, as_bf16(la->gelu_kept)};
+    }
+    keep_bf16(m, rk, fch, n);  // the pre-activation in bf16, as the GELU's input and as kept
+    if (keep && ACT_USED(m, fch_kept)) OP(rk, bf16_pack, as_bf16(la->fch_kept), fch, n);
+    OP(rk, gelu_forward, la->fch_gelu, fch, n);
+    return keep_input(m, rk, la->fch_gelu, keep && ACT_USED(m, gelu_kept) ? la->gelu_kept : nullptr, n, false);
 }
 
 // The LM head's logits (and dlogits) in this allocation's storage (Logits, kernels_cpu.h). A bf16 run
@@ -1072,8 +1116,8 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
 
     // attention block. ln1 is replicated: every rank normalises the same residual stream (with SP,
     // its own tokens of it).
-    OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
-    Input ln1_in = keep_input(m, rk, la.ln1, keep && ACT_USED(m, ln1_kept) ? la.ln1_kept : nullptr, (long)N * C, m->split);
+    Input ln1_in = layernorm_input(m, rk, la.ln1, ACT_USED(m, ln1_kept) ? la.ln1_kept : nullptr, keep, la.ln1_mean,
+                                   la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C);
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
     if (m->split) ln1_in = Input{all_tokens(m, rk, la.ln1, true, "ln1 fwd", lg), nullptr};
@@ -1094,14 +1138,12 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
 
     // MLP block: fc is column-parallel (this rank's 4C/P hidden units), GELU is elementwise on them,
     // fcproj is row-parallel over the same units: again a partial sum, again g.
-    OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
-    Input ln2_in = keep_input(m, rk, la.ln2, keep && ACT_USED(m, ln2_kept) ? la.ln2_kept : nullptr, (long)N * C, m->split);
+    Input ln2_in = layernorm_input(m, rk, la.ln2, ACT_USED(m, ln2_kept) ? la.ln2_kept : nullptr, keep, la.ln2_mean,
+                                   la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C);
     if (m->split) ln2_in = Input{all_tokens(m, rk, la.ln2, true, "ln2 fwd", lg), nullptr};
-    OP(rk, matmul_forward, la.fch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), p->fcb + l * C4l, BT, C, C4l);
-    keep_bf16(m, rk, la.fch, (long)BT * C4l);  // the pre-activation in bf16, as the GELU's input and as kept
-    if (keep && ACT_USED(m, fch_kept)) OP(rk, bf16_pack, as_bf16(la.fch_kept), la.fch, (long)BT * C4l);
-    OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
-    Input gelu_in = keep_input(m, rk, la.fch_gelu, keep && ACT_USED(m, gelu_kept) ? la.gelu_kept : nullptr, (long)BT * C4l, false);
+    float* fch = fc_sums(m, &la);
+    OP(rk, matmul_forward, fch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), p->fcb + l * C4l, BT, C, C4l);
+    Input gelu_in = gelu_input(m, rk, &la, fch, keep);
     OP(rk, matmul_forward, a->partial, gelu_in, WEIGHT(m, fcprojw, (long)l * C * C4l), nullptr, BT, C4l, C);
     float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", lg);
     OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
@@ -1293,15 +1335,16 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // the column sum of every token's dres, comes out the same on every rank.
         keep_bf16(m, rk, a->dres, (long)N * C);  // bf16: the output gradients of the matmuls too
         float* dout = all_tokens(m, rk, a->dres, true, "fcproj bwd", lg);
-        if (ACT_USED(m, fch_kept)) OP(rk, bf16_widen, la.fch, as_bf16(la.fch_kept), (long)BT * C4l);
         if (m->recompute >= 1) {  // -r 1: not kept
+            if (ACT_USED(m, fch_kept)) OP(rk, bf16_widen, la.fch, as_bf16(la.fch_kept), (long)BT * C4l);
             OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
             keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
         }
         Input gelu_in = kept_input(ACT_USED(m, gelu_kept), la.fch_gelu, la.gelu_kept);  // bf16: kept in bf16
         OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, gelu_in,
            WEIGHT(m, fcprojw, (long)l * C * C4l), BT, C4l, C);
-        OP(rk, gelu_backward, a->dfch, la.fch, a->dfch, (long)BT * C4l);
+        if (ACT_USED(m, fch_kept)) OP(rk, gelu_backward, a->dfch, (const bf16*)as_bf16(la.fch_kept), a->dfch, (long)BT * C4l);
+        else OP(rk, gelu_backward, a->dfch, (const float*)la.fch, a->dfch, (long)BT * C4l);
         keep_bf16(m, rk, a->dfch, (long)BT * C4l);
         // fc is column-parallel: its input ln2 is replicated, and each rank's dln2 covers only its
         // hidden units. f operator: all-reduce backward sums them into the full dln2 (SP: reduce-scatter).

@@ -163,14 +163,17 @@ static void cuda_download(CudaCtx* cx, void* dst, const void* src, size_t bytes)
 // ----------------------------------------------------------------------------
 // device helpers
 
-// VEC consecutive floats, loaded or stored as one float4 when VEC == 4 (the caller guarantees 16-byte
+// VEC consecutive floats, loaded or stored as float4s when VEC is 4 or 8 (the caller guarantees 16-byte
 // alignment), else one by one. (VEC is a vector width; V is the vocab size everywhere in tp.)
 template <int VEC> struct Fv { float v[VEC]; };
 template <int VEC> __device__ __forceinline__ Fv<VEC> ldv(const float* p) {
     Fv<VEC> r;
-    if constexpr (VEC == 4) {
-        float4 t = *reinterpret_cast<const float4*>(p);
-        r.v[0] = t.x; r.v[1] = t.y; r.v[2] = t.z; r.v[3] = t.w;
+    if constexpr (VEC == 4 || VEC == 8) {
+        #pragma unroll
+        for (int k = 0; k < VEC; k += 4) {
+            float4 t = *reinterpret_cast<const float4*>(p + k);
+            r.v[k] = t.x; r.v[k + 1] = t.y; r.v[k + 2] = t.z; r.v[k + 3] = t.w;
+        }
     } else {
         #pragma unroll
         for (int k = 0; k < VEC; k++) r.v[k] = p[k];
@@ -204,9 +207,15 @@ template <int VEC> __device__ __forceinline__ void stv(float* p, const Fv<VEC>& 
     }
 }
 
-// VEC floats stored as bf16, each rounded to nearest (bf16_round): 8 as one 16-byte store, else one by one
+// VEC floats stored as bf16, each rounded to nearest (bf16_round): 8 as one 16-byte store, 4 as one 8-byte
+// store, else one by one
 template <int VEC> __device__ __forceinline__ void stv(bf16* p, const Fv<VEC>& r) {
-    if constexpr (VEC == 8) {
+    if constexpr (VEC == 4) {
+        uint2 t;
+        t.x = (uint32_t)bf16_round(r.v[0]) | (uint32_t)bf16_round(r.v[1]) << 16;
+        t.y = (uint32_t)bf16_round(r.v[2]) | (uint32_t)bf16_round(r.v[3]) << 16;
+        *reinterpret_cast<uint2*>(p) = t;
+    } else if constexpr (VEC == 8) {
         uint4 t;
         t.x = (uint32_t)bf16_round(r.v[0]) | (uint32_t)bf16_round(r.v[1]) << 16;
         t.y = (uint32_t)bf16_round(r.v[2]) | (uint32_t)bf16_round(r.v[3]) << 16;
@@ -726,9 +735,10 @@ static void position_backward_cuda(CudaCtx* cx, float* dwpe, const float* dout, 
 // LayerNorm (eps 1e-5, biased variance, as llm.c)
 
 // out (N, C) = (inp - mean) * rstd * w + b; mean (N), rstd (N). A warp per row, two passes over the row
-// (mean, then the variance about it) as the CPU op, then the output.
-template <int VEC>
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+// (mean, then the variance about it) as the CPU op, then the output. TO: out fp32, or bf16 storage (a bf16
+// run's kept ln1 and ln2, each value rounded to nearest as it is stored, as the CPU op).
+template <int VEC, typename TO>
+__global__ void layernorm_forward_kernel(TO* out, float* mean, float* rstd, const float* inp, const float* w,
                                          const float* b, int N, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
@@ -747,7 +757,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     }
     var = warp_sum(var) / C;
     float r = 1.0f / sqrtf(var + 1e-5f);
-    float* o = out + n * C;
+    TO* o = out + n * C;
     for (int i = lane * VEC; i < C; i += 32 * VEC) {
         Fv<VEC> a = ldv<VEC>(x + i), wv = ldv<VEC>(w + i), bv = ldv<VEC>(b + i);
         for (int k = 0; k < VEC; k++) a.v[k] = (r * (a.v[k] - m)) * wv.v[k] + bv.v[k];
@@ -759,14 +769,16 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     }
 }
 
-static void layernorm_forward_cuda(CudaCtx* cx, float* out, float* mean, float* rstd, const float* inp, const float* w,
+// (4 elements of out a store: 16 bytes of fp32, 8 of bf16, where out is aligned to that)
+template <typename TO>
+static void layernorm_forward_cuda(CudaCtx* cx, TO* out, float* mean, float* rstd, const float* inp, const float* w,
                                    const float* b, int N, int C) {
     if (N <= 0) return;
     unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
-    if (C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(w) && aligned16(b))
-        layernorm_forward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
+    if (C % 4 == 0 && (uintptr_t)out % (4 * sizeof(TO)) == 0 && aligned16(inp) && aligned16(w) && aligned16(b))
+        layernorm_forward_kernel<4, TO><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
     else
-        layernorm_forward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
+        layernorm_forward_kernel<1, TO><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
     CUDA_LAUNCH_CHECK(cx->rank, "layernorm_forward_kernel");
 }
 
@@ -858,33 +870,51 @@ __device__ __forceinline__ float gelu_exp2u(float x) {
     return expf(fminf(fmaxf(a, -87.0f), 88.0f));
 }
 
-// out (N) = 0.5 x (1 + tanh(u)); tanh(u) = 1 - 2 / (e^2u + 1), the CPU op's formula
+// gelu(x) = 0.5 x (1 + tanh(u)) = x e / (e + 1) with e = e^2u, the CPU op's formula: no cancellation for
+// x << 0, where 1 + tanh(u) written as 1 + (1 - 2 / (e + 1)) loses every digit (one expression for both
+// forward kernels)
+__device__ __forceinline__ float gelu_of(float x) {
+    float e = gelu_exp2u(x);
+    return x * (e / (e + 1.0f));
+}
+
+// out (N) = gelu(inp)
 template <int VEC>
 __global__ void gelu_forward_kernel(float* out, const float* inp, long N) {
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= N) return;
     Fv<VEC> a = ldv<VEC>(inp + i);
-    for (int k = 0; k < VEC; k++) {
-        float x = a.v[k];
-        float e = gelu_exp2u(x);
-        a.v[k] = 0.5f * x * (1.0f + (1.0f - 2.0f / (e + 1.0f)));
-    }
+    for (int k = 0; k < VEC; k++) a.v[k] = gelu_of(a.v[k]);
+    stv<VEC>(out + i, a);
+}
+
+// A bf16 run's forward GELU, as gelu_forward_bf16_cpu: inp_kept (N) = inp rounded to nearest, out (N) =
+// gelu(inp_kept) rounded to nearest. VEC 8: two 16-byte loads of inp, one 16-byte store to each output.
+template <int VEC>
+__global__ void gelu_forward_bf16_kernel(bf16* out, bf16* inp_kept, const float* inp, long N) {
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (i >= N) return;
+    Fv<VEC> a = ldv<VEC>(inp + i);
+    for (int k = 0; k < VEC; k++) a.v[k] = bf16_to_float(bf16_round(a.v[k]));  // exact: stv stores it unchanged
+    stv<VEC>(inp_kept + i, a);
+    for (int k = 0; k < VEC; k++) a.v[k] = gelu_of(a.v[k]);
     stv<VEC>(out + i, a);
 }
 
 // dinp (N) = gelu'(inp) * dout (written; dinp may be dout: each element is read before it is written,
-// by the same thread). sech^2(u) = 4e / (e + 1)^2.
-template <int VEC>
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, long N) {
+// by the same thread). sech^2(u) = 4e / (e + 1)^2. TI: inp fp32, or bf16 storage (a bf16 run's kept
+// pre-activation, widened as it is loaded).
+template <int VEC, typename TI>
+__global__ void gelu_backward_kernel(float* dinp, const TI* inp, const float* dout, long N) {
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= N) return;
     Fv<VEC> a = ldv<VEC>(inp + i), d = ldv<VEC>(dout + i);
     for (int k = 0; k < VEC; k++) {
         float x = a.v[k];
         float e = gelu_exp2u(x);
-        float tanh_out = 1.0f - 2.0f / (e + 1.0f);
-        float sech2 = 4.0f * (e / (e + 1.0f)) / (e + 1.0f);
-        float grad = 0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        float half_1p_tanh = e / (e + 1.0f);  // 0.5 (1 + tanh(u)), as the CPU op: no cancellation for x << 0
+        float sech2 = 4.0f * half_1p_tanh / (e + 1.0f);
+        float grad = half_1p_tanh + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         d.v[k] = grad * d.v[k];
     }
     stv<VEC>(dinp + i, d);
@@ -899,12 +929,24 @@ static void gelu_forward_cuda(CudaCtx* cx, float* out, const float* inp, long N)
     CUDA_LAUNCH_CHECK(cx->rank, "gelu_forward_kernel");
 }
 
-static void gelu_backward_cuda(CudaCtx* cx, float* dinp, const float* inp, const float* dout, long N) {
+static void gelu_forward_bf16_cuda(CudaCtx* cx, bf16* out, bf16* inp_kept, const float* inp, long N) {
     if (N <= 0) return;
-    if (N % 4 == 0 && aligned16(dinp) && aligned16(inp) && aligned16(dout))
-        gelu_backward_kernel<4><<<ceil_div(N / 4, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
+    if (N % 8 == 0 && aligned16(out) && aligned16(inp_kept) && aligned16(inp))
+        gelu_forward_bf16_kernel<8><<<ceil_div(N / 8, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, inp_kept, inp, N);
     else
-        gelu_backward_kernel<1><<<ceil_div(N, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
+        gelu_forward_bf16_kernel<1><<<ceil_div(N, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, inp_kept, inp, N);
+    CUDA_LAUNCH_CHECK(cx->rank, "gelu_forward_bf16_kernel");
+}
+
+// (fp32 inp: 4 elements a thread, bf16: 8, where every pointer is 16-byte aligned)
+template <typename TI>
+static void gelu_backward_cuda(CudaCtx* cx, float* dinp, const TI* inp, const float* dout, long N) {
+    if (N <= 0) return;
+    constexpr int VEC = 16 / sizeof(TI);
+    if (N % VEC == 0 && aligned16(dinp) && aligned16(inp) && aligned16(dout))
+        gelu_backward_kernel<VEC, TI><<<ceil_div(N / VEC, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
+    else
+        gelu_backward_kernel<1, TI><<<ceil_div(N, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
     CUDA_LAUNCH_CHECK(cx->rank, "gelu_backward_kernel");
 }
 

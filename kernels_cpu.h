@@ -331,6 +331,9 @@ struct Input {
 // an element as fp32: itself, or a bf16 widened exactly (common/bf16.h)
 static inline float as_fp32(float x) { return x; }
 static inline float as_fp32(bf16 h);
+// v stored as an element: itself, or into bf16 storage rounded to nearest (common/bf16.h)
+static inline void store_as(float* p, float v) { *p = v; }
+static inline void store_as(bf16* p, float v);
 
 // ----------------------------------------------------------------------------
 // Linear layers
@@ -466,8 +469,11 @@ static void position_backward_cpu(float* dwpe, const float* dout, int N, int t0,
 // ----------------------------------------------------------------------------
 // LayerNorm (eps 1e-5, biased variance, as llm.c)
 
-// out (N, C) = (inp - mean) * rstd * w + b; saves mean (N) and rstd (N) for the backward
-static void layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp,
+// out (N, C) = (inp - mean) * rstd * w + b; saves mean (N) and rstd (N) for the backward.
+// TO: out fp32, or bf16 storage (a --dtype bf16 run's kept ln1 and ln2: each fp32 value rounded to nearest
+// as it is stored, the bits bf16_pack would give the fp32 output, with no fp32 copy written first)
+template <typename TO>
+static void layernorm_forward_cpu(TO* out, float* mean, float* rstd, const float* inp,
                                   const float* w, const float* b, int N, int C) {
     cpu_for(N, [&](long n_) {
         int n = (int)n_;
@@ -481,8 +487,8 @@ static void layernorm_forward_cpu(float* out, float* mean, float* rstd, const fl
         for (int c = 0; c < C; c++) { float d = x[c] - m; v += d * d; }
         v /= C;
         float s = 1.0f / sqrtf(v + 1e-5f);
-        float* o = out + (size_t)n * C;
-        for (int c = 0; c < C; c++) o[c] = (s * (x[c] - m)) * w[c] + b[c];
+        TO* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) store_as(o + c, (s * (x[c] - m)) * w[c] + b[c]);
         mean[n] = m;
         rstd[n] = s;
     });
@@ -553,24 +559,45 @@ static void residual_forward_cpu(float* out, const float* res, const float* x, c
 
 // out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the tanh approximation GPT-2 uses.
 // With e = e^2u (the vectorisable exp), 1 + tanh(u) = 2e / (e + 1): no cancellation for x << 0.
+// (gelu_value is that one expression, shared by the two forward ops below: the same bits from each.)
+static inline float gelu_value(float x) {
+    float e = exp_fast(2.0f * GELU_SCALE * (x + 0.044715f * x * x * x));
+    return x * (e / (e + 1.0f));
+}
+
 static void gelu_forward_cpu(float* out, const float* inp, long N) {
     cpu_for_range(N, [&](long lo, long hi) {
         #pragma omp simd
+        for (long i = lo; i < hi; i++) out[i] = gelu_value(inp[i]);
+    });
+}
+
+// A --dtype bf16 run's GELU in a training forward. inp (N): the MLP's pre-activation, fc's fp32 sums.
+// inp_kept (N) = inp rounded to nearest: the value the GELU takes, which its backward reads again; out (N) =
+// gelu(inp_kept) rounded to nearest: fcproj's input, kept for its weight gradient. One pass over inp, where
+// rounding it in place, packing it, the GELU in fp32 and packing the GELU's output took four passes and an
+// fp32 buffer for the output; the same bits as those.
+static void gelu_forward_bf16_cpu(bf16* out, bf16* inp_kept, const float* inp, long N) {
+    cpu_for_range(N, [&](long lo, long hi) {
+        #pragma omp simd
         for (long i = lo; i < hi; i++) {
-            float x = inp[i];
-            float e = exp_fast(2.0f * GELU_SCALE * (x + 0.044715f * x * x * x));
-            out[i] = x * (e / (e + 1.0f));
+            bf16 x;
+            store_as(&x, inp[i]);
+            inp_kept[i] = x;
+            store_as(out + i, gelu_value(as_fp32(x)));
         }
     });
 }
 
 // dinp (N) = gelu'(inp) * dout   (written, not accumulated; dinp may be dout).
 // With e = e^2u: 0.5 (1 + tanh(u)) = e / (e+1) and sech^2(u) = 4e / (e+1)^2.
-static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, long N) {
+// TI: inp fp32, or bf16 storage (a bf16 run's kept pre-activation, read where it lies and widened exactly).
+template <typename TI>
+static void gelu_backward_cpu(float* dinp, const TI* inp, const float* dout, long N) {
     cpu_for_range(N, [&](long lo, long hi) {
         #pragma omp simd
         for (long i = lo; i < hi; i++) {
-            float x = inp[i];
+            float x = as_fp32(inp[i]);
             float e = exp_fast(2.0f * GELU_SCALE * (x + 0.044715f * x * x * x));
             float half_1p_tanh = e / (e + 1.0f);
             float sech2 = 4.0f * half_1p_tanh / (e + 1.0f);
@@ -974,8 +1001,6 @@ static void crossentropy_sums_cpu(float* sums, const L* logits, const float* max
 
 // dlogits in the logits' storage: fp32, or bf16 rounded to nearest (a bf16 run's, the head's output
 // gradient, which its matmuls multiply as bf16; common/bf16.h)
-static inline void store_dlogit(float* l, float v) { *l = v; }
-static inline void store_dlogit(bf16* l, float v);
 
 // losses (N) = log(sum) - (target logit - max), the same on every rank once maxes and sums are global.
 // If dscale != 0, logits are overwritten in place by dlogits = (softmax - onehot(target)) * dscale,
@@ -994,7 +1019,7 @@ static void crossentropy_finish_cpu(float* losses, L* logits, const float* maxes
         int col = targets[n] - v0;
         for (int i = 0; i < Vl; i++) {
             float p = i < nv ? exp_fast(as_fp32(l[i]) - m) * inv : 0.0f;
-            store_dlogit(l + i, (p - (i == col ? 1.0f : 0.0f)) * dscale);
+            store_as(l + i, (p - (i == col ? 1.0f : 0.0f)) * dscale);
         }
     });
 }

@@ -446,16 +446,17 @@ static void test_acts_table() {
                     // the log-sum-exps B*NH*T/P with fused (as printed)
                     long per_layer = N * ((r >= 2 ? 2 : 4) * C + 4) + (r >= 1 ? 8 : 12) * HT + (fused ? rows : r >= 3 ? 0 : att);
                     // bf16: ln1, ln2 (unless -r 2), atty, fch and fch_gelu (unless -r 1) kept in bf16, each
-                    // layer's in whole 16-byte units, and one fp32 copy of each that the layers share; SP's bf16
-                    // gather buffer; the logits in bf16
+                    // layer's in whole 16-byte units, and one fp32 copy of each that the layers share, except
+                    // the GELU's output (written as bf16 alone), fch (fc's sums go to dfch) without -r 1, and
+                    // the layernorms' without SP (written as bf16 alone); SP's bf16 gather buffer; the logits
                     auto half = [](long n) { return (n + 7) / 8 * 4; };
                     long shared = 0;
                     if (bf16) {
                         long HTl = BT * (C / P);
-                        if (r < 2) per_layer += 2 * (half(N * C) - N * C), shared += 2 * N * C;
+                        if (r < 2) per_layer += 2 * (half(N * C) - N * C), shared += split ? 2 * N * C : 0;
                         per_layer += half(HTl) - HTl, shared += HTl;
-                        per_layer += half(4 * HTl) - 4 * HTl, shared += 4 * HTl;
-                        if (r < 1) per_layer += half(4 * HTl) - 4 * HTl, shared += 4 * HTl;
+                        per_layer += half(4 * HTl) - 4 * HTl, shared += r < 1 ? 0 : 4 * HTl;
+                        if (r < 1) per_layer += half(4 * HTl) - 4 * HTl;
                         if (split && C % 2 == 0) shared += (BT * C + 1) / 2;
                         shared += half(BT * (c.Vp / P)) - BT * (c.Vp / P);  // the logits in bf16 storage
                     }

@@ -137,9 +137,10 @@ static void bf16_widen_cpu(float* out, const bf16* x, long n) {
     });
 }
 
-// (declared in kernels_cpu.h, for the ops that read or write a bf16 run's logits)
+// (declared in kernels_cpu.h, for the ops that read or write bf16 storage: the logits, the kept layernorm
+// and GELU values)
 static inline float as_fp32(bf16 h) { return bf16_to_float(h); }
-static inline void store_dlogit(bf16* l, float v) { *l = bf16_round(v); }
+static inline void store_as(bf16* p, float v) { *p = bf16_round(v); }
 
 // (declared in kernels_cpu.h, for encoder_forward_cpu on a --dtype bf16 run's wte)
 static inline void row_as_fp32(float* out, const bf16* row, int C) {

@@ -295,6 +295,65 @@ static void test_bf16_logits_ops() {
           "(2 shapes, %s, 1 and 3 threads)", differ, compared, bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path");
 }
 
+// The elementwise ops that write a --dtype bf16 run's kept activations straight into bf16 storage, against
+// the passes they replace, bit for bit: layernorm_forward into bf16 against its fp32 output packed
+// (bf16_pack); gelu_forward_bf16 against rounding fc's sums in place (round_bf16), packing them, the fp32
+// GELU and packing its output; gelu_backward from the kept bf16 against it from the same values widened.
+// Inputs include ties between two bf16, NaN, infinities and values past bf16's range; with 1 and 3 threads
+// (and both GEMM paths, which these ops do not use: the helper is shared).
+static void test_bf16_elementwise_ops() {
+    long differ = 0, compared = 0;
+    struct { int N, C; } shapes[] = {{67, 96}, {37, 33}, {5, 770}};
+    const float special[] = {NAN, INFINITY, -INFINITY, 3.4e38f, -3.4e38f, 1.00390625f /* a tie: 1 + 2^-8 */,
+                             -1.01171875f /* a tie, odd below */, 0.0f, -0.0f, 1e-30f, 20.0f, -20.0f};
+    on_each_path_with_1_and_3_threads([&]() {
+        for (auto& sh : shapes) {
+            const int N = sh.N, C = sh.C;
+            const long n = (long)N * C;
+            uint64_t z = 53 + (uint64_t)n;
+            auto rnd = [&]() { return bf16_test_uniform(&z); };
+            std::vector<float> inp(n), w(C), b(C), dout(n);
+            for (auto& x : inp) x = rnd() * 6.0f;
+            for (auto& x : w) x = 1.0f + rnd();
+            for (auto& x : b) x = rnd();
+            for (auto& x : dout) x = rnd();
+            // the layernorm: bf16 out against fp32 out packed, and the same statistics
+            std::vector<float> out32(n), mean32(N), rstd32(N), mean16(N), rstd16(N);
+            std::vector<bf16> out16(n), packed(n);
+            layernorm_forward_cpu(out32.data(), mean32.data(), rstd32.data(), inp.data(), w.data(), b.data(), N, C);
+            layernorm_forward_cpu(out16.data(), mean16.data(), rstd16.data(), inp.data(), w.data(), b.data(), N, C);
+            bf16_pack_cpu(packed.data(), out32.data(), n);
+            for (long i = 0; i < n; i++) differ += out16[i] != packed[i];
+            for (int r = 0; r < N; r++)
+                differ += (bf16_test_bits(mean16[r]) != bf16_test_bits(mean32[r])) + (bf16_test_bits(rstd16[r]) != bf16_test_bits(rstd32[r]));
+            compared += n + 2 * N;
+            // the GELU: fc's fp32 sums, with the special values spread through them
+            std::vector<float> fch(n);
+            for (long i = 0; i < n; i++) fch[i] = rnd() * 12.0f;
+            for (size_t k = 0; k < sizeof(special) / sizeof(special[0]); k++) fch[(k * 131) % n] = special[k];
+            std::vector<bf16> kept(n), gelu16(n), fch_packed(n), gelu_packed(n);
+            gelu_forward_bf16_cpu(gelu16.data(), kept.data(), fch.data(), n);
+            std::vector<float> fch_old = fch, gelu32(n);
+            round_bf16_cpu(fch_old.data(), n);
+            bf16_pack_cpu(fch_packed.data(), fch_old.data(), n);
+            gelu_forward_cpu(gelu32.data(), fch_old.data(), n);
+            bf16_pack_cpu(gelu_packed.data(), gelu32.data(), n);
+            for (long i = 0; i < n; i++) differ += (kept[i] != fch_packed[i]) + (gelu16[i] != gelu_packed[i]);
+            compared += 2 * n;
+            // its backward (in place, as gpt.cu calls it) from the kept bf16 against the widened values
+            std::vector<float> d16 = dout, d32 = dout, widened(n);
+            bf16_widen_cpu(widened.data(), kept.data(), n);
+            gelu_backward_cpu(d16.data(), kept.data(), d16.data(), n);
+            gelu_backward_cpu(d32.data(), widened.data(), d32.data(), n);
+            for (long i = 0; i < n; i++) differ += bf16_test_bits(d16[i]) != bf16_test_bits(d32[i]);
+            compared += n;
+        }
+    });
+    check(differ == 0, "layernorm_forward into bf16, gelu_forward_bf16 and gelu_backward from bf16 give the bits of the passes "
+          "they replace (fp32 output packed; round, pack, GELU, pack; widened input): %ld of %ld values differ (3 shapes, "
+          "NaN, infinities, ties, 1 and 3 threads)", differ, compared);
+}
+
 static void test_bf16() {
     printf("bf16: conversions, stochastic rounding, the bf16 GEMM (%s on this CPU; the GEMM takes the %s path)\n",
            bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path; no AVX512-BF16 here",
@@ -409,6 +468,7 @@ static void test_bf16() {
     test_bf16_masters();
     test_bf16_weight_ops();
     test_bf16_logits_ops();
+    test_bf16_elementwise_ops();
 }
 
 // ./test_tp bench-gemm: GFLOP/s of one core at the shapes of the default model (L2C128H4, B8 T128) and of

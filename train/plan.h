@@ -398,9 +398,11 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
                 if (m.fused) OP(&rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);
                 else OP(&rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
                 OP(&rk, matmul_forward, x->partial, la.atty, WEIGHT(&m, attprojw, 0), nullptr, BT, Cl, C);
-                OP(&rk, matmul_forward, la.fch, in, WEIGHT(&m, fcw, 0), p->fcb, BT, C, C4l);
-                OP(&rk, matmul_forward, x->partial, la.fch_gelu, WEIGHT(&m, fcprojw, 0), nullptr, BT, C4l, C);
-                OP(&rk, matmul_backward, x->dfch, gr->fcprojw, gr->fcprojb, x->partial, la.fch_gelu, WEIGHT(&m, fcprojw, 0), BT, C4l, C);
+                // (fc's output and fcproj's input, the GELU's output, in one buffer of their shape: dfch, which every
+                // run has, where a bf16 run has no fp32 fch or fch_gelu; these are timed, their values unused)
+                OP(&rk, matmul_forward, x->dfch, in, WEIGHT(&m, fcw, 0), p->fcb, BT, C, C4l);
+                OP(&rk, matmul_forward, x->partial, x->dfch, WEIGHT(&m, fcprojw, 0), nullptr, BT, C4l, C);
+                OP(&rk, matmul_backward, x->dfch, gr->fcprojw, gr->fcprojb, x->partial, x->dfch, WEIGHT(&m, fcprojw, 0), BT, C4l, C);
                 OP(&rk, matmul_backward, x->dln, gr->fcw, gr->fcb, x->dfch, in, WEIGHT(&m, fcw, 0), BT, C, C4l);
                 OP(&rk, matmul_backward, x->datty, gr->attprojw, gr->attprojb, x->partial, la.atty, WEIGHT(&m, attprojw, 0), BT, Cl, C);
                 if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);

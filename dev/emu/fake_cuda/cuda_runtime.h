@@ -103,12 +103,14 @@ struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) int2 { int x, y; };
 struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) uint2 { unsigned int x, y; };
 struct alignas(16) uint4 { unsigned int x, y, z, w; };
 struct alignas(16) double2 { double x, y; };
 static inline float2 make_float2(float x, float y) { float2 t; t.x = x; t.y = y; return t; }
 static inline float4 make_float4(float x, float y, float z, float w) { float4 t; t.x = x; t.y = y; t.z = z; t.w = w; return t; }
 static inline int2 make_int2(int x, int y) { int2 t; t.x = x; t.y = y; return t; }
 static inline int4 make_int4(int x, int y, int z, int w) { int4 t; t.x = x; t.y = y; t.z = z; t.w = w; return t; }
+static inline uint2 make_uint2(unsigned x, unsigned y) { uint2 t; t.x = x; t.y = y; return t; }
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { uint4 t; t.x = x; t.y = y; t.z = z; t.w = w; return t; }
 static inline double2 make_double2(double x, double y) { double2 t; t.x = x; t.y = y; return t; }
 
