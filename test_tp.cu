@@ -400,25 +400,29 @@ static void test_tp_equivalence(const GPTConfig* cfg, const std::vector<int>& Ps
 // recomputation: -r 1, 2, 3 change what is kept, never a bit of the result
 
 static void test_recompute() {
-    printf("recomputation: -r 1, 2 (fused attention) and 1, 2, 3 (matmul) bit-identical to -r 0, with and without --sp 1 (5 AdamW steps)\n");
+    printf("recomputation: -r 1, 2 (fused attention) and 1, 2, 3 (matmul) bit-identical to -r 0, with and without --sp 1, fp32 and "
+           "bf16 (5 AdamW steps)\n");
     GPTConfig cfg = make_config(2, 4, 32, 200, 32);
     int B = 2, T = 24, steps = 5;
     std::vector<float> init = init_weights(&cfg, 13);
     std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg.V, 14);
     struct { int P; bool sp; } cases[] = {{1, false}, {2, false}, {2, true}, {4, true}};
+    // bf16: -r 0 writes the layernorms' and the GELU's outputs straight into their bf16 copies, -r 1 and 2
+    // recompute them in fp32 words and round them: the same values either way
     for (auto& k : cases)
-      for (bool fused : {true, false}) {
+      for (bool fused : {true, false})
+      for (bool bf16 : {false, true}) {
         TpResult ref;
-        run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &ref, k.sp, 0, fused);
+        run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &ref, k.sp, 0, fused, bf16);
         for (int r = 1; r <= (fused ? 2 : 3); r++) {  // -r 3 recomputes what only matmul attention keeps
             TpResult res;
-            run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &res, k.sp, r, fused);
+            run_tp(&cfg, init, k.P, steps, data, B, T, 1e-3f, 1.0f, &res, k.sp, r, fused, bf16);
             long d = 0;
             for (int i = 0; i < steps; i++) d += memcmp(&res.losses[i], &ref.losses[i], sizeof(float)) != 0;
             for (size_t i = 0; i < ref.params_full.size(); i++) d += memcmp(&res.params_full[i], &ref.params_full[i], 4) != 0;
             for (size_t i = 0; i < ref.grads_full.size(); i++) d += memcmp(&res.grads_full[i], &ref.grads_full[i], 4) != 0;
-            check_le(d, 0, "P=%d%s --attention %s -r %d against -r 0: losses, step-0 gradients and final weights differing (bit for bit)",
-                     k.P, k.sp ? " --sp 1" : "", fused ? "fused" : "matmul", r);
+            check_le(d, 0, "P=%d%s --attention %s%s -r %d against -r 0: losses, step-0 gradients and final weights differing (bit for bit)",
+                     k.P, k.sp ? " --sp 1" : "", fused ? "fused" : "matmul", bf16 ? " bf16" : "", r);
         }
     }
 }
