@@ -103,10 +103,23 @@ __attribute__((always_inline)) static inline void gemm_tile_cpu(vecf acc[GEMM_MR
     }
 }
 
+// An element of B as the GEMM multiplies it: an fp32 word, or a bf16 in bf16 storage (a --dtype bf16 run's
+// weights and kept inputs, on the CPU's fp32 path for them) widened exactly, its 16 bits the high half
+static inline float gemm_widen(float x) { return x; }
+static inline float gemm_widen(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
 // Bp (NB panels of K x NR) = the columns [nb*NR, nb*NR + NR) of B, zero past N: Bp[nb][k][c] = b(k, nb*NR + c).
 // Read in the order B lies in memory: row by row when its rows are contiguous (b_cs == 1), column by
 // column when it is a transpose (b_rs == 1, a weight in the forward): either way one pass of loads.
-static void gemm_pack_b_cpu(float* Bp, const float* B, long b_rs, long b_cs, int K, int N) {
+// B in bf16 storage (TB = uint16_t) is widened here, as it is copied, so the bf16 GEMM's fp32 path
+// needs no fp32 copy of it first.
+template <typename TB>
+static void gemm_pack_b_cpu(float* Bp, const TB* B, long b_rs, long b_cs, int K, int N) {
     const int NB = (N + GEMM_NR - 1) / GEMM_NR;
     cpu_for(NB, [&](long nb) {
         float* dst = Bp + (size_t)nb * GEMM_NR * K;
@@ -114,49 +127,63 @@ static void gemm_pack_b_cpu(float* Bp, const float* B, long b_rs, long b_cs, int
         if (b_cs == 1) {
             for (int k = 0; k < K; k++) {
                 float* d = dst + (size_t)k * GEMM_NR;
-                const float* s = B + k * b_rs + n0;
+                const TB* s = B + k * b_rs + n0;
                 if (nc == GEMM_NR) {
-                    memcpy(d, s, GEMM_NR * sizeof(float));  // a constant size: two vector moves, no call
+                    if (sizeof(TB) == sizeof(float)) memcpy(d, s, GEMM_NR * sizeof(float));  // two vector moves, no call
+                    else for (int c = 0; c < GEMM_NR; c++) d[c] = gemm_widen(s[c]);
                     continue;
                 }
-                for (int c = 0; c < GEMM_NR; c++) d[c] = c < nc ? s[c] : 0.0f;
+                for (int c = 0; c < GEMM_NR; c++) d[c] = c < nc ? gemm_widen(s[c]) : 0.0f;
             }
             return;
         }
-#if GEMM_VL == 8
-        // a transpose with full panels: 8 x 8 blocks turned in registers (unpack, shuffle, swap of the
-        // 128-bit halves: the AVX transpose), 8 contiguous loads and 8 contiguous stores per 64 floats
-        // instead of 64 single stores a panel row apart
+#if GEMM_VL >= 8
+        // a transpose with full panels: 8 x 8 blocks turned in 256-bit registers (unpack, shuffle, swap of
+        // the 128-bit halves: the AVX transpose), 8 contiguous loads and 8 contiguous stores per 64 floats
+        // instead of 64 single stores a panel row apart (3-4x faster, with AVX-512 too, where a panel is
+        // four such blocks wide)
         if (b_rs == 1 && nc == GEMM_NR) {
+            typedef float v8f __attribute__((vector_size(32)));  // 8 floats, whatever the build's vector width
+            typedef int veci __attribute__((vector_size(32)));
+            auto load8 = [](const TB* s) {
+                v8f v;
+                if (sizeof(TB) == sizeof(float)) {
+                    memcpy(&v, s, sizeof(v));
+                } else {  // 8 bf16, each the high half of its float
+                    typedef uint16_t v8h __attribute__((vector_size(16)));
+                    typedef uint32_t v8u __attribute__((vector_size(32)));
+                    v8h h;
+                    memcpy(&h, s, sizeof(h));
+                    v8u u = __builtin_convertvector(h, v8u) << 16;
+                    memcpy(&v, &u, sizeof(v));
+                }
+                return v;
+            };
             int k = 0;
             for (; k + 8 <= K; k += 8)
                 for (int h = 0; h < GEMM_NR; h += 8) {
-                    vecf r0, r1, r2, r3, r4, r5, r6, r7;
-                    const float* s = B + (long)(n0 + h) * b_cs + k;
-                    memcpy(&r0, s, sizeof(vecf)); memcpy(&r1, s + b_cs, sizeof(vecf));
-                    memcpy(&r2, s + 2 * b_cs, sizeof(vecf)); memcpy(&r3, s + 3 * b_cs, sizeof(vecf));
-                    memcpy(&r4, s + 4 * b_cs, sizeof(vecf)); memcpy(&r5, s + 5 * b_cs, sizeof(vecf));
-                    memcpy(&r6, s + 6 * b_cs, sizeof(vecf)); memcpy(&r7, s + 7 * b_cs, sizeof(vecf));
-                    typedef int veci __attribute__((vector_size(32)));
+                    const TB* s = B + (long)(n0 + h) * b_cs + k;
+                    v8f r0 = load8(s), r1 = load8(s + b_cs), r2 = load8(s + 2 * b_cs), r3 = load8(s + 3 * b_cs);
+                    v8f r4 = load8(s + 4 * b_cs), r5 = load8(s + 5 * b_cs), r6 = load8(s + 6 * b_cs), r7 = load8(s + 7 * b_cs);
                     const veci lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
                     const veci lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
                     const veci lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
-                    vecf t0 = __builtin_shuffle(r0, r1, lo), t1 = __builtin_shuffle(r0, r1, hi);
-                    vecf t2 = __builtin_shuffle(r2, r3, lo), t3 = __builtin_shuffle(r2, r3, hi);
-                    vecf t4 = __builtin_shuffle(r4, r5, lo), t5 = __builtin_shuffle(r4, r5, hi);
-                    vecf t6 = __builtin_shuffle(r6, r7, lo), t7 = __builtin_shuffle(r6, r7, hi);
-                    vecf u0 = __builtin_shuffle(t0, t2, lo2), u1 = __builtin_shuffle(t0, t2, hi2);
-                    vecf u2 = __builtin_shuffle(t1, t3, lo2), u3 = __builtin_shuffle(t1, t3, hi2);
-                    vecf u4 = __builtin_shuffle(t4, t6, lo2), u5 = __builtin_shuffle(t4, t6, hi2);
-                    vecf u6 = __builtin_shuffle(t5, t7, lo2), u7 = __builtin_shuffle(t5, t7, hi2);
-                    vecf o[8] = {__builtin_shuffle(u0, u4, lo4), __builtin_shuffle(u1, u5, lo4),
-                                 __builtin_shuffle(u2, u6, lo4), __builtin_shuffle(u3, u7, lo4),
-                                 __builtin_shuffle(u0, u4, hi4), __builtin_shuffle(u1, u5, hi4),
-                                 __builtin_shuffle(u2, u6, hi4), __builtin_shuffle(u3, u7, hi4)};
-                    for (int j = 0; j < 8; j++) memcpy(dst + (size_t)(k + j) * GEMM_NR + h, &o[j], sizeof(vecf));
+                    v8f t0 = __builtin_shuffle(r0, r1, lo), t1 = __builtin_shuffle(r0, r1, hi);
+                    v8f t2 = __builtin_shuffle(r2, r3, lo), t3 = __builtin_shuffle(r2, r3, hi);
+                    v8f t4 = __builtin_shuffle(r4, r5, lo), t5 = __builtin_shuffle(r4, r5, hi);
+                    v8f t6 = __builtin_shuffle(r6, r7, lo), t7 = __builtin_shuffle(r6, r7, hi);
+                    v8f u0 = __builtin_shuffle(t0, t2, lo2), u1 = __builtin_shuffle(t0, t2, hi2);
+                    v8f u2 = __builtin_shuffle(t1, t3, lo2), u3 = __builtin_shuffle(t1, t3, hi2);
+                    v8f u4 = __builtin_shuffle(t4, t6, lo2), u5 = __builtin_shuffle(t4, t6, hi2);
+                    v8f u6 = __builtin_shuffle(t5, t7, lo2), u7 = __builtin_shuffle(t5, t7, hi2);
+                    v8f o[8] = {__builtin_shuffle(u0, u4, lo4), __builtin_shuffle(u1, u5, lo4),
+                                __builtin_shuffle(u2, u6, lo4), __builtin_shuffle(u3, u7, lo4),
+                                __builtin_shuffle(u0, u4, hi4), __builtin_shuffle(u1, u5, hi4),
+                                __builtin_shuffle(u2, u6, hi4), __builtin_shuffle(u3, u7, hi4)};
+                    for (int j = 0; j < 8; j++) memcpy(dst + (size_t)(k + j) * GEMM_NR + h, &o[j], sizeof(v8f));
                 }
             for (; k < K; k++)
-                for (int c = 0; c < GEMM_NR; c++) dst[(size_t)k * GEMM_NR + c] = B[(long)(n0 + c) * b_cs + k];
+                for (int c = 0; c < GEMM_NR; c++) dst[(size_t)k * GEMM_NR + c] = gemm_widen(B[(long)(n0 + c) * b_cs + k]);
             return;
         }
 #endif
@@ -165,11 +192,11 @@ static void gemm_pack_b_cpu(float* Bp, const float* B, long b_rs, long b_cs, int
                 for (int k = 0; k < K; k++) dst[(size_t)k * GEMM_NR + c] = 0.0f;
                 continue;
             }
-            const float* s = B + (n0 + c) * b_cs;
+            const TB* s = B + (n0 + c) * b_cs;
             if (b_rs == 1)
-                for (int k = 0; k < K; k++) dst[(size_t)k * GEMM_NR + c] = s[k];
+                for (int k = 0; k < K; k++) dst[(size_t)k * GEMM_NR + c] = gemm_widen(s[k]);
             else
-                for (int k = 0; k < K; k++) dst[(size_t)k * GEMM_NR + c] = s[k * b_rs];
+                for (int k = 0; k < K; k++) dst[(size_t)k * GEMM_NR + c] = gemm_widen(s[k * b_rs]);
         }
     });
 }
@@ -186,8 +213,10 @@ static void gemm_units_cpu(int MB, int NB, int* mt, int* nt) {
 
 // C (M x N, row stride ldc) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B through their strides.
 // Loops: units of tiles over the threads; in a unit, its B panels, then its row tiles, which share the B
-// panel; in a tile, the whole of K.
-static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B, long b_rs,
+// panel; in a tile, the whole of K. B may be bf16 storage (TB = uint16_t: the bf16 GEMM's fp32 path),
+// widened as it is packed.
+template <typename TB>
+static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const TB* B, long b_rs,
                      long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
     if (M <= 0 || N <= 0) return;
     const int MB = (M + GEMM_MR - 1) / GEMM_MR, NB = (N + GEMM_NR - 1) / GEMM_NR;

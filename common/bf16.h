@@ -551,15 +551,14 @@ static const float* bf16_fp32_view(const bf16* X, int rows, int cols, long* rs, 
 }
 static const float* bf16_fp32_view(const float* X, int, int, long*, long*, std::vector<float>&) { return X; }
 
-// The fp32 path: gemm_cpu on both operands as fp32 (bf16_fp32_view), the same bits as vdpbf16ps's; a bf16
-// C is computed in fp32 and rounded, as store_c rounds
+// The fp32 path: gemm_cpu on both operands as fp32 (A through bf16_fp32_view, B widened in gemm_cpu's
+// pack), the same bits as vdpbf16ps's; a bf16 C is computed in fp32 and rounded, as store_c rounds
 template <typename TA, typename TB>
 static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
                               long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
-    static thread_local std::vector<float> wideA, wideB;
+    static thread_local std::vector<float> wideA;
     const float* a = bf16_fp32_view(A, M, K, &a_rs, &a_cs, wideA);
-    const float* b = bf16_fp32_view(B, K, N, &b_rs, &b_cs, wideB);
-    gemm_cpu(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, Cm, ldc, accumulate, bias);
+    gemm_cpu(M, N, K, a, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);  // (B widened in its pack)
 }
 template <typename TA, typename TB>
 static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
