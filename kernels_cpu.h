@@ -88,10 +88,11 @@ typedef float vecf __attribute__((vector_size(GEMM_VL * sizeof(float))));  // on
 // ar[r][k * a_cs] (no packing: a row of A, or a column when A is a transpose, is read where it lies, and
 // the tile's MR broadcasts a k come from MR pointers); row k of B is b[k * b_rs + c], b_rs = NR for
 // gemm_cpu's packed panels (fused attention passes its tiles' own strides).
-// prefetch_b (a constant where it is inlined): ask for row k + 8 of B while multiplying row k. gemm_cpu's
-// weight gradients take it: their panels (K = B*T rows, 256 KB at d6) and A's packed tiles both stream
-// from L2, and there the hardware's L1 prefetch falls behind (it made those GEMMs 9-11% faster on an
-// Intel core, and the others, whose A rows are read in place, 2-5% slower).
+// prefetch_b (a constant where it is inlined): ask for row k + 8 of B while multiplying row k. gemm_cpu
+// takes it: its panels (K x NR floats, 48-256 KB at d6) stream from L2 with A's rows, and there the
+// hardware's L1 prefetch falls behind (on an Intel core it made d6's weight gradients 8-10% faster and its
+// qkv and attproj forwards 8%, and moved no other shape past the noise). Fused attention's tiles, in L1,
+// do not.
 __attribute__((always_inline)) static inline void gemm_tile_cpu(vecf acc[GEMM_MR][2], const float* const* ar, long a_cs,
                                                                 const float* b, long b_rs, int kc, bool prefetch_b = false) {
     for (int k = 0; k < kc; k++) {
@@ -107,6 +108,25 @@ __attribute__((always_inline)) static inline void gemm_tile_cpu(vecf acc[GEMM_MR
             float a = ar[r][o];
             acc[r][0] += a * b0;
             acc[r][1] += a * b1;
+        }
+    }
+}
+
+// The same micro-kernel where A is packed (gemm_cpu's transposed A: the weight gradients): row k of the
+// tile's A is ap[k * MR .. k * MR + MR), so its MR broadcasts come from one pointer at fixed offsets (the
+// general tile above advances MR pointers a k, MR integer adds that compete with the FMAs for ports:
+// this one made the weight gradients 2-4% faster on an Intel core). B prefetched as above.
+__attribute__((always_inline)) static inline void gemm_tile_packed_cpu(vecf acc[GEMM_MR][2], const float* ap, const float* b, int kc) {
+    for (int k = 0; k < kc; k++) {
+        vecf b0, b1;
+        __builtin_prefetch(b + (k + 8) * GEMM_NR);
+        __builtin_prefetch(b + (k + 8) * GEMM_NR + GEMM_VL);
+        memcpy(&b0, b + k * GEMM_NR, sizeof(vecf));
+        memcpy(&b1, b + k * GEMM_NR + GEMM_VL, sizeof(vecf));
+        const float* a = ap + (size_t)k * GEMM_MR;
+        for (int r = 0; r < GEMM_MR; r++) {
+            acc[r][0] += a[r] * b0;
+            acc[r][1] += a[r] * b1;
         }
     }
 }
@@ -273,13 +293,15 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
             for (int mb = mb0; mb < mb1; mb++) {
                 const int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
                 // rows past M read row M-1 (in bounds; their results are not stored)
-                const float* ar[GEMM_MR];
-                const float* ap = packA.data() + (size_t)(mb - mb0) * K * GEMM_MR;
-                for (int r = 0; r < GEMM_MR; r++) ar[r] = pack_a ? ap + r : A + (long)(m0 + r < M ? m0 + r : M - 1) * a_rs;
                 vecf acc[GEMM_MR][2];
                 for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vecf{}; acc[r][1] = vecf{}; }
-                if (pack_a) gemm_tile_cpu(acc, ar, GEMM_MR, b, GEMM_NR, K, true);
-                else gemm_tile_cpu(acc, ar, a_cs, b, GEMM_NR, K);
+                if (pack_a) {
+                    gemm_tile_packed_cpu(acc, packA.data() + (size_t)(mb - mb0) * K * GEMM_MR, b, K);
+                } else {
+                    const float* ar[GEMM_MR];
+                    for (int r = 0; r < GEMM_MR; r++) ar[r] = A + (long)(m0 + r < M ? m0 + r : M - 1) * a_rs;
+                    gemm_tile_cpu(acc, ar, a_cs, b, GEMM_NR, K, true);
+                }
                 // bias, then accumulate, into C
                 if (n0 + GEMM_NR <= N) {
                     // a full-width tile: whole vectors (this path matters when K is small, e.g. attention's hs)
