@@ -471,6 +471,73 @@ static void test_bf16() {
     test_bf16_elementwise_ops();
 }
 
+// TP_OPENBLAS=LIB ./test_tp bench-gemm: the fp32 GEMM against OpenBLAS's sgemm from the shared library LIB
+// (an OpenBLAS build's libopenblas.so, or the scipy-openblas one NumPy's wheel ships), on one core, at every
+// matmul shape of a training step of the default model and of d6 (B8 T256) at TP 1 and 2. Both are called
+// in this process, a shape at a time and alternately, so the clock and the caches treat them alike; best
+// of 11 thread-CPU times. OpenBLAS is not a dependency of tp: it is loaded only here, when asked for.
+static void bench_gemm_openblas(const char* lib) {
+    void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!h) { printf("TP_OPENBLAS: cannot load %s: %s\n", lib, dlerror()); return; }
+    // the CBLAS entry with 32-bit integers (libopenblas) or with 64-bit ones (scipy-openblas64, NumPy's)
+    typedef void (*Sgemm32)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+    typedef void (*Sgemm64)(int, int, int, long, long, long, float, const float*, long, const float*, long, float, float*, long);
+    typedef void (*Threads)(int);
+    Sgemm32 s32 = (Sgemm32)dlsym(h, "cblas_sgemm");
+    Sgemm64 s64 = s32 ? nullptr : (Sgemm64)dlsym(h, "scipy_cblas_sgemm64_");
+    Threads threads = (Threads)dlsym(h, s32 ? "openblas_set_num_threads" : "scipy_openblas_set_num_threads64_");
+    if (!(s32 || s64) || !threads) { printf("TP_OPENBLAS: %s has no cblas_sgemm (nor scipy_cblas_sgemm64_)\n", lib); dlclose(h); return; }
+    threads(1);
+    printf("\nthe fp32 GEMM against OpenBLAS (%s), one core, GFLOP/s (best of 11, called alternately); OpenBLAS's time over tp's\n", lib);
+    printf("%-27s %-18s %8s %9s %6s\n", "shape", "M x N x K", "tp", "OpenBLAS", "ratio");
+    struct Model { const char* name; int C, BT; };
+    const Model models[] = {{"L2C128", 128, 1024}, {"d6", 384, 2048}};
+    for (const Model& md : models)
+        for (int P = 1; P <= 2; P++) {
+            const int C = md.C, BT = md.BT;
+            // (what, M, N, K, A a transpose, B a transpose): a layer's matmuls, the forward, input and weight gradient
+            struct Shape { const char* what; int M, N, K; bool a_t, b_t; };
+            const Shape shapes[] = {
+                {"qkv fwd", BT, 3 * C / P, C, false, true}, {"attproj fwd", BT, C, C / P, false, true},
+                {"fc fwd", BT, 4 * C / P, C, false, true}, {"fcproj fwd", BT, C, 4 * C / P, false, true},
+                {"qkv dinp", BT, C, 3 * C / P, false, false}, {"attproj dinp", BT, C / P, C, false, false},
+                {"fc dinp", BT, C, 4 * C / P, false, false}, {"fcproj dinp", BT, 4 * C / P, C, false, false},
+                {"qkv dweight", 3 * C / P, C, BT, true, false}, {"attproj dweight", C, C / P, BT, true, false},
+                {"fc dweight", 4 * C / P, C, BT, true, false}, {"fcproj dweight", C, 4 * C / P, BT, true, false},
+            };
+            for (const Shape& sh : shapes) {
+                const int M = sh.M, N = sh.N, K = sh.K;
+                std::vector<float> A((size_t)M * K), B((size_t)K * N), C1((size_t)M * N), C2((size_t)M * N);
+                for (size_t i = 0; i < A.size(); i++) A[i] = sinf((float)i);
+                for (size_t i = 0; i < B.size(); i++) B[i] = cosf((float)i);
+                // row-major: A is M x K (lda K), or stored as its K x M transpose (lda M); B likewise
+                const long a_rs = sh.a_t ? 1 : K, a_cs = sh.a_t ? M : 1, b_rs = sh.b_t ? 1 : N, b_cs = sh.b_t ? K : 1;
+                const int ta = sh.a_t ? 112 : 111, tb = sh.b_t ? 112 : 111, lda = sh.a_t ? M : K, ldb = sh.b_t ? K : N;
+                double best_tp = 1e9, best_ob = 1e9;
+                for (int rep = 0; rep < 11; rep++) {
+                    double t0 = bf16_thread_seconds();
+                    gemm_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C1.data(), N, false, nullptr);
+                    double t1 = bf16_thread_seconds();
+                    if (s32) s32(101, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C2.data(), N);
+                    else s64(101, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C2.data(), N);
+                    double t2 = bf16_thread_seconds();
+                    best_tp = std::min(best_tp, t1 - t0);
+                    best_ob = std::min(best_ob, t2 - t1);
+                }
+                // the same product, or the comparison means nothing (the sums' order differs past OpenBLAS's K block)
+                double worst = 0;
+                for (size_t i = 0; i < C1.size(); i++) worst = std::max(worst, (double)fabsf(C1[i] - C2[i]) / (1.0 + fabsf(C2[i])));
+                char name[64], dims[64];
+                snprintf(name, sizeof(name), "%s TP%d %s", md.name, P, sh.what);
+                snprintf(dims, sizeof(dims), "%d x %d x %d", M, N, K);
+                const double flop = 2.0 * M * N * K;
+                printf("%-27s %-18s %8.1f %9.1f %5.2fx%s\n", name, dims, flop / best_tp * 1e-9, flop / best_ob * 1e-9,
+                       best_ob / best_tp, worst > 1e-4 ? "  (products differ!)" : "");
+            }
+        }
+    dlclose(h);
+}
+
 // ./test_tp bench-gemm: GFLOP/s of one core at the shapes of the default model (L2C128H4, B8 T128) and of
 // d6 (L6 C384, B8 T256) at TP=1, forward and backward: the fp32 GEMM, the bf16 one on vdpbf16ps and on
 // fp32 fmas with bf16 operands, and on vdpbf16ps with fp32 words holding bf16 values (what a training
@@ -522,6 +589,8 @@ static int bench_gemm_cpu() {
                g[1], peak_dp > 0 ? g[1] / peak_dp * 100 : 0.0, g[2], g[2] / peak_fma * 100, g[3], peak_dp > 0 ? g[3] / peak_dp * 100 : 0.0,
                g[0] > 0 ? g[3] / g[0] : 0.0);
     }
+    if (const char* lib = getenv("TP_OPENBLAS")) bench_gemm_openblas(lib);
+    else printf("(TP_OPENBLAS=path/to/libopenblas.so adds the fp32 GEMM against OpenBLAS's sgemm at every shape of a step)\n");
     return 0;
 }
 
