@@ -1241,7 +1241,8 @@ int main(int argc, char** argv) {
     if (argc > 1 && (!strcmp(argv[1], "--list") || !strcmp(argv[1], "--help"))) {
         printf("usage: ./test_tp [GROUP ...]   (no GROUP: all of them, in this order; ./test_tp bench: GPU timings;\n"
                "       ./test_tp bench-attention: the CPU's fused and matmul attention timed side by side;\n"
-               "       ./test_tp bench-gemm: the CPU's fp32 and bf16 GEMMs timed side by side)\n");
+               "       ./test_tp bench-gemm: the CPU's fp32 and bf16 GEMMs timed side by side; with TP_OPENBLAS=LIB,\n"
+               "       the fp32 GEMM against OpenBLAS's sgemm from the shared library LIB as well)\n");
         for (const TestGroup& g : g_groups) printf("  %-12s %s\n", g.name, g.what);
         return 0;
     }
