@@ -132,7 +132,9 @@ __attribute__((always_inline)) static inline void gemm_tile_packed_cpu(vecf acc[
 }
 
 // An element of B as the GEMM multiplies it: an fp32 word, or a bf16 in bf16 storage (a --dtype bf16 run's
-// weights and kept inputs, on the CPU's fp32 path for them) widened exactly, its 16 bits the high half
+// weights and kept inputs, on the CPU's fp32 path for them) widened exactly, its 16 bits the high half: the
+// bits of common/bf16.h's bf16_to_float, which is defined after this file and is also a CUDA device function,
+// so a forward declaration of it here would clash with its __host__ __device__ definition under nvcc
 static inline float gemm_widen(float x) { return x; }
 static inline float gemm_widen(uint16_t h) {
     const uint32_t u = (uint32_t)h << 16;
