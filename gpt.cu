@@ -290,6 +290,10 @@ static void dev_zero(Rank* rk, float* p, long n) {
     if (rk->device == DEV_CUDA) cuda_zero(&rk->cuda, p, n);
     else memset(p, 0, n * sizeof(float));
 }
+static void dev_copy(Rank* rk, float* dst, const float* src, long n) {
+    if (rk->device == DEV_CUDA) cuda_copy(&rk->cuda, dst, src, n);
+    else memcpy(dst, src, n * sizeof(float));
+}
 static void dev_upload(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) cuda_upload(&rk->cuda, dst, src, bytes);
     else memcpy(dst, src, bytes);
@@ -535,7 +539,7 @@ struct GPT {
     int zero;       // ZeRO stage: 0, or 1 (AdamW's m and v and the update split over the replicas)
     long npad, slice0, nslice;
     float* params_mem;     // (npad) the fp32 weights (with --dtype bf16: the master weights AdamW updates)
-    float* grads_mem;      // (npad)
+    float* grads_mem;      // (npad) the gradients of an fp32 run (null in a bf16 run: gbf_mem)
     float *m_mem, *v_mem;  // AdamW moments (nslice): for the slice the rank updates
     float dloss;  // training: the gradient each position's loss is seeded with (0: 1/(B T), the batch mean)
     Params params, grads;  // params: the fp32 weights the forward and backward read (bf16: its vectors only)
@@ -548,6 +552,17 @@ struct GPT {
     ::bf16* wbf_mem;      // (npad) the bf16 copy of the weights, in params_mem's layout
     ParamsOf<::bf16> wbf; // its 16 tensors
     float* wvec_mem;      // (params_vector_floats) the copy's vectors widened
+    // ... and its gradients (grads_mem null): the matrices' in bf16 storage, in params_mem's layout, to which
+    // every backward op adds its contribution summed in fp32, with one rounding to nearest (Grad,
+    // kernels_cpu.h); the vectors' in fp32 (gvec_mem, where grads points), as the copy's vectors are. A
+    // vector's gradient is a sum over every token, and with SP each rank's part of it is a partial sum that
+    // the ranks add up: rounding the parts would cost the small sums all their digits where they cancel.
+    // The step's collectives sum both in fp32 (grad_allreduce).
+    ::bf16* gbf_mem;      // (npad) the matrices' gradients (the vectors' places unused)
+    ParamsOf<::bf16> gbf; // its 16 tensors
+    float* gvec_mem;      // (params_vector_floats) the vectors' gradients
+    float* gstage;        // (gstage_n) where the collectives sum the gradients (grad_allreduce)
+    long gstage_n;        // grad_stage_floats of the configuration gpt_alloc_acts last sized it for
     bool wbf_stale;       // params_mem changed since wbf_mem was rounded from it
     // bf16 with ZeRO-1 over D > 1 replicas: each replica rounds its own slice of the masters and the replicas
     // all-gather the bf16 copy, not the masters (gpt_update); the masters outside the replica's slice are
@@ -688,22 +703,41 @@ static void gpt_set_dtype(GPT* m, Rank* rk, bool bf16, uint32_t seed) {
     if (bf16 && !m->wbf_mem) {
         m->wbf_mem = (::bf16*)dev_alloc(rk, (m->npad + 1) / 2);  // two bf16 a float
         m->wvec_mem = dev_alloc(rk, params_vector_floats(&m->plan));
+        // the gradients too (zeroed before every step's first backward: nothing to carry over)
+        dev_free(rk, m->grads_mem);
+        m->grads_mem = nullptr;
+        m->gbf_mem = (::bf16*)dev_alloc(rk, (m->npad + 1) / 2);
+        m->gvec_mem = dev_alloc(rk, params_vector_floats(&m->plan));
     }
     if (!bf16 && m->wbf_mem) {
         dev_free(rk, m->wbf_mem);
         dev_free(rk, m->wvec_mem);
+        dev_free(rk, m->gbf_mem);
+        dev_free(rk, m->gvec_mem);
         m->wbf_mem = nullptr;
         m->wvec_mem = nullptr;
+        m->gbf_mem = nullptr;
+        m->gvec_mem = nullptr;
+        m->grads_mem = dev_alloc(rk, m->npad);
+        if (m->gstage) dev_free(rk, m->gstage);
+        m->gstage = nullptr;
+        m->gstage_n = 0;
     }
     params_point(&m->params, m->params_mem, &m->plan);
     memset(&m->wbf, 0, sizeof(m->wbf));
-    if (bf16) {  // params: the vectors in wvec_mem, no matrices (the layers read those from wbf)
+    memset(&m->grads, 0, sizeof(m->grads));
+    memset(&m->gbf, 0, sizeof(m->gbf));
+    if (!bf16) params_point(&m->grads, m->grads_mem, &m->plan);
+    if (bf16) {  // params and grads: the vectors in wvec_mem and gvec_mem, no matrices (those are wbf's and gbf's)
         params_point(&m->wbf, m->wbf_mem, &m->plan);
-        float** ptrs = (float**)&m->params;
-        float* vec = m->wvec_mem;
+        params_point(&m->gbf, m->gbf_mem, &m->plan);
+        float **ptrs = (float**)&m->params, **gptrs = (float**)&m->grads;
+        float *vec = m->wvec_mem, *gvec = m->gvec_mem;
         for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
             ptrs[i] = param_is_matrix(i) ? nullptr : vec;
+            gptrs[i] = param_is_matrix(i) ? nullptr : gvec;
             if (!param_is_matrix(i)) vec += param_vector_floats(&m->plan, i);
+            if (!param_is_matrix(i)) gvec += param_vector_floats(&m->plan, i);
         }
     }
     m->wbf_stale = bf16;
@@ -737,6 +771,9 @@ static void gpt_widen_vectors(GPT* m, Rank* rk) {
 // Weight tensor `name` of the layers from element off, as the matmuls take it (Weight, kernels_cpu.h): the
 // bf16 copy in a bf16 run, else the fp32 weights
 #define WEIGHT(m, name, off) ((m)->bf16 ? Weight{nullptr, (m)->wbf.name + (off)} : Weight{(m)->params.name + (off), nullptr})
+// ... and its gradient from element off, as the backward ops take it (Grad): bf16 storage in a bf16 run
+// (a bf16 run's matrices), else fp32
+#define GRAD(m, name, off) ((m)->bf16 && param_is_matrix(PARAM_INDEX(name)) ? Grad((m)->gbf.name + (off)) : Grad((m)->grads.name + (off)))
 
 // With ZeRO-1 in a bf16 run the step all-gathers the bf16 copy, and a replica's masters outside its slice
 // fall behind. A checkpoint (which saves the masters) and a sample from the gathered weights first call this:
@@ -916,7 +953,10 @@ static void gpt_free(GPT* m, Rank* rk) {
     dev_free(rk, m->params_mem);
     if (m->wbf_mem) dev_free(rk, m->wbf_mem);
     if (m->wvec_mem) dev_free(rk, m->wvec_mem);
-    dev_free(rk, m->grads_mem);
+    if (m->grads_mem) dev_free(rk, m->grads_mem);
+    if (m->gbf_mem) dev_free(rk, m->gbf_mem);
+    if (m->gvec_mem) dev_free(rk, m->gvec_mem);
+    if (m->gstage) dev_free(rk, m->gstage);
     dev_free(rk, m->m_mem);
     dev_free(rk, m->v_mem);
     dev_free(rk, m->norm2);
@@ -927,6 +967,18 @@ static void gpt_free(GPT* m, Rank* rk) {
     gpt_free_slot_mem(m, rk);
     delete[] m->slots;
     if (m->row) dev_free(rk, m->row);
+}
+
+// The floats of the stage a bf16 run sums its gradients in (grad_allreduce): as many as the configuration's
+// largest gradient collective, at most g_grad_stage_max (16 MB; a larger one goes through it in pieces). DP
+// (D > 1): the padded shard; pipeline stages: the tied wte between the first and the last; SP: wpe's T rows
+// or the layernorms' 2 L C. 0 where none runs. (The tests lower the most to cut the sums into many pieces.)
+static long g_grad_stage_max = 1L << 22;
+static long grad_stage_floats(const GPTConfig* c, const ShardPlan* s, long npad, int D, int S, bool split, int T) {
+    long need = D > 1 ? npad : 0;
+    if (S > 1 && (s->first || s->last)) need = std::max(need, shard_local_size(&s->t[0]));
+    if (split) need = std::max(need, std::max((long)T * c->C, 2L * s->L * c->C));
+    return std::min(need, g_grad_stage_max);
 }
 
 // (Re)allocates the activations for batches of (B, T).
@@ -964,6 +1016,12 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
     m->acts_bf16 = m->bf16;
     m->ntok = split ? B * T / rk->P : B * T;
     m->t0 = split ? rk->rank * m->ntok : 0;
+    long stage = m->bf16 ? grad_stage_floats(&m->cfg, &m->plan, m->npad, rk->dp.P, rk->S, split, T) : 0;
+    if (stage > m->gstage_n) {  // (it only grows: a batch of another shape, a sample, leaves it)
+        if (m->gstage) dev_free(rk, m->gstage);
+        m->gstage = dev_alloc(rk, stage);
+        m->gstage_n = stage;
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -1294,7 +1352,43 @@ static float gpt_read_loss(GPT* m, Rank* rk) {
     return (float)(s / BT);
 }
 
-static void gpt_zero_grad(GPT* m, Rank* rk) { dev_zero(rk, m->grads_mem, m->npad); }
+static void gpt_zero_grad(GPT* m, Rank* rk) {
+    if (m->grads_mem) return dev_zero(rk, m->grads_mem, m->npad);
+    dev_zero(rk, (float*)m->gbf_mem, (m->npad + 1) / 2);
+    dev_zero(rk, m->gvec_mem, params_vector_floats(&m->plan));
+}
+
+// Gradient elements [off, off + n) of the flat shard as fp32, into out (n), tensor by tensor: a bf16 run's
+// matrices widened exactly, its vectors copied, an fp32 run's copied
+static void grad_to_fp32(GPT* m, Rank* rk, float* out, long off, long n) {
+    if (m->grads_mem) return dev_copy(rk, out, m->grads_mem + off, n);
+    float** vec = (float**)&m->grads;
+    for (long t0 = 0, i = 0; i < NUM_PARAM_TENSORS; t0 += shard_local_size(&m->plan.t[i]), i++) {
+        long a = std::max(off, t0), b = std::min(off + n, t0 + shard_local_size(&m->plan.t[i]));
+        if (b <= a) continue;
+        if (param_is_matrix(i)) OP(rk, bf16_widen, out + (a - off), m->gbf_mem + a, b - a);
+        else dev_copy(rk, out + (a - off), vec[i] + (a - t0), b - a);
+    }
+}
+// ... and back: from in (n) into gradient elements [off, off + n), a bf16 run's matrices rounded to nearest
+static void grad_from_fp32(GPT* m, Rank* rk, const float* in, long off, long n) {
+    if (m->grads_mem) return dev_copy(rk, m->grads_mem + off, in, n);
+    float** vec = (float**)&m->grads;
+    for (long t0 = 0, i = 0; i < NUM_PARAM_TENSORS; t0 += shard_local_size(&m->plan.t[i]), i++) {
+        long a = std::max(off, t0), b = std::min(off + n, t0 + shard_local_size(&m->plan.t[i]));
+        if (b <= a) continue;
+        if (param_is_matrix(i)) OP(rk, bf16_pack, m->gbf_mem + a, in + (a - off), b - a);
+        else dev_copy(rk, vec[i] + (a - t0), in + (a - off), b - a);
+    }
+}
+
+// The rank's gradients as fp32 (nparams), in a new buffer on its device that the caller dev_frees: a bf16
+// run's widened exactly, an fp32 run's copied (for the tests and tools that read them)
+static float* gpt_grads_fp32(GPT* m, Rank* rk) {
+    float* out = dev_alloc(rk, m->nparams);
+    grad_to_fp32(m, rk, out, 0, m->nparams);
+    return out;
+}
 
 // Backward pass of one rank, after gpt_forward(training = true). Accumulates into the gradients (with SP
 // the replicated tensors' gradients stay partial sums over the ranks' tokens until gpt_update sums them).
@@ -1302,7 +1396,6 @@ static void gpt_backward(GPT* m, Rank* rk) {
     const ShardPlan* s = &m->plan;
     Acts* a = &m->acts;
     Params* p = &m->params;
-    Params* g = &m->grads;
     int B = m->B, T = m->T, L = s->L, C = m->cfg.C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, hs = m->hs;
     int BT = B * T, N = m->ntok;
 
@@ -1317,11 +1410,11 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // dlogits and lnf, is computed while the sum is in flight (the same for fc and qkv below).
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, logits_of(m), a->lnf, WEIGHT(m, wte, 0), BT, C, Vl);
         float* dlnf = my_tokens_summed_start(m, rk, a->dln, "lm head bwd", -1);
-        OP(rk, matmul_backward, nullptr, g->wte, nullptr, logits_of(m), a->lnf, WEIGHT(m, wte, 0), BT, C, Vl);  // under the sum
+        OP(rk, matmul_backward, nullptr, GRAD(m, wte, 0), nullptr, logits_of(m), a->lnf, WEIGHT(m, wte, 0), BT, C, Vl);  // under the sum
         dev_zero(rk, a->dres, (long)N * C);
         my_tokens_summed_wait(rk);
         float* last = LAYER_BUF(m, residual3, L - 1);
-        OP(rk, layernorm_backward, a->dres, g->lnfw, g->lnfb, dlnf, last, p->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
+        OP(rk, layernorm_backward, a->dres, GRAD(m, lnfw, 0), GRAD(m, lnfb, 0), dlnf, last, p->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
     }
 
     for (int l = L - 1; l >= 0; l--) {
@@ -1341,7 +1434,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
             keep_bf16(m, rk, la.fch_gelu, (long)BT * C4l);
         }
         Input gelu_in = kept_input(ACT_USED(m, gelu_kept), la.fch_gelu, la.gelu_kept);  // bf16: kept in bf16
-        OP(rk, matmul_backward, a->dfch, g->fcprojw + (long)l * C * C4l, g->fcprojb + l * C, dout, gelu_in,
+        OP(rk, matmul_backward, a->dfch, GRAD(m, fcprojw, (long)l * C * C4l), GRAD(m, fcprojb, l * C), dout, gelu_in,
            WEIGHT(m, fcprojw, (long)l * C * C4l), BT, C4l, C);
         if (ACT_USED(m, fch_kept)) OP(rk, gelu_backward, a->dfch, (const bf16*)as_bf16(la.fch_kept), a->dfch, (long)BT * C4l);
         else OP(rk, gelu_backward, a->dfch, (const float*)la.fch, a->dfch, (long)BT * C4l);
@@ -1360,10 +1453,10 @@ static void gpt_backward(GPT* m, Rank* rk) {
         Input ln2_in = kept_input(ACT_USED(m, ln2_kept) && !m->split, ln2_all, la.ln2_kept);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);
         float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", lg);
-        OP(rk, matmul_backward, nullptr, g->fcw + (long)l * C4l * C, g->fcb + l * C4l, a->dfch, ln2_in,
+        OP(rk, matmul_backward, nullptr, GRAD(m, fcw, (long)l * C4l * C), GRAD(m, fcb, l * C4l), a->dfch, ln2_in,
            WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);  // under the sum
         my_tokens_summed_wait(rk);
-        OP(rk, layernorm_backward, a->dres, g->ln2w + l * C, g->ln2b + l * C, dln2, la.residual2, p->ln2w + l * C,
+        OP(rk, layernorm_backward, a->dres, GRAD(m, ln2w, l * C), GRAD(m, ln2b, l * C), dln2, la.residual2, p->ln2w + l * C,
            la.ln2_mean, la.ln2_rstd, N, C);
 
         // attention block, the same pattern: attproj row-parallel (no communication, SP: all-gather),
@@ -1371,7 +1464,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         keep_bf16(m, rk, a->dres, (long)N * C);
         dout = all_tokens(m, rk, a->dres, true, "attproj bwd", lg);
         if (ACT_USED(m, atty_kept)) OP(rk, bf16_widen, la.atty, as_bf16(la.atty_kept), (long)BT * Cl);  // for attention's backward
-        OP(rk, matmul_backward, a->datty, g->attprojw + (long)l * C * Cl, g->attprojb + l * C, dout,
+        OP(rk, matmul_backward, a->datty, GRAD(m, attprojw, (long)l * C * Cl), GRAD(m, attprojb, l * C), dout,
            kept_input(ACT_USED(m, atty_kept), la.atty, la.atty_kept), WEIGHT(m, attprojw, (long)l * C * Cl), BT, Cl, C);
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse
             OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
@@ -1390,10 +1483,10 @@ static void gpt_backward(GPT* m, Rank* rk) {
         Input ln1_in = kept_input(ACT_USED(m, ln1_kept) && !m->split, ln1_all, la.ln1_kept);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_in, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);
         float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", lg);
-        OP(rk, matmul_backward, nullptr, g->qkvw + (long)l * 3 * Cl * C, g->qkvb + l * 3 * Cl, a->dqkv, ln1_in,
+        OP(rk, matmul_backward, nullptr, GRAD(m, qkvw, (long)l * 3 * Cl * C), GRAD(m, qkvb, l * 3 * Cl), a->dqkv, ln1_in,
            WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);  // under the sum
         my_tokens_summed_wait(rk);
-        OP(rk, layernorm_backward, a->dres, g->ln1w + l * C, g->ln1b + l * C, dln1, la.residual, p->ln1w + l * C,
+        OP(rk, layernorm_backward, a->dres, GRAD(m, ln1w, l * C), GRAD(m, ln1b, l * C), dln1, la.residual, p->ln1w + l * C,
            la.ln1_mean, la.ln1_rstd, N, C);
     }
 
@@ -1401,9 +1494,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
     // embedding: its forward sum was a g operator, so each rank's lookup receives every token's dres
     // (SP: all-gathered) and scatters it into the wte rows it owns; wpe gets the rows of this rank's
     // tokens (all of them without SP: the same sum on every rank).
-    OP(rk, position_backward, g->wpe, a->dres, N, m->t0, T, C);
+    OP(rk, position_backward, GRAD(m, wpe, 0), a->dres, N, m->t0, T, C);
     float* demb = all_tokens(m, rk, a->dres, false, "embedding bwd", -1);
-    OP(rk, encoder_backward, g->wte, demb, m->tokens, s->v0, Vl, BT, C);
+    OP(rk, encoder_backward, GRAD(m, wte, 0), demb, m->tokens, s->v0, Vl, BT, C);
     // (with SP the layernorms' and wpe's gradients are still partial sums over the ranks' tokens here:
     // gpt_update all-reduces them once per step, after every micro-step's backward has added its part)
 }
@@ -1443,6 +1536,51 @@ struct AdamW {
 // layernorm weights or the biases
 static bool param_decays(int i) { return i == 0 || i == 1 || i == 4 || i == 6 || i == 10 || i == 12; }
 
+// The gradient collectives of a step sum fp32 words. In a bf16 run the gradients go to gstage as fp32 first,
+// gstage_n floats at a time (grad_to_fp32: the matrices' bf16 widened exactly), are summed there, and come
+// back (the matrices' sums rounded to nearest once). So the sum of the ranks' gradients is rounded once, to
+// the same bits on every rank and for any backend (NCCL's bf16 ring would round at every hop, in an order
+// of its own), for the bytes of fp32, and the stage is at most 16 MB (grad_stage_floats), not an fp32 copy
+// of the gradients.
+
+// the first element of tensor i in the rank's flat shard
+static long param_offset(const ShardPlan* s, int i) {
+    long off = 0;
+    for (int j = 0; j < i; j++) off += shard_local_size(&s->t[j]);
+    return off;
+}
+
+// elements [off, off + n) of the rank's gradients summed over group c (an all-reduce)
+static void grad_allreduce(GPT* m, Rank* rk, Comm* c, long off, long n, const char* where) {
+    if (m->grads_mem) return comm_allreduce(c, m->grads_mem + off, n, COMM_SUM, where, -1);
+    float* stage = m->gstage;
+    long step = m->gstage_n;
+    if (step <= 0) fatal("rank %d: %s: no stage for a bf16 gradient sum (gpt_alloc_acts sizes it)", rk->rank, where);
+    for (long j = 0; j < n; j += step) {
+        long len = std::min(step, n - j);
+        grad_to_fp32(m, rk, stage, off + j, len);
+        comm_allreduce(c, stage, len, COMM_SUM, where, -1);
+        grad_from_fp32(m, rk, stage, off + j, len);
+    }
+}
+
+// ZeRO-1's reduce-scatter over the DP group: the replica's slice [slice0, slice0 + nslice) of the gradients
+// summed over the replicas, in place
+static void grad_reducescatter(GPT* m, Rank* rk, Comm* dp) {
+    if (m->grads_mem) return comm_reducescatter(dp, m->grads_mem + m->slice0, m->grads_mem, m->nslice, "grad dp", -1);
+    // a piece of every replica's slice at a time: the pieces at j of the D slices, side by side in the stage
+    float* stage = m->gstage;
+    int D = dp->P;
+    long piece = m->gstage_n / D;
+    if (piece <= 0) fatal("rank %d: grad dp: no stage for a bf16 gradient sum (gpt_alloc_acts sizes it)", rk->rank);
+    for (long j = 0; j < m->nslice; j += piece) {
+        long len = std::min(piece, m->nslice - j);
+        for (int r = 0; r < D; r++) grad_to_fp32(m, rk, stage + r * len, r * m->nslice + j, len);
+        comm_reducescatter(dp, stage + dp->rank * len, stage, len, "grad dp", -1);
+        grad_from_fp32(m, rk, stage + dp->rank * len, m->slice0 + j, len);
+    }
+}
+
 // One AdamW step (t counts from 1) with global-norm clipping, over the group `cm` that shards the
 // parameters (the tensor-parallel group) and the rank's data-parallel group rk->dp.
 //
@@ -1467,13 +1605,12 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
     // step, after the micro-steps' backwards have accumulated their parts (a sum of sums). The
     // row-parallel biases need nothing: their gradients came from the all-gathered gradient of every token.
     const ShardPlan* s = &m->plan;
-    Params* g = &m->grads;
     if (m->split) {  // (a pipeline stage sums the ones it holds: wpe on the first stage, lnf on the last)
         long L = s->L, C = m->cfg.C;
-        if (s->first) comm_allreduce(cm, g->wpe, (long)m->T * C, COMM_SUM, "wpe grad", -1);
-        comm_allreduce(cm, g->ln1w, 2L * L * C, COMM_SUM, "ln1 grads", -1);
-        comm_allreduce(cm, g->ln2w, 2L * L * C, COMM_SUM, "ln2 grads", -1);
-        if (s->last) comm_allreduce(cm, g->lnfw, 2L * C, COMM_SUM, "lnf grads", -1);
+        if (s->first) grad_allreduce(m, rk, cm, param_offset(s, PARAM_INDEX(wpe)), (long)m->T * C, "wpe grad");
+        grad_allreduce(m, rk, cm, param_offset(s, PARAM_INDEX(ln1w)), 2L * L * C, "ln1 grads");
+        grad_allreduce(m, rk, cm, param_offset(s, PARAM_INDEX(ln2w)), 2L * L * C, "ln2 grads");
+        if (s->last) grad_allreduce(m, rk, cm, param_offset(s, PARAM_INDEX(lnfw)), 2L * C, "lnf grads");
     }
     // The one collective pipeline parallelism adds. wte is tied: the first stage looks tokens up in it,
     // the last stage's LM head multiplies by it, and each stage's gradient covers only its own use. The
@@ -1481,31 +1618,47 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
     // rank, so the same vocab rows), once per step after every micro-batch, as Megatron does. Both then
     // apply the same update to the same values and keep identical copies.
     if (rk->S > 1 && (s->first || s->last))
-        comm_allreduce(&rk->emb, g->wte, shard_local_size(&s->t[0]), COMM_SUM, "wte grad (tied, first + last stage)", -1);
-    if (dp->P > 1 && !m->zero) comm_allreduce(dp, m->grads_mem, m->nparams, COMM_SUM, "grad dp", -1);
-    if (dp->P > 1 && m->zero) comm_reducescatter(dp, m->grads_mem + m->slice0, m->grads_mem, m->nslice, "grad dp", -1);
+        grad_allreduce(m, rk, &rk->emb, 0, shard_local_size(&s->t[0]), "wte grad (tied, first + last stage)");
+    if (dp->P > 1 && !m->zero) grad_allreduce(m, rk, dp, 0, m->nparams, "grad dp");
+    if (dp->P > 1 && m->zero) grad_reducescatter(m, rk, dp);
     // the part [lo, hi) of the flat shard this rank updates, cut by the tensors (each has its own decay)
     long lo = m->slice0, hi = m->slice0 + m->nslice, off = 0;
-    long a[NUM_PARAM_TENSORS], b[NUM_PARAM_TENSORS];
+    long a[NUM_PARAM_TENSORS], b[NUM_PARAM_TENSORS], t0[NUM_PARAM_TENSORS];
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         long n = shard_local_size(&m->plan.t[i]);
         a[i] = std::max(lo, off);
         b[i] = std::min(hi, off + n);
+        t0[i] = off;
         off += n;
     }
+    // element k (of the flat shard) of tensor i's fp32 gradient: grads_mem's, or a bf16 run's vector's
+    float** vec = (float**)&m->grads;
+    auto grad_at = [&](int i, long k) { return m->grads_mem ? m->grads_mem + k : vec[i] + (k - t0[i]); };
     dev_zero(rk, m->norm2, 2);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        bool grad_bf16 = m->gbf_mem && param_is_matrix(i);  // (a bf16 run's matrices)
         bool counted = i != 0 || s->first;  // the tied wte once, on the first stage
-        if (b[i] > a[i] && counted) OP(rk, sumsq, m->norm2 + (s->t[i].split == SPLIT_NONE ? 1 : 0), m->grads_mem + a[i], b[i] - a[i]);
+        if (b[i] > a[i] && counted) {
+            float* norm2 = m->norm2 + (s->t[i].split == SPLIT_NONE ? 1 : 0);
+            if (grad_bf16) OP(rk, sumsq, norm2, (const ::bf16*)m->gbf_mem + a[i], b[i] - a[i]);
+            else OP(rk, sumsq, norm2, (const float*)grad_at(i, a[i]), b[i] - a[i]);
+        }
     }
     if (dp->P > 1 && m->zero) comm_allreduce(dp, m->norm2, 2, COMM_SUM, "grad norm dp", -1);
     comm_allreduce(cm, m->norm2, 1, COMM_SUM, "grad norm", -1);
     // every stage holds other parameters: the norm is the sum of the stages' squares
     if (rk->S > 1) comm_allreduce(&rk->pp, m->norm2, 2, COMM_SUM, "grad norm pp", -1);
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
-        if (b[i] > a[i])
-            OP(rk, adamw, m->params_mem + a[i], m->grads_mem + a[i], m->m_mem + (a[i] - lo), m->v_mem + (a[i] - lo), b[i] - a[i],
-               opt->lr, opt->beta1, opt->beta2, opt->eps, param_decays(i) ? opt->wd : 0.0f, m->t, m->norm2, opt->clip);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        if (b[i] <= a[i]) continue;
+        bool grad_bf16 = m->gbf_mem && param_is_matrix(i);
+        float wd = param_decays(i) ? opt->wd : 0.0f, *mm = m->m_mem + (a[i] - lo), *vv = m->v_mem + (a[i] - lo);
+        if (grad_bf16)
+            OP(rk, adamw, m->params_mem + a[i], (const ::bf16*)m->gbf_mem + a[i], mm, vv, b[i] - a[i], opt->lr, opt->beta1,
+               opt->beta2, opt->eps, wd, m->t, m->norm2, opt->clip);
+        else
+            OP(rk, adamw, m->params_mem + a[i], (const float*)grad_at(i, a[i]), mm, vv, b[i] - a[i], opt->lr, opt->beta1,
+               opt->beta2, opt->eps, wd, m->t, m->norm2, opt->clip);
+    }
     if (dp->P > 1 && m->zero && m->bf16 && !g_bf16_in_fp32) {
         // ZeRO-1 in bf16: the layers read the bf16 copy, so that is what the replicas exchange. This replica
         // rounds its slice (the bits any replica would round, being keyed on the full index), and the

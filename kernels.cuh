@@ -148,6 +148,11 @@ static void cuda_zero(CudaCtx* cx, float* p, long n) {
     if (n > 0) CUDA_CHECK(cx->rank, cudaMemsetAsync(p, 0, (size_t)n * sizeof(float), cx->stream));
 }
 
+// n floats device -> device, ordered on the stream
+static void cuda_copy(CudaCtx* cx, float* dst, const float* src, long n) {
+    if (n > 0) CUDA_CHECK(cx->rank, cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cx->stream));
+}
+
 // host -> device, ordered on the stream. From pageable memory the call returns once the source has been
 // staged, so the caller may reuse it at once.
 static void cuda_upload(CudaCtx* cx, void* dst, const void* src, size_t bytes) {
@@ -433,8 +438,14 @@ __global__ void layernorm_param_grad_partial_kernel(float* partial_w, float* par
     }
 }
 
-// dst0 (n) += sum_s p0 (nsplit, n) and, if dst1, dst1 (n) += sum_s p1 (nsplit, n); splits in order
-__global__ void colsum_finish_kernel(float* dst0, const float* p0, float* dst1, const float* p1, int nsplit, int n) {
+// g += v on the device, as grad_add (kernels_cpu.h): fp32, or bf16 storage with the sum rounded to nearest
+__device__ __forceinline__ void grad_add_dev(float* g, float v) { *g += v; }
+__device__ __forceinline__ void grad_add_dev(bf16* g, float v) { *g = bf16_round(bf16_to_float(*g) + v); }
+
+// dst0 (n) += sum_s p0 (nsplit, n) and, if dst1, dst1 (n) += sum_s p1 (nsplit, n); splits in order.
+// G: the gradients' storage, fp32 or bf16 (each sum added once, grad_add_dev)
+template <typename G>
+__global__ void colsum_finish_kernel(G* dst0, const float* p0, G* dst1, const float* p1, int nsplit, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float s0 = 0.0f, s1 = 0.0f;
@@ -442,8 +453,8 @@ __global__ void colsum_finish_kernel(float* dst0, const float* p0, float* dst1, 
         s0 += p0[(long)s * n + i];
         if (dst1) s1 += p1[(long)s * n + i];
     }
-    dst0[i] += s0;
-    if (dst1) dst1[i] += s1;
+    grad_add_dev(dst0 + i, s0);
+    if (dst1) grad_add_dev(dst1 + i, s1);
 }
 
 // grid for the partial kernels: splits on x (up to 2^31), 32-column groups on y (up to 65535: 2M columns)
@@ -538,51 +549,57 @@ static void matmul_forward_cuda(CudaCtx* cx, Logits out, const float* inp, Weigh
 }
 
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
-// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
+// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (an unset Grad skips each)
 // bf16: as in matmul_forward_cuda, the weight fp32 words (weight) or bf16 storage (weight_h, which bf16 implies)
+// dweight and dbias in bf16 storage (a bf16 run's gradients): cuBLAS adds the fp32 product to dweight
+// widened and rounds once (beta 1, a CUDA_R_16BF C), and the bias's sums are added as grad_add does
 // dout_h: dout in bf16 storage instead (the LM head's dlogits in a bf16 run, Logits), used where it lies;
 // inp_h: inp likewise (the bf16 copy a layer kept of its input, Input)
-static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout,
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad dbias, const float* dout,
                                  const float* inp, const float* weight, int N, int IC, int OC, bool bf16 = false,
                                  const ::bf16* weight_h = nullptr, const ::bf16* dout_h = nullptr,
                                  const ::bf16* inp_h = nullptr) {
     if (N <= 0) return;
-    if ((bf16 || weight_h || dout_h || inp_h) && (dinp || dweight)) {  // dout holds bf16 values too (keep_bf16 of the output gradient)
-        const bool pack_inp = dweight && !inp_h;
+    if (dweight.h && !(bf16 || weight_h || dout_h || inp_h))
+        fatal("rank %d: matmul_backward: a bf16 weight gradient from fp32 operands (a bf16 run's operands hold bf16 values)", cx->rank);
+    if ((bf16 || weight_h || dout_h || inp_h) && (dinp || dweight.set())) {  // dout holds bf16 values too (keep_bf16 of the output gradient)
+        const bool pack_inp = dweight.set() && !inp_h;
         const float* x[3] = {dout_h ? nullptr : dout, dinp && !weight_h ? weight : nullptr, pack_inp ? inp : nullptr};
         long sizes[3] = {dout_h ? 0 : (long)N * OC, dinp && !weight_h ? (long)OC * IC : 0, pack_inp ? (long)N * IC : 0};
         ::bf16* h[3];
         pack_operands_bf16(cx, 3, x, sizes, h);
         const ::bf16* d = dout_h ? dout_h : h[0];
         if (dinp) gemm_bf16_cuda(cx, false, false, N, IC, OC, 1.0f, d, OC, weight_h ? weight_h : h[1], IC, 0.0f, dinp, IC);
-        if (dweight) gemm_bf16_cuda(cx, true, false, OC, IC, N, 1.0f, d, OC, inp_h ? inp_h : h[2], IC, 1.0f, dweight, IC);
+        if (dweight.f) gemm_bf16_cuda(cx, true, false, OC, IC, N, 1.0f, d, OC, inp_h ? inp_h : h[2], IC, 1.0f, dweight.f, IC);
+        if (dweight.h) gemm_bf16_cuda(cx, true, false, OC, IC, N, 1.0f, d, OC, inp_h ? inp_h : h[2], IC, 1.0f, dweight.h, IC, CUDA_R_16BF);
     } else {
         if (dinp) gemm_cuda(cx, false, false, N, IC, OC, 1.0f, dout, OC, 0, weight, IC, 0, 0.0f, dinp, IC, 0, 1);
         // op(A) = dout^T (OC x N): dout stored (N x OC), transposed
-        if (dweight) gemm_cuda(cx, true, false, OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dweight, IC, 0, 1);
+        if (dweight.f) gemm_cuda(cx, true, false, OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dweight.f, IC, 0, 1);
     }
-    if (dbias) {
+    if (dbias.set()) {
         dim3 grid = colsum_grid(cx, N, OC);
         float* partial = (float*)cuda_scratch(cx, &cx->red, &cx->red_bytes, (size_t)grid.x * OC * sizeof(float));
         if (dout_h) bias_grad_partial_kernel<::bf16><<<grid, dim3(32, 8), 0, cx->stream>>>(partial, dout_h, N, OC);
         else bias_grad_partial_kernel<float><<<grid, dim3(32, 8), 0, cx->stream>>>(partial, dout, N, OC);
         CUDA_LAUNCH_CHECK(cx->rank, "bias_grad_partial_kernel");
-        colsum_finish_kernel<<<ceil_div(OC, 256), 256, 0, cx->stream>>>(dbias, partial, nullptr, nullptr, (int)grid.x, OC);
+        if (dbias.h) colsum_finish_kernel<::bf16><<<ceil_div(OC, 256), 256, 0, cx->stream>>>(dbias.h, partial, nullptr, nullptr, (int)grid.x, OC);
+        else colsum_finish_kernel<float><<<ceil_div(OC, 256), 256, 0, cx->stream>>>(dbias.f, partial, nullptr, nullptr, (int)grid.x, OC);
         CUDA_LAUNCH_CHECK(cx->rank, "colsum_finish_kernel");
     }
 }
 // the recipe's form: the weight in the run's dtype
-static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad dbias, const float* dout, const float* inp,
                                  Weight w, int N, int IC, int OC) {
     matmul_backward_cuda(cx, dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, w.h != nullptr, w.h);
 }
 // ... with the input as the layer kept it (Input): a bf16 copy goes to cuBLAS as it lies, unpacked
-static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, const float* dout, Input inp,
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad dbias, const float* dout, Input inp,
                                  Weight w, int N, int IC, int OC) {
     matmul_backward_cuda(cx, dinp, dweight, dbias, dout, inp.f, w.f, N, IC, OC, w.h != nullptr || inp.h != nullptr, w.h, nullptr, inp.h);
 }
 // the LM head's: dout is dlogits (Logits)
-static void matmul_backward_cuda(CudaCtx* cx, float* dinp, float* dweight, float* dbias, Logits dout, const float* inp,
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad dbias, Logits dout, const float* inp,
                                  Weight w, int N, int IC, int OC) {
     matmul_backward_cuda(cx, dinp, dweight, dbias, dout.f, inp, w.f, N, IC, OC, w.h != nullptr || dout.h != nullptr, w.h, dout.h);
 }
@@ -663,7 +680,8 @@ static void position_forward_cuda(CudaCtx* cx, float* x, const float* wpe, int N
 // writes it back when the row changes: the same adds in the same order, fewer round trips to memory.
 #define ENC_THREADS 128
 #define ENC_BUCKETS 64
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
+template <typename G>
+__global__ void encoder_backward_wte_kernel(G* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
     __shared__ int s_n[ENC_THREADS], s_row[ENC_THREADS], s_count[ENC_THREADS / 32];
     int c = blockIdx.x * ENC_THREADS + threadIdx.x;
     int bucket = blockIdx.y;
@@ -706,28 +724,71 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
     if (c < C && cur >= 0) dwte[(long)cur * C + c] = acc;
 }
 
+// A bf16 run's: block (g, y) adds group g's rows of dout (rows n[start[g]] .. n[start[g+1]-1], in that
+// order, all of wte row row[g]) in fp32 to ENC_THREADS channels of the row, and the sum to the row once
+__global__ void encoder_backward_rows_kernel(bf16* dwte, const float* dout, const int* row, const int* start,
+                                             const int* n, int C) {
+    int g = blockIdx.x, c = blockIdx.y * ENC_THREADS + threadIdx.x;
+    if (c >= C) return;
+    bf16* w = dwte + (long)row[g] * C + c;
+    float acc = bf16_to_float(*w);
+    for (int i = start[g]; i < start[g + 1]; i++) acc += dout[(long)n[i] * C + c];
+    *w = bf16_round(acc);
+}
+
 // dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns
-static void encoder_backward_cuda(CudaCtx* cx, float* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
+static void encoder_backward_cuda(CudaCtx* cx, Grad dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    encoder_backward_wte_kernel<<<dim3(ceil_div(C, ENC_THREADS), ENC_BUCKETS), ENC_THREADS, 0, cx->stream>>>(
-        dwte, dout, tokens, v0, Vl, N, C);
-    CUDA_LAUNCH_CHECK(cx->rank, "encoder_backward_wte_kernel");
+    if (dwte.f) {
+        encoder_backward_wte_kernel<float><<<dim3(ceil_div(C, ENC_THREADS), ENC_BUCKETS), ENC_THREADS, 0, cx->stream>>>(
+            dwte.f, dout, tokens, v0, Vl, N, C);
+        CUDA_LAUNCH_CHECK(cx->rank, "encoder_backward_wte_kernel");
+        return;
+    }
+    // bf16: the bucket kernel writes a row back whenever another row's token comes between two of its own,
+    // which in bf16 storage would round it each time. So the tokens come back to the host (the stream waits
+    // for them, once per step: this is the backward's last op) and are grouped by row as the CPU op groups
+    // them, and each group's sum is added once: the CPU op's bits.
+    std::vector<int> tok(N);
+    CUDA_CHECK(cx->rank, cudaMemcpyAsync(tok.data(), tokens, (size_t)N * sizeof(int), cudaMemcpyDeviceToHost, cx->stream));
+    CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
+    std::vector<std::pair<int, int>> rows;
+    std::vector<int> start;
+    encoder_groups(tok.data(), v0, Vl, N, &rows, &start);
+    int ng = (int)start.size() - 1;
+    if (ng <= 0) return;
+    std::vector<int> h(ng + start.size() + rows.size());  // row (ng), start (ng + 1), n (rows)
+    for (int g = 0; g < ng; g++) h[g] = rows[start[g]].first;
+    for (size_t g = 0; g < start.size(); g++) h[ng + g] = start[g];
+    for (size_t i = 0; i < rows.size(); i++) h[ng + start.size() + i] = rows[i].second;
+    int* d = (int*)cuda_scratch(cx, &cx->red, &cx->red_bytes, h.size() * sizeof(int));
+    CUDA_CHECK(cx->rank, cudaMemcpyAsync(d, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice, cx->stream));
+    encoder_backward_rows_kernel<<<dim3(ng, ceil_div(C, ENC_THREADS)), ENC_THREADS, 0, cx->stream>>>(
+        dwte.h, dout, d, d + ng, d + ng + start.size(), C);
+    CUDA_LAUNCH_CHECK(cx->rank, "encoder_backward_rows_kernel");
+    CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));  // h is read by the copy until here
 }
 
 // dwpe (T, C) += dout (N, C), row n at position (t0 + n) % T; a thread per (t, c) adds its rows
 // n = (t - t0) mod T, then + T, + 2T, ... in increasing order (the CPU order)
-__global__ void position_backward_kernel(float* dwpe, const float* dout, int N, int t0, int T, int C) {
+// (G: fp32, or a bf16 run's bf16 storage: the sum added once, rounded to nearest)
+template <typename G>
+__global__ void position_backward_kernel(G* dwpe, const float* dout, int N, int t0, int T, int C) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)T * C) return;
     int t = (int)(i / C), c = (int)(i % C);
-    float acc = dwpe[i];
-    for (long n = ((t - t0) % T + T) % T; n < N; n += T) acc += dout[n * C + c];
-    dwpe[i] = acc;
+    long n = ((t - t0) % T + T) % T;
+    if (n >= N) return;  // no row at this position: the gradient is left as it is
+    float acc = ldv<1>(dwpe + i).v[0];
+    for (; n < N; n += T) acc += dout[n * C + c];
+    stv<1>(dwpe + i, Fv<1>{{acc}});
 }
 
-static void position_backward_cuda(CudaCtx* cx, float* dwpe, const float* dout, int N, int t0, int T, int C) {
+static void position_backward_cuda(CudaCtx* cx, Grad dwpe, const float* dout, int N, int t0, int T, int C) {
     if (N <= 0 || C <= 0) return;
-    position_backward_kernel<<<ceil_div((long)T * C, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dwpe, dout, N, t0, T, C);
+    unsigned grid = ceil_div((long)T * C, FLAT_THREADS);
+    if (dwpe.h) position_backward_kernel<::bf16><<<grid, FLAT_THREADS, 0, cx->stream>>>(dwpe.h, dout, N, t0, T, C);
+    else position_backward_kernel<float><<<grid, FLAT_THREADS, 0, cx->stream>>>(dwpe.f, dout, N, t0, T, C);
     CUDA_LAUNCH_CHECK(cx->rank, "position_backward_kernel");
 }
 
@@ -818,7 +879,7 @@ __global__ void layernorm_backward_kernel(float* dinp, const float* dout, const 
 
 // dinp (N, C) += d(layernorm)/d(inp) . dout;  dw (C) += sum_n dout * xhat;  db (C) += sum_n dout
 // (dw and db through the deterministic two-pass column sums)
-static void layernorm_backward_cuda(CudaCtx* cx, float* dinp, float* dw, float* db, const float* dout, const float* inp,
+static void layernorm_backward_cuda(CudaCtx* cx, float* dinp, Grad dw, Grad db, const float* dout, const float* inp,
                                     const float* w, const float* mean, const float* rstd, int N, int C) {
     if (N <= 0) return;
     unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
@@ -832,7 +893,8 @@ static void layernorm_backward_cuda(CudaCtx* cx, float* dinp, float* dw, float* 
     float* pb = pw + (size_t)g2.x * C;
     layernorm_param_grad_partial_kernel<<<g2, dim3(32, 8), 0, cx->stream>>>(pw, pb, dout, inp, mean, rstd, N, C);
     CUDA_LAUNCH_CHECK(cx->rank, "layernorm_param_grad_partial_kernel");
-    colsum_finish_kernel<<<ceil_div(C, 256), 256, 0, cx->stream>>>(dw, pw, db, pb, (int)g2.x, C);
+    if (dw.h) colsum_finish_kernel<::bf16><<<ceil_div(C, 256), 256, 0, cx->stream>>>(dw.h, pw, db.h, pb, (int)g2.x, C);
+    else colsum_finish_kernel<float><<<ceil_div(C, 256), 256, 0, cx->stream>>>(dw.f, pw, db.f, pb, (int)g2.x, C);
     CUDA_LAUNCH_CHECK(cx->rank, "colsum_finish_kernel");
 }
 
@@ -1622,8 +1684,8 @@ static void crossentropy_finish_cuda(CudaCtx* cx, float* losses, Logits lg, cons
 
 // AdamW as adamw_cpu, with the global-norm clipping scale derived on the device from norm2 (2) =
 // [sharded part, replicated part] of the squared gradient norm, with adamw_cpu's expression.
-template <int VEC>
-__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, long n, float lr, float beta1,
+template <int VEC, typename G>
+__global__ void adamw_kernel(float* params, const G* grads, float* m, float* v, long n, float lr, float beta1,
                              float beta2, float eps, float wd, float bc1, float bc2, const float* norm2, float clip) {
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) return;
@@ -1644,17 +1706,19 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
     stv<VEC>(v + i, vv);
 }
 
-// params, m, v (n) updated in place from grads (n); t counts from 1; clip 0 turns clipping off
-static void adamw_cuda(CudaCtx* cx, float* params, const float* grads, float* m, float* v, long n, float lr, float beta1,
+// params, m, v (n) updated in place from grads (n); t counts from 1; clip 0 turns clipping off. G: the
+// gradients in fp32, or a bf16 run's bf16 storage (widened exactly; VEC 4 loads them one by one)
+template <typename G>
+static void adamw_cuda(CudaCtx* cx, float* params, const G* grads, float* m, float* v, long n, float lr, float beta1,
                        float beta2, float eps, float wd, int t, const float* norm2, float clip) {
     if (n <= 0) return;
     // the bias corrections on the host, with the CPU op's expression (bit-identical)
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     if (n % 4 == 0 && aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v))
-        adamw_kernel<4><<<ceil_div(n / 4, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(params, grads, m, v, n, lr, beta1, beta2,
+        adamw_kernel<4, G><<<ceil_div(n / 4, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(params, grads, m, v, n, lr, beta1, beta2,
                                                                                       eps, wd, bc1, bc2, norm2, clip);
     else
-        adamw_kernel<1><<<ceil_div(n, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(params, grads, m, v, n, lr, beta1, beta2,
+        adamw_kernel<1, G><<<ceil_div(n, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(params, grads, m, v, n, lr, beta1, beta2,
                                                                                   eps, wd, bc1, bc2, norm2, clip);
     CUDA_LAUNCH_CHECK(cx->rank, "adamw_kernel");
 }
@@ -1779,8 +1843,8 @@ static void bf16_widen_cuda(CudaCtx* cx, float* out, const bf16* x, long n) {
 #define SUMSQ_THREADS 256
 #define SUMSQ_MAX_BLOCKS 1024
 
-template <int VEC>
-__global__ void sumsq_partial_kernel(double* partial, const float* x, long n) {
+template <int VEC, typename T>
+__global__ void sumsq_partial_kernel(double* partial, const T* x, long n) {
     long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
     long nvec = n / VEC;
     double acc = 0.0;
@@ -1788,7 +1852,10 @@ __global__ void sumsq_partial_kernel(double* partial, const float* x, long n) {
         Fv<VEC> a = ldv<VEC>(x + j * VEC);
         for (int k = 0; k < VEC; k++) acc += (double)a.v[k] * (double)a.v[k];
     }
-    for (long i = nvec * VEC + tid; i < n; i += stride) acc += (double)x[i] * (double)x[i];  // the < VEC tail
+    for (long i = nvec * VEC + tid; i < n; i += stride) {  // the < VEC tail
+        double v = ldv<1>(x + i).v[0];
+        acc += v * v;
+    }
     acc = block_sum_d(acc);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -1800,17 +1867,18 @@ __global__ void sumsq_finish_kernel(float* norm2, const double* partial, int nbl
     if (threadIdx.x == 0) norm2[0] += (float)acc;
 }
 
-// norm2 (1) += sum of squares of x (n), deterministic
-static void sumsq_cuda(CudaCtx* cx, float* norm2, const float* x, long n) {
+// norm2 (1) += sum of squares of x (n), deterministic. T: fp32, or bf16 storage (a bf16 run's gradients)
+template <typename T>
+static void sumsq_cuda(CudaCtx* cx, float* norm2, const T* x, long n) {
     if (n <= 0) return;
     long per_block = (long)SUMSQ_THREADS * 16;
     int nblocks = (int)((n + per_block - 1) / per_block);
     if (nblocks > SUMSQ_MAX_BLOCKS) nblocks = SUMSQ_MAX_BLOCKS;
     double* partial = (double*)cuda_scratch(cx, &cx->red, &cx->red_bytes, (size_t)nblocks * sizeof(double));
     if (aligned16(x))
-        sumsq_partial_kernel<4><<<nblocks, SUMSQ_THREADS, 0, cx->stream>>>(partial, x, n);
+        sumsq_partial_kernel<4, T><<<nblocks, SUMSQ_THREADS, 0, cx->stream>>>(partial, x, n);
     else
-        sumsq_partial_kernel<1><<<nblocks, SUMSQ_THREADS, 0, cx->stream>>>(partial, x, n);
+        sumsq_partial_kernel<1, T><<<nblocks, SUMSQ_THREADS, 0, cx->stream>>>(partial, x, n);
     CUDA_LAUNCH_CHECK(cx->rank, "sumsq_partial_kernel");
     sumsq_finish_kernel<<<1, 1024, 0, cx->stream>>>(norm2, partial, nblocks);
     CUDA_LAUNCH_CHECK(cx->rank, "sumsq_finish_kernel");

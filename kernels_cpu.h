@@ -18,6 +18,8 @@
 #include <cstring>
 #include <cfloat>
 #include <vector>
+#include <algorithm>
+#include <utility>
 #include <thread>
 #include "common/cpu_pool.h"
 
@@ -373,6 +375,20 @@ struct Weight {
     const bf16* h;
 };
 
+// A parameter's gradient as the recipe hands it to the backward ops, in the run's dtype: fp32 (f), or in a
+// --dtype bf16 run bf16 storage (h). An op sums its contribution in fp32 and adds it to the gradient once,
+// the sum rounded to nearest (grad_add): one rounding per op and element, however many terms it sums (a
+// token repeated in the batch, every token of a bias). At most one of the two is set; neither skips it.
+struct Grad {
+    float* f;
+    bf16* h;
+    Grad() : f(nullptr), h(nullptr) {}
+    Grad(std::nullptr_t) : f(nullptr), h(nullptr) {}
+    Grad(float* p) : f(p), h(nullptr) {}
+    Grad(bf16* p) : f(nullptr), h(p) {}
+    bool set() const { return f || h; }
+};
+
 // The LM head's output, the logits (B*T, Vl), and after the loss its gradient: fp32 (f), or in a --dtype
 // bf16 run bf16 storage (h), half the bytes of the largest activation of a GPT-2-vocabulary model. One of
 // the two is set. The head's matmuls and the cross-entropy take it; every sum over it is fp32.
@@ -396,6 +412,9 @@ static inline float as_fp32(bf16 h);
 // v stored as an element: itself, or into bf16 storage rounded to nearest (common/bf16.h)
 static inline void store_as(float* p, float v) { *p = v; }
 static inline void store_as(bf16* p, float v);
+// g += v: for fp32 just that, for bf16 storage the sum of the widened gradient and v rounded to nearest
+template <typename G>
+static inline void grad_add(G* g, float v) { store_as(g, as_fp32(*g) + v); }
 
 // ----------------------------------------------------------------------------
 // Linear layers
@@ -428,16 +447,20 @@ static void matmul_forward_cpu(Logits out, const float* inp, Weight w, const flo
 }
 
 // dinp (N, IC) = dout (N, OC) . weight (OC, IC)        (written, not accumulated; NULL skips)
-// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (NULL skips each)
+// dweight (OC, IC) += dout^T . inp;  dbias (OC) += column sums of dout (an unset Grad skips each)
 // (gpt.cu calls it twice per column-parallel matmul, dinp alone and then the rest, to overlap a sum)
 // bf16: dout, inp and weight hold bf16 values, as in matmul_forward_cpu; W as there
 // D: dout in fp32 words, or bf16 storage (the LM head's dlogits in a bf16 run); I: inp likewise (a kept copy)
+// dweight and dbias in bf16 storage (a bf16 run's gradients): each element's fp32 sum over the N tokens is
+// added to it and rounded once (the GEMM's store, grad_add)
 template <typename W, typename D = float, typename I = float>
-static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const D* dout,
+static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, const D* dout,
                                 const I* inp, const W* weight, int N, int IC, int OC, bool bf16 = false) {
     if (dinp) linear_gemm_cpu(bf16, N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false, nullptr);
-    if (dweight) linear_gemm_cpu(bf16, OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true, nullptr);  // a(m=o, k=n) = dout[n*OC + o]
-    if (dbias) {
+    // a(m=o, k=n) = dout[n*OC + o]
+    if (dweight.f) linear_gemm_cpu(bf16, OC, IC, N, dout, 1, OC, inp, IC, 1, dweight.f, IC, true, nullptr);
+    if (dweight.h) gemm_bf16_cpu(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight.h, IC, true, nullptr);
+    if (dbias.set()) {
         // column sums in blocks of 64 columns: rows are read contiguously, each sum runs over n in order
         cpu_for((OC + 63) / 64, [&](long blk) {
             int o0 = (int)blk * 64, w = OC - o0 < 64 ? OC - o0 : 64;
@@ -447,25 +470,28 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
                 #pragma omp simd
                 for (int j = 0; j < w; j++) s[j] += as_fp32(d[j]);
             }
-            for (int j = 0; j < w; j++) dbias[o0 + j] += s[j];
+            for (int j = 0; j < w; j++) {
+                if (dbias.h) grad_add(dbias.h + o0 + j, s[j]);
+                else grad_add(dbias.f + o0 + j, s[j]);
+            }
         });
     }
 }
 // the recipe's form: the weight in the run's dtype
-static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, Weight w,
+static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, const float* dout, const float* inp, Weight w,
                                 int N, int IC, int OC) {
     if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.h, N, IC, OC, true);
     else matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, false);
 }
 // ... with the input as the layer kept it (Input): a bf16 copy goes to the weight gradient's GEMM as it lies
-static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, Input inp, Weight w,
+static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, const float* dout, Input inp, Weight w,
                                 int N, int IC, int OC) {
     if (!inp.h) return matmul_backward_cpu(dinp, dweight, dbias, dout, inp.f, w, N, IC, OC);
     if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout, inp.h, w.h, N, IC, OC, true);
     else matmul_backward_cpu(dinp, dweight, dbias, dout, inp.h, w.f, N, IC, OC, true);
 }
 // the LM head's: dout is dlogits
-static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, Logits dout, const float* inp, Weight w,
+static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, Logits dout, const float* inp, Weight w,
                                 int N, int IC, int OC) {
     if (!dout.h) return matmul_backward_cpu(dinp, dweight, dbias, dout.f, inp, w, N, IC, OC);
     if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout.h, inp, w.h, N, IC, OC, true);
@@ -509,23 +535,74 @@ static void position_forward_cpu(float* x, const float* wpe, int N, int t0, int 
     });
 }
 
-// dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns.
-// Parallel over channels: repeated tokens then never race, and each sum keeps the n order.
-static void encoder_backward_cpu(float* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
-    cpu_for(C, [&](long c) {
-        for (int n = 0; n < N; n++) {
-            int row = tokens[n] - v0;
-            if (row >= 0 && row < Vl) dwte[(size_t)row * C + c] += dout[(size_t)n * C + c];
+// dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns. The tokens are grouped by row first, each
+// group in increasing n, and a row's sums run over its group in that order in fp32, added to the row once:
+// a token the batch repeats costs a bf16 gradient one rounding, not one per repeat. Parallel over the rows
+// (repeated tokens never race); each (row, channel) sum adds the same terms in the same order as a loop
+// over n would. G: fp32, or a bf16 run's bf16 storage.
+// The tokens (N, host memory) this rank owns grouped by row: rows holds (row, n) sorted, start where each
+// row's group begins in it, and rows.size() last (the GPU's bf16 op groups them the same way)
+static void encoder_groups(const int* tokens, int v0, int Vl, int N, std::vector<std::pair<int, int>>* rows,
+                           std::vector<int>* start) {
+    rows->clear();
+    start->clear();
+    for (int n = 0; n < N; n++) {
+        int row = tokens[n] - v0;
+        if (row >= 0 && row < Vl) rows->push_back({row, n});
+    }
+    std::sort(rows->begin(), rows->end());
+    for (size_t i = 0; i < rows->size(); i++)
+        if (i == 0 || (*rows)[i].first != (*rows)[i - 1].first) start->push_back((int)i);
+    start->push_back((int)rows->size());
+}
+
+template <typename G>
+static void encoder_backward_cpu(G* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
+    std::vector<std::pair<int, int>> rows;
+    std::vector<int> start;
+    encoder_groups(tokens, v0, Vl, N, &rows, &start);
+    cpu_for_range((long)start.size() - 1, [&](long lo, long hi) {
+        std::vector<float> acc(C);
+        for (long gi = lo; gi < hi; gi++) {
+            G* w = dwte + (size_t)rows[start[gi]].first * C;
+            for (int c = 0; c < C; c++) acc[c] = as_fp32(w[c]);
+            for (int i = start[gi]; i < start[gi + 1]; i++) {
+                const float* d = dout + (size_t)rows[i].second * C;
+                #pragma omp simd
+                for (int c = 0; c < C; c++) acc[c] += d[c];
+            }
+            for (int c = 0; c < C; c++) store_as(w + c, acc[c]);
         }
     });
 }
+static void encoder_backward_cpu(Grad dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
+    if (dwte.h) encoder_backward_cpu(dwte.h, dout, tokens, v0, Vl, N, C);
+    else encoder_backward_cpu(dwte.f, dout, tokens, v0, Vl, N, C);
+}
 
-// dwpe (T, C) += dout (N, C), row n at position (t0 + n) % T as in position_forward. Each (t, c) sum
-// runs over n in increasing order.
-static void position_backward_cpu(float* dwpe, const float* dout, int N, int t0, int T, int C) {
-    cpu_for(C, [&](long c) {
-        for (int n = 0; n < N; n++) dwpe[(size_t)((t0 + n) % T) * C + c] += dout[(size_t)n * C + c];
+// dwpe (T, C) += dout (N, C), row n at position (t0 + n) % T as in position_forward. Each (t, c) sum runs
+// over n in increasing order in fp32 and is added once. Parallel over positions. G as encoder_backward.
+template <typename G>
+static void position_backward_cpu(G* dwpe, const float* dout, int N, int t0, int T, int C) {
+    cpu_for_range(T, [&](long lo, long hi) {
+        std::vector<float> acc(C);
+        for (long t = lo; t < hi; t++) {
+            long n0 = ((t - t0) % T + T) % T;  // the first row at position t
+            if (n0 >= N) continue;
+            G* w = dwpe + (size_t)t * C;
+            for (int c = 0; c < C; c++) acc[c] = as_fp32(w[c]);
+            for (long n = n0; n < N; n += T) {
+                const float* d = dout + (size_t)n * C;
+                #pragma omp simd
+                for (int c = 0; c < C; c++) acc[c] += d[c];
+            }
+            for (int c = 0; c < C; c++) store_as(w + c, acc[c]);
+        }
     });
+}
+static void position_backward_cpu(Grad dwpe, const float* dout, int N, int t0, int T, int C) {
+    if (dwpe.h) position_backward_cpu(dwpe.h, dout, N, t0, T, C);
+    else position_backward_cpu(dwpe.f, dout, N, t0, T, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -557,7 +634,8 @@ static void layernorm_forward_cpu(TO* out, float* mean, float* rstd, const float
 }
 
 // dinp (N, C) += d(layernorm)/d(inp) . dout;  dw (C) += sum_n dout * xhat;  db (C) += sum_n dout
-static void layernorm_backward_cpu(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+// (dw, db: fp32, or a bf16 run's bf16 storage, each sum added once, grad_add)
+static void layernorm_backward_cpu(float* dinp, Grad dw, Grad db, const float* dout, const float* inp,
                                    const float* w, const float* mean, const float* rstd, int N, int C) {
     cpu_for(N, [&](long n_) {
         int n = (int)n_;
@@ -598,8 +676,10 @@ static void layernorm_backward_cpu(float* dinp, float* dw, float* db, const floa
             }
         }
         for (int j = 0; j < w; j++) {
-            dw[c0 + j] += sw[j];
-            db[c0 + j] += sb[j];
+            if (dw.h) grad_add(dw.h + c0 + j, sw[j]);
+            else grad_add(dw.f + c0 + j, sw[j]);
+            if (db.h) grad_add(db.h + c0 + j, sb[j]);
+            else grad_add(db.f + c0 + j, sb[j]);
         }
     });
 }
@@ -1107,7 +1187,9 @@ static void crossentropy_finish_cpu(float* losses, Logits lg, const float* maxes
 // AdamW as llm.c: bias-corrected moments, decoupled weight decay. t counts from 1. Global-norm clipping:
 // norm2 (2) holds the squared gradient norm as [sharded part, replicated part]; when clip > 0 and the
 // norm exceeds it, the gradients are scaled by clip / norm first (clip 0: off).
-static void adamw_cpu(float* params, const float* grads, float* m, float* v, long n, float lr, float beta1,
+// G: the gradients in fp32, or a bf16 run's bf16 storage (widened exactly)
+template <typename G>
+static void adamw_cpu(float* params, const G* grads, float* m, float* v, long n, float lr, float beta1,
                       float beta2, float eps, float wd, int t, const float* norm2, float clip) {
     float norm = sqrtf(norm2[0] + norm2[1]);
     float grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
@@ -1116,7 +1198,7 @@ static void adamw_cpu(float* params, const float* grads, float* m, float* v, lon
     cpu_for_range(n, [&](long lo, long hi) {
         #pragma omp simd
         for (long i = lo; i < hi; i++) {
-            float g = grads[i] * grad_scale;
+            float g = as_fp32(grads[i]) * grad_scale;
             float mi = beta1 * m[i] + (1.0f - beta1) * g;
             float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
             m[i] = mi;
@@ -1128,15 +1210,19 @@ static void adamw_cpu(float* params, const float* grads, float* m, float* v, lon
 }
 
 // norm2 (1) += the sum of squares of x (n), summed in double over fixed 4096-element blocks added in
-// order: the result does not depend on the thread count
-static void sumsq_cpu(float* norm2, const float* x, long n) {
+// order: the result does not depend on the thread count. T: fp32, or bf16 storage (a bf16 run's gradients)
+template <typename T>
+static void sumsq_cpu(float* norm2, const T* x, long n) {
     const long BS = 4096;
     long nb = (n + BS - 1) / BS;
     std::vector<double> part(nb);
     cpu_for(nb, [&](long b_) {
         long b = (long)b_;
         double s = 0.0;
-        for (long i = b * BS; i < n && i < (b + 1) * BS; i++) s += (double)x[i] * x[i];
+        for (long i = b * BS; i < n && i < (b + 1) * BS; i++) {
+            double v = as_fp32(x[i]);
+            s += v * v;
+        }
         part[b] = s;
     });
     double s = 0.0;

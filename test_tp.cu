@@ -212,8 +212,10 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
             AdamW opt = {lr, 0.9f, 0.95f, 1e-8f, 0.1f, clip};
             gpt_update(&m, &rk, &rk.tp, &opt);
             if (s == 0) {  // the step's gradients: complete after the update's reductions (SP's), which leave them be
-                out->ranks[r].grads0 = local(m.grads_mem);
-                gpt_gather(&m, &rk, m.grads_mem, out->grads_full.data());
+                float* g = gpt_grads_fp32(&m, &rk);  // (a bf16 run's widened)
+                out->ranks[r].grads0 = local(g);
+                gpt_gather(&m, &rk, g, out->grads_full.data());
+                dev_free(&rk, g);
             }
             if (s == 0 && r == 0) {
                 out->values_per_step = 0;
@@ -861,7 +863,11 @@ static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P
         }
         gpt_gather_masters(&rr.m, &rr.rk);  // (ZeRO-1 in bf16: every replica takes part)
         if (d == 0) gpt_gather(&rr.m, &rr.rk, rr.m.params_mem, out->params_full.data());
-        if (d == 0) gpt_gather(&rr.m, &rr.rk, rr.m.grads_mem, out->grads_full.data());
+        if (d == 0) {
+            float* g = gpt_grads_fp32(&rr.m, &rr.rk);
+            gpt_gather(&rr.m, &rr.rk, g, out->grads_full.data());
+            dev_free(&rr.rk, g);
+        }
         if (perturb) {
             if (d == D - 1 && r == 0 && stage == 0) rr.m.params_mem[0] = nextafterf(rr.m.params_mem[0], INFINITY);
             uint64_t sum0;

@@ -254,6 +254,12 @@ static inline uint32_t bf16_bits(float f) {
 // the word vdpbf16ps takes for elements 2j (first) and 2j+1 (second) of K
 static inline uint32_t bf16_pair(uint32_t first, uint32_t second) { return first << 16 | second; }
 
+// A GEMM's C is fp32, or bf16 storage where the result is kept in bf16 (the LM head's logits of a --dtype
+// bf16 run, and with accumulate the weight gradients): each element rounded to nearest once, from its fp32
+// sum (with accumulate, plus C widened), as the fp32 result and bf16_round would give
+static inline void store_c(float* c, float v, bool accumulate) { *c = accumulate ? *c + v : v; }
+static inline void store_c(bf16* c, float v, bool accumulate) { *c = bf16_round(accumulate ? bf16_to_float(*c) + v : v); }
+
 #if defined(__AVX512F__)
 #define BF16_MR 8
 #define BF16_VL 16
@@ -261,11 +267,6 @@ static inline uint32_t bf16_pair(uint32_t first, uint32_t second) { return first
 #define BF16_MT 16
 #define BF16_NT 8
 
-// A GEMM's C is fp32, or bf16 storage where the result is kept in bf16 (the LM head's logits of a --dtype
-// bf16 run): each element rounded to nearest once, from its fp32 sum, as the fp32 result and bf16_round
-// would give (accumulate is only for an fp32 C)
-static inline void store_c(float* c, float v, bool accumulate) { *c = accumulate ? *c + v : v; }
-static inline void store_c(bf16* c, float v, bool) { *c = bf16_round(v); }
 
 // 16 fp32 rounded to the nearest bf16 (ties to even, a NaN kept quiet), as bf16_round does each
 // (the masked forms with every lane set, as in transpose16_epi32 below, for GCC 12)
@@ -306,7 +307,14 @@ __attribute__((target("avx512bf16"), noinline)) static void gemm_bf16_tile_dp(TC
         }
         for (int r = 0; r < BF16_MR; r++) {
             TC* row = Cm + (size_t)r * ldc;
-            if (std::is_same<TC, bf16>::value) {  // (accumulate is never set with a bf16 C)
+            if (std::is_same<TC, bf16>::value) {
+                if (accumulate) {  // C widened (its bits the high half of a word) plus the sums, then rounded
+                    const __mmask16 all = 0xffff;
+                    for (int h = 0; h < 2; h++) {
+                        __m512i w = _mm512_maskz_cvtepu16_epi32(all, _mm256_loadu_si256((const __m256i*)(const void*)(row + h * BF16_VL)));
+                        c[r][h] = _mm512_add_ps(_mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, w, 16)), c[r][h]);
+                    }
+                }
                 _mm256_storeu_si256((__m256i*)(void*)row, bf16_round16(c[r][0]));
                 _mm256_storeu_si256((__m256i*)(void*)(row + BF16_VL), bf16_round16(c[r][1]));
                 continue;
@@ -562,13 +570,13 @@ static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long 
 }
 template <typename TA, typename TB>
 static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
-                              long b_cs, bf16* Cm, long ldc, bool, const float* bias) {
+                              long b_cs, bf16* Cm, long ldc, bool accumulate, const float* bias) {
     static thread_local std::vector<float> wideC;
     if (wideC.size() < (size_t)M * N) wideC.resize((size_t)M * N);
     float* c = wideC.data();
     gemm_bf16_fma_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, c, N, false, bias);
     cpu_for(M, [&](long m) {
-        for (int n = 0; n < N; n++) Cm[m * ldc + n] = bf16_round(c[m * N + n]);
+        for (int n = 0; n < N; n++) store_c(Cm + m * ldc + n, c[m * N + n], accumulate);
     });
 }
 

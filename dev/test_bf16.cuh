@@ -227,6 +227,87 @@ static void test_bf16_weight_ops() {
           "%s, 1 and 3 threads)", differ, compared, bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path");
 }
 
+// A bf16 run's gradients in bf16 storage (Grad's h): every op that adds to a parameter's gradient adds its
+// fp32 sum once, rounded to nearest, so its result is the fp32 op's, run from the same gradient widened,
+// rounded once: bit for bit, for matmul_backward's dweight (the GEMM's bf16 C with accumulate, whole tiles in
+// vectors and ragged edges) and dbias, layernorm_backward's dw and db, encoder_backward with tokens repeated
+// and interleaved (a rounding per repeat would show) and position_backward on a sequence-parallel slice; on
+// both GEMM paths, with 1 and 3 threads.
+static void test_bf16_grad_ops() {
+    long differ = 0, compared = 0, moved = 0;
+    auto bf16_of = [](const std::vector<float>& v) {
+        std::vector<bf16> h(v.size());
+        for (size_t i = 0; i < v.size(); i++) h[i] = bf16_round(v[i]);
+        return h;
+    };
+    auto widened = [](const std::vector<bf16>& h) {
+        std::vector<float> v(h.size());
+        for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_float(h[i]);
+        return v;
+    };
+    // the bf16 result against the fp32 one rounded, and how many of them the op changed
+    auto compare = [&](const std::vector<bf16>& g16, const std::vector<float>& g32, const std::vector<bf16>& g0) {
+        for (size_t i = 0; i < g16.size(); i++) {
+            differ += g16[i] != bf16_round(g32[i]);
+            moved += g16[i] != g0[i];
+        }
+        compared += (long)g16.size();
+    };
+    struct { int N, IC, OC; } shapes[] = {{67, 96, 64}, {37, 33, 70}};
+    on_each_path_with_1_and_3_threads([&]() {
+        for (auto& sh : shapes) {
+            const int N = sh.N, IC = sh.IC, OC = sh.OC;
+            uint64_t z = 91 + (uint64_t)N;
+            auto rnd = [&]() { return bf16_test_uniform(&z); };
+            auto vec = [&](long n) {
+                std::vector<float> v(n);
+                for (auto& x : v) x = bf16_to_float(bf16_round(rnd()));
+                return v;
+            };
+            std::vector<bf16> w = bf16_of(vec((long)OC * IC));
+            std::vector<float> inp = vec((long)N * IC), dout = vec((long)N * OC);
+            std::vector<bf16> dw0 = bf16_of(vec((long)OC * IC)), db0 = bf16_of(vec(OC));
+            std::vector<bf16> dw16 = dw0, db16 = db0;
+            std::vector<float> dw32 = widened(dw0), db32 = widened(db0);
+            matmul_backward_cpu(nullptr, Grad(dw16.data()), Grad(db16.data()), dout.data(), inp.data(), Weight{nullptr, w.data()}, N, IC, OC);
+            matmul_backward_cpu(nullptr, Grad(dw32.data()), Grad(db32.data()), dout.data(), inp.data(), Weight{nullptr, w.data()}, N, IC, OC);
+            compare(dw16, dw32, dw0);
+            compare(db16, db32, db0);
+            // layernorm over rows of IC channels
+            std::vector<float> x = vec((long)N * IC), lw = vec(IC), lb = vec(IC), mean(N), rstd(N), ln((long)N * IC);
+            layernorm_forward_cpu(ln.data(), mean.data(), rstd.data(), x.data(), lw.data(), lb.data(), N, IC);
+            std::vector<float> dln = vec((long)N * IC), dx((long)N * IC);
+            std::vector<bf16> lw0 = bf16_of(vec(IC)), lb0 = bf16_of(vec(IC)), lw16 = lw0, lb16 = lb0;
+            std::vector<float> lw32 = widened(lw0), lb32 = widened(lb0);
+            layernorm_backward_cpu(dx.data(), Grad(lw16.data()), Grad(lb16.data()), dln.data(), x.data(), lw.data(), mean.data(), rstd.data(), N, IC);
+            layernorm_backward_cpu(dx.data(), Grad(lw32.data()), Grad(lb32.data()), dln.data(), x.data(), lw.data(), mean.data(), rstd.data(), N, IC);
+            compare(lw16, lw32, lw0);
+            compare(lb16, lb32, lb0);
+            // the embedding: rows [v0, v0 + OC / 2) of a vocabulary of OC rows; 5 distinct tokens, so each row
+            // owned repeats many times, interleaved with the others
+            std::vector<int> tokens(N);
+            for (int n = 0; n < N; n++) tokens[n] = (n * 7 + n / 3) % 5 * (OC / 5);
+            const int v0 = OC / 5, Vl = OC / 2;
+            std::vector<bf16> we0 = bf16_of(vec((long)Vl * IC)), we16 = we0;
+            std::vector<float> we32 = widened(we0);
+            encoder_backward_cpu(Grad(we16.data()), inp.data(), tokens.data(), v0, Vl, N, IC);
+            encoder_backward_cpu(Grad(we32.data()), inp.data(), tokens.data(), v0, Vl, N, IC);
+            compare(we16, we32, we0);
+            // the positions of an SP slice: N rows from token t0 of sequences of T, more rows than positions
+            const int T = 16, t0 = 11;
+            std::vector<bf16> wp0 = bf16_of(vec((long)T * IC)), wp16 = wp0;
+            std::vector<float> wp32 = widened(wp0);
+            position_backward_cpu(Grad(wp16.data()), inp.data(), N, t0, T, IC);
+            position_backward_cpu(Grad(wp32.data()), inp.data(), N, t0, T, IC);
+            compare(wp16, wp32, wp0);
+        }
+    });
+    check(differ == 0 && moved > compared / 2,
+          "the backward's gradients in bf16 storage are the fp32 ops' results rounded once, bit for bit: %ld of %ld differ "
+          "(matmul dweight and dbias, layernorm dw and db, wte with repeated tokens, wpe; %ld changed by the ops; %s, 1 and 3 threads)",
+          differ, compared, moved, bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path");
+}
+
 // The LM head and the loss with the logits in bf16 storage (a --dtype bf16 run's, Logits) against the same
 // values in fp32 words (what a bf16 run held before, and under the g_bf16_in_fp32 hook): the head's GEMM
 // stores each fp32 sum rounded to nearest; the cross-entropy's maxes, sums and losses are the same bits and
@@ -467,6 +548,7 @@ static void test_bf16() {
     }
     test_bf16_masters();
     test_bf16_weight_ops();
+    test_bf16_grad_ops();
     test_bf16_logits_ops();
     test_bf16_elementwise_ops();
 }
@@ -714,6 +796,13 @@ static void test_bf16_checkpoint() {
 // ----------------------------------------------------------------------------
 // --dtype bf16 training: bf16 weights (stochastically rounded from fp32 masters) and bf16 matmul operands
 
+// the elements of two vectors that differ in bits, and 1 more if their lengths do
+static long vectors_differ(const std::vector<float>& x, const std::vector<float>& y) {
+    long n = x.size() == y.size() ? 0 : 1;
+    for (size_t i = 0; i < x.size() && i < y.size(); i++) n += bf16_test_bits(x[i]) != bf16_test_bits(y[i]);
+    return n;
+}
+
 // the largest |difference| of two loss curves, NaN and a length mismatch count as infinite
 static double loss_gap(const std::vector<float>& a, const std::vector<float>& b) {
     if (a.size() != b.size() || a.empty()) return INFINITY;
@@ -900,13 +989,8 @@ static void test_bf16_train() {
                 run_tp(&cfg, init, P, steps_tp, data, B, T, 1e-3f, 1.0f, &on[which], P > 1, 0, true, true);
             }
             bf16_path = BF16_AUTO;
-            auto bits_differ = [](const std::vector<float>& x, const std::vector<float>& y) {
-                long n = x.size() == y.size() ? 0 : 1;
-                for (size_t i = 0; i < x.size() && i < y.size(); i++) n += bf16_test_bits(x[i]) != bf16_test_bits(y[i]);
-                return n;
-            };
-            long dl = bits_differ(on[0].losses, on[1].losses), dg = bits_differ(on[0].grads_full, on[1].grads_full),
-                 dw = bits_differ(on[0].params_full, on[1].params_full);
+            long dl = vectors_differ(on[0].losses, on[1].losses), dg = vectors_differ(on[0].grads_full, on[1].grads_full),
+                 dw = vectors_differ(on[0].params_full, on[1].params_full);
             check(dl + dg + dw == 0, "bf16 TP=%d%s, %d steps, matmuls on vdpbf16ps against fp32 fmas: %ld losses, %ld gradients, %ld weights differ in bits",
                   P, P > 1 ? " SP" : "", steps_tp, dl, dg, dw);
         }
@@ -932,6 +1016,30 @@ static void test_bf16_train() {
         check_le(off, 0, "bf16 (P 2, D 2%s) DP words per step against the formula: reduce-scatter %.0f, all-gather %.0f (the bf16 weights), "
                  "all-reduce %.0f: difference", zero ? ", -z 1" : "", res.dp_moved[KIND_REDUCESCATTER], res.dp_moved[KIND_ALLGATHER],
                  res.dp_moved[KIND_ALLREDUCE]);
+    }
+    // the gradient sums go through an fp32 stage in pieces where it is smaller than the sum (g_grad_stage_max):
+    // elementwise sums, so a stage of 37 floats (pieces of 37, and of 18 per replica for ZeRO's reduce-scatter,
+    // cutting through tensors) gives the bits of one piece; for DP, SP's replicated tensors and the tied wte
+    // between pipeline stages
+    {
+        struct { int P, D, zero, sp, S; const char* what; } grids[] = {
+            {2, 2, 0, 0, 1, "P 2, D 2"}, {2, 2, 1, 0, 1, "P 2, D 2, -z 1"}, {2, 1, 0, 1, 1, "P 2, SP"}, {1, 1, 0, 0, 2, "PP 2"}};
+        long differ = 0;
+        std::string which;
+        for (auto& gr : grids) {
+            GridResult whole, pieces;
+            run_grid(&small, sinit, gr.P, gr.D, gr.zero, 1, 6, sdata, 2, 16, &whole, false, gr.sp, gr.S, PP_1F1B, DTYPE_BF16);
+            const long had = g_grad_stage_max;
+            g_grad_stage_max = 37;
+            run_grid(&small, sinit, gr.P, gr.D, gr.zero, 1, 6, sdata, 2, 16, &pieces, false, gr.sp, gr.S, PP_1F1B, DTYPE_BF16);
+            g_grad_stage_max = had;
+            long d = vectors_differ(whole.losses, pieces.losses) + vectors_differ(whole.grads_full, pieces.grads_full) +
+                     vectors_differ(whole.params_full, pieces.params_full) + (whole.losses.size() != 6);
+            if (d) which += std::string(" ") + gr.what;
+            differ += d;
+        }
+        check(differ == 0, "bf16 gradient sums through a stage of 37 floats, in pieces, against one piece (DP, -z 1, SP, PP): "
+              "%ld losses, gradients and weights differ in bits after 6 steps%s", differ, which.c_str());
     }
     // ZeRO-1 in bf16 gathers the bf16 copy each replica rounds of its slice, where -z 0 rounds all of it:
     // the same bits where the masters are the same (the sums' order differs only in the gradient norm)

@@ -623,6 +623,117 @@ static void test_bf16_logits(CudaCtx* cx) {
     }
 }
 
+// A bf16 run's gradients in bf16 storage (Grad's h), each op's fp32 sum added once and rounded to nearest:
+// matmul_backward's dweight (cuBLAS with a bf16 C and beta 1) and dbias, and layernorm_backward's dw and db,
+// within half a bf16 unit of the CPU's fp32 results from the same start widened (plus what two fp32 sums may
+// differ); encoder_backward (tokens repeated and interleaved: the rows grouped on the host) and
+// position_backward (an SP slice) the CPU's bf16 bits exactly; adamw and sumsq reading bf16 gradients
+// against the CPU's (at a 16-byte boundary and 2 bytes past one).
+static void test_bf16_grads(CudaCtx* cx) {
+    printf("the backward's gradients in bf16 storage (matmul, layernorm, embeddings), adamw and sumsq from them\n");
+    Rnd r = {53};
+    const double ULP_BOUND = 0.51;
+    auto bf16_of = [](const std::vector<float>& v) {
+        std::vector<bf16> h(v.size());
+        for (size_t i = 0; i < v.size(); i++) h[i] = bf16_round(v[i]);
+        return h;
+    };
+    auto widened = [](const std::vector<bf16>& h) {
+        std::vector<float> v(h.size());
+        for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_float(h[i]);
+        return v;
+    };
+    std::vector<float*> bases;  // freed at the end
+    auto up16 = [&](const std::vector<bf16>& h, int off = 0) {
+        float* base = cuda_alloc(cx, ((long)h.size() + off + 1) / 2 + 1);
+        bases.push_back(base);
+        bf16* p = (bf16*)base + off;
+        cuda_upload(cx, p, h.data(), h.size() * sizeof(bf16));
+        return p;
+    };
+    auto down16 = [&](const bf16* p, size_t n) {
+        std::vector<bf16> h(n);
+        cuda_download(cx, h.data(), p, n * sizeof(bf16));
+        return h;
+    };
+    auto bf16_values = [](std::vector<float> v) { round_bf16_cpu(v.data(), (long)v.size()); return v; };
+    struct { int N, IC, OC, off; } mcases[] = {{64, 128, 96, 0}, {33, 70, 37, 0}, {17, 33, 40, 1}};
+    for (auto& k : mcases) {
+        char s[64];
+        snprintf(s, sizeof(s), "N=%d IC=%d OC=%d%s", k.N, k.IC, k.OC, k.off ? " grads 2 bytes past" : "");
+        auto inp = bf16_values(rnd_vec(&r, (long)k.N * k.IC)), dout = bf16_values(rnd_vec(&r, (long)k.N * k.OC));
+        std::vector<bf16> w = bf16_of(rnd_vec(&r, (long)k.OC * k.IC)), dw0 = bf16_of(rnd_vec(&r, (long)k.OC * k.IC)), db0 = bf16_of(rnd_vec(&r, k.OC));
+        std::vector<float> dw_c = widened(dw0), db_c = widened(db0);
+        matmul_backward_cpu(nullptr, Grad(dw_c.data()), Grad(db_c.data()), dout.data(), inp.data(), Weight{nullptr, w.data()}, k.N, k.IC, k.OC);
+        DevBuf di = dev_up(cx, inp), dd = dev_up(cx, dout);
+        bf16 *wb = up16(w), *dwb = up16(dw0, k.off), *dbb = up16(db0, k.off);
+        matmul_backward_cuda(cx, nullptr, Grad(dwb), Grad(dbb), dd.p, di.p, Weight{nullptr, wb}, k.N, k.IC, k.OC);
+        check_le(bf16_ulps_from(down16(dwb, dw0.size()), dw_c), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 sums", "matmul_backward dw16", s);
+        check_le(bf16_ulps_from(down16(dbb, db0.size()), db_c), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 sums", "matmul_backward db16", s);
+        for (DevBuf* d : {&di, &dd}) cuda_free(cx, d->base);
+    }
+    struct { int N, C, off; } lcases[] = {{5, 64, 0}, {33, 100, 1}, {257, 768, 0}};
+    for (auto& k : lcases) {
+        char s[64];
+        snprintf(s, sizeof(s), "N=%d C=%d%s", k.N, k.C, k.off ? " grads 2 bytes past" : "");
+        long NC = (long)k.N * k.C;
+        auto inp = rnd_vec(&r, NC, -2, 3), w = rnd_vec(&r, k.C, 0.5f, 1.5f), b = rnd_vec(&r, k.C), dout = rnd_vec(&r, NC);
+        std::vector<float> out(NC), mean(k.N), rstd(k.N), dinp(NC);
+        layernorm_forward_cpu(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), k.N, k.C);
+        std::vector<bf16> dw0 = bf16_of(rnd_vec(&r, k.C)), db0 = bf16_of(rnd_vec(&r, k.C));
+        std::vector<float> dw_c = widened(dw0), db_c = widened(db0);
+        layernorm_backward_cpu(dinp.data(), Grad(dw_c.data()), Grad(db_c.data()), dout.data(), inp.data(), w.data(), mean.data(), rstd.data(), k.N, k.C);
+        DevBuf di = dev_up(cx, inp), dwt = dev_up(cx, w), dd = dev_up(cx, dout), cm = dev_up(cx, mean), cr = dev_up(cx, rstd);
+        DevBuf ddinp = dev_up(cx, std::vector<float>(NC, 0.0f));
+        bf16 *dwb = up16(dw0, k.off), *dbb = up16(db0, k.off);
+        layernorm_backward_cuda(cx, ddinp.p, Grad(dwb), Grad(dbb), dd.p, di.p, dwt.p, cm.p, cr.p, k.N, k.C);
+        check_le(bf16_ulps_from(down16(dwb, k.C), dw_c), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 sums", "layernorm_backward dw16", s);
+        check_le(bf16_ulps_from(down16(dbb, k.C), db_c), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 sums", "layernorm_backward db16", s);
+        for (DevBuf* d : {&di, &dwt, &dd, &cm, &cr, &ddinp}) cuda_free(cx, d->base);
+    }
+    struct { int B, T, C, Vl, v0, distinct, P; } ecases[] = {{2, 32, 96, 8, 0, 5, 1}, {4, 17, 33, 40, 40, 100, 2}, {2, 64, 64, 3, 1, 4, 4}};
+    for (auto& k : ecases) {
+        char s[64];
+        int N = k.B * k.T, Nr = N / k.P, t0 = k.P > 1 ? Nr : 0;
+        snprintf(s, sizeof(s), "N=%d C=%d Vl=%d v0=%d t0=%d", N, k.C, k.Vl, k.v0, t0);
+        auto tokens = rnd_ints(&r, N, k.distinct);
+        auto dout = rnd_vec(&r, (long)N * k.C);
+        std::vector<bf16> we0 = bf16_of(rnd_vec(&r, (long)k.Vl * k.C)), wp0 = bf16_of(rnd_vec(&r, (long)k.T * k.C));
+        std::vector<bf16> we_c = we0, wp_c = wp0;
+        encoder_backward_cpu(Grad(we_c.data()), dout.data(), tokens.data(), k.v0, k.Vl, N, k.C);
+        position_backward_cpu(Grad(wp_c.data()), dout.data(), Nr, t0, k.T, k.C);
+        int* dtok = dev_up_int(cx, tokens);
+        DevBuf dd = dev_up(cx, dout);
+        bf16 *web = up16(we0), *wpb = up16(wp0);
+        encoder_backward_cuda(cx, Grad(web), dd.p, dtok, k.v0, k.Vl, N, k.C);
+        position_backward_cuda(cx, Grad(wpb), dd.p, Nr, t0, k.T, k.C);
+        check_le((double)(down16(web, we0.size()) != we_c), 0, "%-22s %-44s the CPU's bf16 bits (0: all equal)", "encoder_backward dwte16", s);
+        check_le((double)(down16(wpb, wp0.size()) != wp_c), 0, "%-22s %-44s the CPU's bf16 bits (0: all equal)", "position_backward dwpe16", s);
+        cuda_free(cx, dtok);
+        cuda_free(cx, dd.base);
+    }
+    for (long n : {5L, 1027L, 4099L})
+        for (int off = 0; off < 2; off++) {
+            char s[64];
+            snprintf(s, sizeof(s), "n=%ld%s", n, off ? " grads 2 bytes past" : "");
+            auto p = rnd_vec(&r, n), m = rnd_vec(&r, n, -0.1f, 0.1f), v = rnd_vec(&r, n, 0.0f, 0.01f);
+            std::vector<bf16> g = bf16_of(rnd_vec(&r, n));
+            std::vector<float> norm2 = {3.0f, 1.5f}, pc = p, mc = m, vc = v, sq = {0.25f};
+            adamw_cpu(pc.data(), g.data(), mc.data(), vc.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, norm2.data(), 1.0f);
+            sumsq_cpu(sq.data(), g.data(), n);
+            DevBuf dp = dev_up(cx, p), dm = dev_up(cx, m), dv = dev_up(cx, v), dn = dev_up(cx, norm2), dsq = dev_up(cx, {0.25f});
+            const bf16* gb = up16(g, off);
+            adamw_cuda(cx, dp.p, gb, dm.p, dv.p, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, dn.p, 1.0f);
+            sumsq_cuda(cx, dsq.p, gb, n);
+            expect_close("adamw bf16 grads", (std::string(s) + " params").c_str(), dev_down(cx, dp.p, n), pc, FP32_BOUND);
+            expect_close("adamw bf16 grads", (std::string(s) + " m").c_str(), dev_down(cx, dm.p, n), mc, FP32_BOUND);
+            expect_close("adamw bf16 grads", (std::string(s) + " v").c_str(), dev_down(cx, dv.p, n), vc, FP32_BOUND);
+            expect_close("sumsq bf16", s, dev_down(cx, dsq.p, 1), sq, 1e-6);
+            for (DevBuf* d : {&dp, &dm, &dv, &dn, &dsq}) cuda_free(cx, d->base);
+        }
+    for (float* b : bases) cuda_free(cx, b);
+}
+
 // The ops that write a bf16 run's kept activations straight into bf16 storage: layernorm_forward into bf16
 // (8-byte stores of 4, and one by one where C % 4 or the address says so) within half a bf16 unit of the CPU's
 // fp32 output plus the fp32 ops' difference, and the same statistics; gelu_forward_bf16 (16-byte loads and
@@ -1347,6 +1458,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     test_bf16_weights(&cx);
     test_bf16_logits(&cx);
     test_bf16_elementwise(&cx);
+    test_bf16_grads(&cx);
     cuda_ctx_free(&cx);
     for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);
     test_skip_detected(argv0, false);

@@ -154,7 +154,9 @@ static void test_plan_memory() {
                         gpt_set_dtype(&m, &rk, true, 1);
                         gpt_alloc_acts(&m, &rk, B, T);
                         end = ((float**)&m.acts)[last] + m.layout.size[last] * act_copies(&m.layout, last, c.L);
-                        got = 4.0 * (2 * m.npad + 2 * m.nslice + (end - m.acts_mem) + (m.npad + 1) / 2 + params_vector_floats(&m.plan));
+                        // (and the gradients: the matrices' bf16, the vectors' fp32, and the stage they are summed in)
+                        got = 4.0 * (m.npad + 2 * m.nslice + (end - m.acts_mem) + 2 * ((m.npad + 1) / 2 + params_vector_floats(&m.plan)) +
+                                     m.gstage_n);
                         RankMemory rm16 = rank_memory(&c, P, D, zero, B, T, sp, r, fused, 1, 0, 1, true);
                         if (got != memory_total(&rm16)) {
                             bad16++;
@@ -167,7 +169,7 @@ static void test_plan_memory() {
           "gpt_alloc_acts allocate, exactly, in %d of %d configs (P, D, -z, --sp, -r, --attention)%s%s", cases - bad, cases,
           bad ? "; first off: " : "", worst.c_str());
     check(bad16 == 0, "--dtype bf16: rank_memory = the bytes gpt_build, gpt_set_dtype and gpt_alloc_acts allocate (the bf16 copy of the "
-          "weights, SP's bf16 gather buffer), exactly, in %d of %d configs%s%s", cases - bad16, cases, bad16 ? "; first off: " : "",
+          "weights and the gradients, SP's bf16 gather buffer), exactly, in %d of %d configs%s%s", cases - bad16, cases, bad16 ? "; first off: " : "",
           worst16.c_str());
     // bf16 (a prediction): 2 + 2 bytes of bf16 parameters and gradients, 4 + 8 of fp32 master and AdamW state, bf16 activations
     GPTConfig d12 = make_config(12, 12, 768, 50257, 1024);

@@ -389,7 +389,6 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
                 const ShardPlan* s = &m.plan;
                 Acts* x = &m.acts;
                 Params* p = &m.params;
-                Params* gr = &m.grads;
                 LayerActs la = layer_acts(&m, 0);
                 int C = c->C, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, NHl = s->NHl, hs = m.hs, BT = B * T;
                 float* in = x->lnf;  // (B, T, C): an input of every token
@@ -402,16 +401,16 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
                 // run has, where a bf16 run has no fp32 fch or fch_gelu; these are timed, their values unused)
                 OP(&rk, matmul_forward, x->dfch, in, WEIGHT(&m, fcw, 0), p->fcb, BT, C, C4l);
                 OP(&rk, matmul_forward, x->partial, x->dfch, WEIGHT(&m, fcprojw, 0), nullptr, BT, C4l, C);
-                OP(&rk, matmul_backward, x->dfch, gr->fcprojw, gr->fcprojb, x->partial, x->dfch, WEIGHT(&m, fcprojw, 0), BT, C4l, C);
-                OP(&rk, matmul_backward, x->dln, gr->fcw, gr->fcb, x->dfch, in, WEIGHT(&m, fcw, 0), BT, C, C4l);
-                OP(&rk, matmul_backward, x->datty, gr->attprojw, gr->attprojb, x->partial, la.atty, WEIGHT(&m, attprojw, 0), BT, Cl, C);
+                OP(&rk, matmul_backward, x->dfch, GRAD(&m, fcprojw, 0), GRAD(&m, fcprojb, 0), x->partial, x->dfch, WEIGHT(&m, fcprojw, 0), BT, C4l, C);
+                OP(&rk, matmul_backward, x->dln, GRAD(&m, fcw, 0), GRAD(&m, fcb, 0), x->dfch, in, WEIGHT(&m, fcw, 0), BT, C, C4l);
+                OP(&rk, matmul_backward, x->datty, GRAD(&m, attprojw, 0), GRAD(&m, attprojb, 0), x->partial, la.atty, WEIGHT(&m, attprojw, 0), BT, Cl, C);
                 if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
                 else OP(&rk, attention_backward, x->dqkv, x->datty, la.qkv, la.att, B, T, NHl, hs);
-                OP(&rk, matmul_backward, x->dln, gr->qkvw, gr->qkvb, x->dqkv, in, WEIGHT(&m, qkvw, 0), BT, C, 3 * Cl);
+                OP(&rk, matmul_backward, x->dln, GRAD(&m, qkvw, 0), GRAD(&m, qkvb, 0), x->dqkv, in, WEIGHT(&m, qkvw, 0), BT, C, 3 * Cl);
                 plan_sync(&rk);
                 double t4 = comm_now();
                 OP(&rk, matmul_forward, logits_of(&m), x->lnf, WEIGHT(&m, wte, 0), nullptr, BT, C, Vl);
-                OP(&rk, matmul_backward, x->dln, gr->wte, nullptr, logits_of(&m), x->lnf, WEIGHT(&m, wte, 0), BT, C, Vl);
+                OP(&rk, matmul_backward, x->dln, GRAD(&m, wte, 0), nullptr, logits_of(&m), x->lnf, WEIGHT(&m, wte, 0), BT, C, Vl);
                 plan_sync(&rk);
                 double t5 = comm_now();
                 if (r != 0 || rep == 0) continue;  // the first warms caches and allocations

@@ -95,6 +95,7 @@ static void print_memory(const Run* run) {
            (total - c->L * per_layer) / 1e6);
     if (a->dtype == DTYPE_BF16)
         printf("  --dtype bf16: the parameters are the fp32 master weights and the layers' bf16 copy of them (2 bytes a weight);\n"
+               "  the matrices' gradients are bf16 too, each op's fp32 sum rounded once (the vectors' fp32; summed over ranks in fp32);\n"
                "  each layer keeps its bf16 activations (ln1, atty, ln2, fch, fch_gelu) as bf16, the residuals and q, k, v in fp32%s;\n"
                "  the LM head's logits and their gradient are bf16 too (B*T*Vp/P of them: half the fp32 bytes);\n"
                "  %s\n", split && sp_wire_bf16(c, true) ? " (SP's all-gathers move them as bf16, through a B*T*C bf16 buffer)" : "", run->device == DEV_CUDA ? "the GPU's matmuls pack them to bf16 and multiply them by the weights on bf16 tensor cores, with fp32 sums"

@@ -41,7 +41,8 @@ struct RankMemory {
 
 // fused: --attention fused (else matmul). Pipeline parallelism: a rank of stage `stage` of S, keeping
 // `slots` micro-batches' activations (pp_slots). bf16: --dtype bf16, whose parameters are the fp32 masters
-// and the layers' bf16 copy of them (2 bytes a weight, and its vectors widened to fp32: gpt_set_dtype).
+// and the layers' bf16 copy of them (2 bytes a weight, and its vectors widened to fp32: gpt_set_dtype), and
+// whose gradients are too (the matrices' bf16, the vectors' fp32, and an fp32 stage where they are summed).
 static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B, int T, bool sp, int recompute, bool fused,
                               int S = 1, int stage = 0, int slots = 1, bool bf16 = false) {
     ShardPlan s;
@@ -51,7 +52,10 @@ static RankMemory rank_memory(const GPTConfig* c, int P, int D, int zero, int B,
     long npad = shard_padded(n, zero, D);  // as gpt_build allocates it
     RankMemory mem;
     mem.params = 4.0 * npad + (bf16 ? 4.0 * ((npad + 1) / 2 + params_vector_floats(&s)) : 0);
-    mem.grads = 4.0 * npad;
+    // bf16: the matrices' gradients in bf16 storage, the vectors' in fp32, and the stage the collectives sum
+    // them in
+    long gstage = grad_stage_floats(c, &s, npad, D, S, sp_splits(sp, P, B, T), T);
+    mem.grads = bf16 ? 4.0 * ((npad + 1) / 2 + params_vector_floats(&s) + gstage) : 4.0 * npad;
     mem.moments = 2 * 4.0 * (zero ? npad / D : n);
     mem.acts = 4.0 * slots * acts_floats(c, &s, B, T, sp_splits(sp, P, B, T), recompute, fused, bf16);
     return mem;
