@@ -298,14 +298,19 @@ static void dev_upload(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) cuda_upload(&rk->cuda, dst, src, bytes);
     else memcpy(dst, src, bytes);
 }
-// waits for the rank's queued work first; comm_sync does that with the collective timeout (NCCL). The
-// DP group first: its collectives share the stream with the TP group's, and a TP group on shared GPU
-// memory (or of one rank) synchronises the stream outright, which would wait for ever on a DP
-// collective whose peer process died instead of reporting it through NCCL within --timeout.
+// dev_drain waits for the rank's queued work, and dev_download does first; comm_sync does that with the
+// collective timeout (NCCL). The DP group first: its collectives share the stream with the TP group's,
+// and a TP group on shared GPU memory (or of one rank) synchronises the stream outright, which would wait
+// for ever on a DP collective whose peer process died instead of reporting it through NCCL within
+// --timeout.
+static void dev_drain(Rank* rk) {
+    if (rk->device != DEV_CUDA) return;
+    if (rk->dp.g) comm_sync(&rk->dp);
+    comm_sync(&rk->tp);
+}
 static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) {
-        if (rk->dp.g) comm_sync(&rk->dp);
-        comm_sync(&rk->tp);
+        dev_drain(rk);
         cuda_download(&rk->cuda, dst, src, bytes);
     } else {
         memcpy(dst, src, bytes);
@@ -1496,6 +1501,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
     // tokens (all of them without SP: the same sum on every rank).
     OP(rk, position_backward, GRAD(m, wpe, 0), a->dres, N, m->t0, T, C);
     float* demb = all_tokens(m, rk, a->dres, false, "embedding bwd", -1);
+    // (a bf16 run's GPU op reads the token ids back to group them by row, a wait for the stream: drained here
+    // first, where a collective that cannot complete is reported within --timeout instead of hanging)
+    if (m->bf16) dev_drain(rk);
     OP(rk, encoder_backward, GRAD(m, wte, 0), demb, m->tokens, s->v0, Vl, BT, C);
     // (with SP the layernorms' and wpe's gradients are still partial sums over the ranks' tokens here:
     // gpt_update all-reduces them once per step, after every micro-step's backward has added its part)
