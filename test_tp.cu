@@ -295,6 +295,18 @@ static std::vector<int> random_tokens(long n, int V, uint64_t seed) {
     return t;
 }
 
+// v rounded to nearest into bf16 storage, and bf16 storage widened back (the bf16 ops' tests)
+static std::vector<bf16> bf16_vector_of(const std::vector<float>& v) {
+    std::vector<bf16> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) h[i] = bf16_round(v[i]);
+    return h;
+}
+static std::vector<float> fp32_vector_of(const std::vector<bf16>& h) {
+    std::vector<float> v(h.size());
+    for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_float(h[i]);
+    return v;
+}
+
 // ----------------------------------------------------------------------------
 // collectives
 

@@ -235,16 +235,6 @@ static void test_bf16_weight_ops() {
 // both GEMM paths, with 1 and 3 threads.
 static void test_bf16_grad_ops() {
     long differ = 0, compared = 0, moved = 0;
-    auto bf16_of = [](const std::vector<float>& v) {
-        std::vector<bf16> h(v.size());
-        for (size_t i = 0; i < v.size(); i++) h[i] = bf16_round(v[i]);
-        return h;
-    };
-    auto widened = [](const std::vector<bf16>& h) {
-        std::vector<float> v(h.size());
-        for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_float(h[i]);
-        return v;
-    };
     // the bf16 result against the fp32 one rounded, and how many of them the op changed
     auto compare = [&](const std::vector<bf16>& g16, const std::vector<float>& g32, const std::vector<bf16>& g0) {
         for (size_t i = 0; i < g16.size(); i++) {
@@ -264,11 +254,11 @@ static void test_bf16_grad_ops() {
                 for (auto& x : v) x = bf16_to_float(bf16_round(rnd()));
                 return v;
             };
-            std::vector<bf16> w = bf16_of(vec((long)OC * IC));
+            std::vector<bf16> w = bf16_vector_of(vec((long)OC * IC));
             std::vector<float> inp = vec((long)N * IC), dout = vec((long)N * OC);
-            std::vector<bf16> dw0 = bf16_of(vec((long)OC * IC)), db0 = bf16_of(vec(OC));
+            std::vector<bf16> dw0 = bf16_vector_of(vec((long)OC * IC)), db0 = bf16_vector_of(vec(OC));
             std::vector<bf16> dw16 = dw0, db16 = db0;
-            std::vector<float> dw32 = widened(dw0), db32 = widened(db0);
+            std::vector<float> dw32 = fp32_vector_of(dw0), db32 = fp32_vector_of(db0);
             matmul_backward_cpu(nullptr, Grad(dw16.data()), Grad(db16.data()), dout.data(), inp.data(), Weight{nullptr, w.data()}, N, IC, OC);
             matmul_backward_cpu(nullptr, Grad(dw32.data()), Grad(db32.data()), dout.data(), inp.data(), Weight{nullptr, w.data()}, N, IC, OC);
             compare(dw16, dw32, dw0);
@@ -277,8 +267,8 @@ static void test_bf16_grad_ops() {
             std::vector<float> x = vec((long)N * IC), lw = vec(IC), lb = vec(IC), mean(N), rstd(N), ln((long)N * IC);
             layernorm_forward_cpu(ln.data(), mean.data(), rstd.data(), x.data(), lw.data(), lb.data(), N, IC);
             std::vector<float> dln = vec((long)N * IC), dx((long)N * IC);
-            std::vector<bf16> lw0 = bf16_of(vec(IC)), lb0 = bf16_of(vec(IC)), lw16 = lw0, lb16 = lb0;
-            std::vector<float> lw32 = widened(lw0), lb32 = widened(lb0);
+            std::vector<bf16> lw0 = bf16_vector_of(vec(IC)), lb0 = bf16_vector_of(vec(IC)), lw16 = lw0, lb16 = lb0;
+            std::vector<float> lw32 = fp32_vector_of(lw0), lb32 = fp32_vector_of(lb0);
             layernorm_backward_cpu(dx.data(), Grad(lw16.data()), Grad(lb16.data()), dln.data(), x.data(), lw.data(), mean.data(), rstd.data(), N, IC);
             layernorm_backward_cpu(dx.data(), Grad(lw32.data()), Grad(lb32.data()), dln.data(), x.data(), lw.data(), mean.data(), rstd.data(), N, IC);
             compare(lw16, lw32, lw0);
@@ -288,15 +278,15 @@ static void test_bf16_grad_ops() {
             std::vector<int> tokens(N);
             for (int n = 0; n < N; n++) tokens[n] = (n * 7 + n / 3) % 5 * (OC / 5);
             const int v0 = OC / 5, Vl = OC / 2;
-            std::vector<bf16> we0 = bf16_of(vec((long)Vl * IC)), we16 = we0;
-            std::vector<float> we32 = widened(we0);
+            std::vector<bf16> we0 = bf16_vector_of(vec((long)Vl * IC)), we16 = we0;
+            std::vector<float> we32 = fp32_vector_of(we0);
             encoder_backward_cpu(Grad(we16.data()), inp.data(), tokens.data(), v0, Vl, N, IC);
             encoder_backward_cpu(Grad(we32.data()), inp.data(), tokens.data(), v0, Vl, N, IC);
             compare(we16, we32, we0);
             // the positions of an SP slice: N rows from token t0 of sequences of T, more rows than positions
             const int T = 16, t0 = 11;
-            std::vector<bf16> wp0 = bf16_of(vec((long)T * IC)), wp16 = wp0;
-            std::vector<float> wp32 = widened(wp0);
+            std::vector<bf16> wp0 = bf16_vector_of(vec((long)T * IC)), wp16 = wp0;
+            std::vector<float> wp32 = fp32_vector_of(wp0);
             position_backward_cpu(Grad(wp16.data()), inp.data(), N, t0, T, IC);
             position_backward_cpu(Grad(wp32.data()), inp.data(), N, t0, T, IC);
             compare(wp16, wp32, wp0);

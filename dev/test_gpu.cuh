@@ -633,16 +633,6 @@ static void test_bf16_grads(CudaCtx* cx) {
     printf("the backward's gradients in bf16 storage (matmul, layernorm, embeddings), adamw and sumsq from them\n");
     Rnd r = {53};
     const double ULP_BOUND = 0.51;
-    auto bf16_of = [](const std::vector<float>& v) {
-        std::vector<bf16> h(v.size());
-        for (size_t i = 0; i < v.size(); i++) h[i] = bf16_round(v[i]);
-        return h;
-    };
-    auto widened = [](const std::vector<bf16>& h) {
-        std::vector<float> v(h.size());
-        for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_float(h[i]);
-        return v;
-    };
     std::vector<float*> bases;  // freed at the end
     auto up16 = [&](const std::vector<bf16>& h, int off = 0) {
         float* base = cuda_alloc(cx, ((long)h.size() + off + 1) / 2 + 1);
@@ -662,8 +652,8 @@ static void test_bf16_grads(CudaCtx* cx) {
         char s[64];
         snprintf(s, sizeof(s), "N=%d IC=%d OC=%d%s", k.N, k.IC, k.OC, k.off ? " grads 2 bytes past" : "");
         auto inp = bf16_values(rnd_vec(&r, (long)k.N * k.IC)), dout = bf16_values(rnd_vec(&r, (long)k.N * k.OC));
-        std::vector<bf16> w = bf16_of(rnd_vec(&r, (long)k.OC * k.IC)), dw0 = bf16_of(rnd_vec(&r, (long)k.OC * k.IC)), db0 = bf16_of(rnd_vec(&r, k.OC));
-        std::vector<float> dw_c = widened(dw0), db_c = widened(db0);
+        std::vector<bf16> w = bf16_vector_of(rnd_vec(&r, (long)k.OC * k.IC)), dw0 = bf16_vector_of(rnd_vec(&r, (long)k.OC * k.IC)), db0 = bf16_vector_of(rnd_vec(&r, k.OC));
+        std::vector<float> dw_c = fp32_vector_of(dw0), db_c = fp32_vector_of(db0);
         matmul_backward_cpu(nullptr, Grad(dw_c.data()), Grad(db_c.data()), dout.data(), inp.data(), Weight{nullptr, w.data()}, k.N, k.IC, k.OC);
         DevBuf di = dev_up(cx, inp), dd = dev_up(cx, dout);
         bf16 *wb = up16(w), *dwb = up16(dw0, k.off), *dbb = up16(db0, k.off);
@@ -680,8 +670,8 @@ static void test_bf16_grads(CudaCtx* cx) {
         auto inp = rnd_vec(&r, NC, -2, 3), w = rnd_vec(&r, k.C, 0.5f, 1.5f), b = rnd_vec(&r, k.C), dout = rnd_vec(&r, NC);
         std::vector<float> out(NC), mean(k.N), rstd(k.N), dinp(NC);
         layernorm_forward_cpu(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), k.N, k.C);
-        std::vector<bf16> dw0 = bf16_of(rnd_vec(&r, k.C)), db0 = bf16_of(rnd_vec(&r, k.C));
-        std::vector<float> dw_c = widened(dw0), db_c = widened(db0);
+        std::vector<bf16> dw0 = bf16_vector_of(rnd_vec(&r, k.C)), db0 = bf16_vector_of(rnd_vec(&r, k.C));
+        std::vector<float> dw_c = fp32_vector_of(dw0), db_c = fp32_vector_of(db0);
         layernorm_backward_cpu(dinp.data(), Grad(dw_c.data()), Grad(db_c.data()), dout.data(), inp.data(), w.data(), mean.data(), rstd.data(), k.N, k.C);
         DevBuf di = dev_up(cx, inp), dwt = dev_up(cx, w), dd = dev_up(cx, dout), cm = dev_up(cx, mean), cr = dev_up(cx, rstd);
         DevBuf ddinp = dev_up(cx, std::vector<float>(NC, 0.0f));
@@ -698,7 +688,7 @@ static void test_bf16_grads(CudaCtx* cx) {
         snprintf(s, sizeof(s), "N=%d C=%d Vl=%d v0=%d t0=%d", N, k.C, k.Vl, k.v0, t0);
         auto tokens = rnd_ints(&r, N, k.distinct);
         auto dout = rnd_vec(&r, (long)N * k.C);
-        std::vector<bf16> we0 = bf16_of(rnd_vec(&r, (long)k.Vl * k.C)), wp0 = bf16_of(rnd_vec(&r, (long)k.T * k.C));
+        std::vector<bf16> we0 = bf16_vector_of(rnd_vec(&r, (long)k.Vl * k.C)), wp0 = bf16_vector_of(rnd_vec(&r, (long)k.T * k.C));
         std::vector<bf16> we_c = we0, wp_c = wp0;
         encoder_backward_cpu(Grad(we_c.data()), dout.data(), tokens.data(), k.v0, k.Vl, N, k.C);
         position_backward_cpu(Grad(wp_c.data()), dout.data(), Nr, t0, k.T, k.C);
@@ -717,7 +707,7 @@ static void test_bf16_grads(CudaCtx* cx) {
             char s[64];
             snprintf(s, sizeof(s), "n=%ld%s", n, off ? " grads 2 bytes past" : "");
             auto p = rnd_vec(&r, n), m = rnd_vec(&r, n, -0.1f, 0.1f), v = rnd_vec(&r, n, 0.0f, 0.01f);
-            std::vector<bf16> g = bf16_of(rnd_vec(&r, n));
+            std::vector<bf16> g = bf16_vector_of(rnd_vec(&r, n));
             std::vector<float> norm2 = {3.0f, 1.5f}, pc = p, mc = m, vc = v, sq = {0.25f};
             adamw_cpu(pc.data(), g.data(), mc.data(), vc.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, norm2.data(), 1.0f);
             sumsq_cpu(sq.data(), g.data(), n);
