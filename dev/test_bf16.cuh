@@ -868,10 +868,62 @@ static void test_bf16_partial_sums() {
     }
 }
 
+// In which precision the gradient sums over the replicas travel (DP's all-reduce or ZeRO-1's reduce-scatter,
+// the matrices' gradients in bf16 storage). tp widens them and sums fp32 words, rounding each sum once; moving
+// them as bf16 would halve the bytes but round the running sum at every hop of the ring. Measured on real
+// gradients: the step-0 gradients of D batches (one replica's each) of a small model in bf16, the matrices'
+// elements, each sum against the exact one (double): rms error over rms, and the share of elements where
+// the two ways give other bf16. (With 2 replicas there is one add, so bf16 on the wire rounds once too: the
+// same bits for half the bytes; tp moves fp32 words anyway, one code path for every D.)
+static void test_bf16_grad_sums() {
+    GPTConfig cfg = make_config(2, 4, 64, 256, 32);
+    std::vector<float> init = init_weights(&cfg, 11);
+    const int B = 4, T = 32, D = 8;
+    std::vector<std::vector<float>> g(D);
+    for (int d = 0; d < D; d++) {
+        TpResult r;
+        run_tp(&cfg, init, 1, 1, random_tokens((long)B * T + 1, cfg.V, 500 + d), B, T, 1e-3f, 1.0f, &r, false, 0, true, true);
+        g[d] = r.grads_full;
+    }
+    std::vector<char> matrix(g[0].size(), 0);  // the elements of wte and the layers' four matrices
+    ShardPlan plan;
+    shard_plan_init(&plan, &cfg, 1, 0);
+    for (long i = 0, off = 0; i < NUM_PARAM_TENSORS; off += shard_full_size(&plan.t[i]), i++)
+        if (param_is_matrix((int)i)) std::fill(matrix.begin() + off, matrix.begin() + off + shard_full_size(&plan.t[i]), 1);
+    for (int Dn : {2, 4, 8}) {
+        double q32 = 0, q16 = 0, q = 0;
+        long n = 0, other = 0, not_bf16 = 0;
+        for (size_t i = 0; i < g[0].size(); i++) {
+            if (!matrix[i]) continue;
+            double exact = 0;
+            float sum32 = 0.0f, sum16 = 0.0f;
+            for (int d = 0; d < Dn; d++) {
+                not_bf16 += bf16_to_float(bf16_round(g[d][i])) != g[d][i];  // (each replica's is bf16 already)
+                exact += g[d][i];
+                sum32 += g[d][i];                                                             // tp: fp32 words
+                sum16 = d == 0 ? g[d][i] : bf16_to_float(bf16_round(sum16 + g[d][i]));       // bf16 at each hop
+            }
+            float once = bf16_to_float(bf16_round(sum32));  // tp rounds the fp32 sum once
+            q32 += (once - exact) * (once - exact), q16 += (sum16 - exact) * (sum16 - exact), q += exact * exact;
+            other += once != sum16;
+            n++;
+        }
+        q32 = sqrt(q32 / q), q16 = sqrt(q16 / q);
+        printf("  DP=%d gradient sums (%ld matrix elements): fp32 words, rounded once: %.3g rms / rms, %.2f MB a replica sends per "
+               "million weights; bf16 on the wire: %.3g (%.2fx), %.2f MB; %.1f%% of the sums differ\n", Dn, n, q32,
+               2.0 * (Dn - 1) / Dn * 4, q16, q32 > 0 ? q16 / q32 : 0.0, 2.0 * (Dn - 1) / Dn * 2, 100.0 * other / n);
+        // (two replicas: one add, so one rounding either way, the same bits; more: a rounding per hop)
+        check(not_bf16 == 0 && q32 < ldexp(1.0, -8) && (Dn == 2 ? other == 0 : q16 > q32),
+              "DP=%d bf16 gradients summed in fp32 and rounded once: rms error %.3g (one rounding: under 2^-8); bf16 at each hop %.3g, %s "
+              "(%ld replica values not bf16)", Dn, q32, q16, Dn == 2 ? "the same bits at 2 replicas" : "more", not_bf16);
+    }
+}
+
 
 static void test_bf16_train() {
     printf("--dtype bf16: fp32 masters, a stochastically rounded bf16 copy, bf16 matmul operands, fp32 sums\n");
     test_bf16_partial_sums();
+    test_bf16_grad_sums();
     // the ops: round to nearest even in place, and the master copy held in fp32
     {
         std::vector<float> x;
