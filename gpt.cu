@@ -298,19 +298,14 @@ static void dev_upload(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) cuda_upload(&rk->cuda, dst, src, bytes);
     else memcpy(dst, src, bytes);
 }
-// dev_drain waits for the rank's queued work, and dev_download does first; comm_sync does that with the
-// collective timeout (NCCL). The DP group first: its collectives share the stream with the TP group's,
-// and a TP group on shared GPU memory (or of one rank) synchronises the stream outright, which would wait
-// for ever on a DP collective whose peer process died instead of reporting it through NCCL within
-// --timeout.
-static void dev_drain(Rank* rk) {
-    if (rk->device != DEV_CUDA) return;
-    if (rk->dp.g) comm_sync(&rk->dp);
-    comm_sync(&rk->tp);
-}
+// waits for the rank's queued work first; comm_sync does that with the collective timeout (NCCL). The
+// DP group first: its collectives share the stream with the TP group's, and a TP group on shared GPU
+// memory (or of one rank) synchronises the stream outright, which would wait for ever on a DP
+// collective whose peer process died instead of reporting it through NCCL within --timeout.
 static void dev_download(Rank* rk, void* dst, const void* src, size_t bytes) {
     if (rk->device == DEV_CUDA) {
-        dev_drain(rk);
+        if (rk->dp.g) comm_sync(&rk->dp);
+        comm_sync(&rk->tp);
         cuda_download(&rk->cuda, dst, src, bytes);
     } else {
         memcpy(dst, src, bytes);
@@ -1013,7 +1008,8 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
         ptrs[i] = p;
         p += m->layout.size[i] * act_copies(&m->layout, i, m->plan.L);
     }
-    m->tokens = (int*)dev_alloc(rk, (long)B * T);
+    // (a bf16 run's tokens are followed by their groups by row, for the embedding's backward: encoder_groups)
+    m->tokens = (int*)dev_alloc(rk, (long)B * T + (m->bf16 ? ENC_GROUP_INTS((long)B * T) : 0));
     m->targets = (int*)dev_alloc(rk, (long)B * T);
     m->B = B;
     m->T = T;
@@ -1271,6 +1267,13 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
     Comm* tp = &rk->tp;
     int Vl = s->Vl, BT = B * T;
     dev_upload(rk, m->tokens, tokens, BT * sizeof(int));
+    if (training && m->bf16 && s->first) {
+        // the tokens this rank's wte rows own, grouped by row for the embedding's bf16 backward, made here on
+        // the host that has the tokens (a GPU would otherwise read them back in the middle of the step)
+        std::vector<int> groups(ENC_GROUP_INTS(BT));
+        encoder_groups(tokens, s->v0, Vl, BT, groups.data());
+        dev_upload(rk, m->tokens + BT, groups.data(), groups.size() * sizeof(int));
+    }
     if (targets) dev_upload(rk, m->targets, targets, BT * sizeof(int));
     gpt_forward_logits(m, rk, nullptr, false, training);
     if (!targets || !s->last) return;  // the loss is the last stage's
@@ -1501,10 +1504,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
     // tokens (all of them without SP: the same sum on every rank).
     OP(rk, position_backward, GRAD(m, wpe, 0), a->dres, N, m->t0, T, C);
     float* demb = all_tokens(m, rk, a->dres, false, "embedding bwd", -1);
-    // (a bf16 run's GPU op reads the token ids back to group them by row, a wait for the stream: drained here
-    // first, where a collective that cannot complete is reported within --timeout instead of hanging)
-    if (m->bf16) dev_drain(rk);
-    OP(rk, encoder_backward, GRAD(m, wte, 0), demb, m->tokens, s->v0, Vl, BT, C);
+    OP(rk, encoder_backward, GRAD(m, wte, 0), demb, m->tokens, m->bf16 ? m->tokens + BT : nullptr, s->v0, Vl, BT, C);
     // (with SP the layernorms' and wpe's gradients are still partial sums over the ranks' tokens here:
     // gpt_update all-reduces them once per step, after every micro-step's backward has added its part)
 }

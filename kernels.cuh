@@ -680,8 +680,7 @@ static void position_forward_cuda(CudaCtx* cx, float* x, const float* wpe, int N
 // writes it back when the row changes: the same adds in the same order, fewer round trips to memory.
 #define ENC_THREADS 128
 #define ENC_BUCKETS 64
-template <typename G>
-__global__ void encoder_backward_wte_kernel(G* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
     __shared__ int s_n[ENC_THREADS], s_row[ENC_THREADS], s_count[ENC_THREADS / 32];
     int c = blockIdx.x * ENC_THREADS + threadIdx.x;
     int bucket = blockIdx.y;
@@ -724,49 +723,35 @@ __global__ void encoder_backward_wte_kernel(G* dwte, const float* dout, const in
     if (c < C && cur >= 0) dwte[(long)cur * C + c] = acc;
 }
 
-// A bf16 run's: block (g, y) adds group g's rows of dout (rows n[start[g]] .. n[start[g+1]-1], in that
-// order, all of wte row row[g]) in fp32 to ENC_THREADS channels of the row, and the sum to the row once
-__global__ void encoder_backward_rows_kernel(bf16* dwte, const float* dout, const int* row, const int* start,
-                                             const int* n, int C) {
+// A bf16 run's: block (g, y) adds group g's rows of dout (groups, encoder_groups: wte row row[g], tokens
+// n[start[g]] .. in increasing order) in fp32 to ENC_THREADS channels of the row, and the sum to the row
+// once. The grid has a block per token (the most groups there can be); those past ng return.
+__global__ void encoder_backward_rows_kernel(bf16* dwte, const float* dout, const int* groups, int N, int C) {
     int g = blockIdx.x, c = blockIdx.y * ENC_THREADS + threadIdx.x;
-    if (c >= C) return;
+    if (g >= groups[0] || c >= C) return;
+    const int *row = groups + 1, *start = row + N, *ns = start + N + 1;
     bf16* w = dwte + (long)row[g] * C + c;
     float acc = bf16_to_float(*w);
-    for (int i = start[g]; i < start[g + 1]; i++) acc += dout[(long)n[i] * C + c];
+    for (int i = start[g]; i < start[g + 1]; i++) acc += dout[(long)ns[i] * C + c];
     *w = bf16_round(acc);
 }
 
-// dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns
-static void encoder_backward_cuda(CudaCtx* cx, Grad dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
+// dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns. groups (device): the tokens grouped by row
+// (encoder_groups), which a bf16 gradient needs: the bucket kernel writes a row back whenever another
+// row's token comes between two of its own, which in bf16 storage would round it each time; grouped, each
+// row's sum is added once, the CPU op's bits. gpt_forward packs them on the host, with the tokens.
+static void encoder_backward_cuda(CudaCtx* cx, Grad dwte, const float* dout, const int* tokens, const int* groups, int v0,
+                                  int Vl, int N, int C) {
     if (N <= 0 || C <= 0) return;
     if (dwte.f) {
-        encoder_backward_wte_kernel<float><<<dim3(ceil_div(C, ENC_THREADS), ENC_BUCKETS), ENC_THREADS, 0, cx->stream>>>(
+        encoder_backward_wte_kernel<<<dim3(ceil_div(C, ENC_THREADS), ENC_BUCKETS), ENC_THREADS, 0, cx->stream>>>(
             dwte.f, dout, tokens, v0, Vl, N, C);
         CUDA_LAUNCH_CHECK(cx->rank, "encoder_backward_wte_kernel");
         return;
     }
-    // bf16: the bucket kernel writes a row back whenever another row's token comes between two of its own,
-    // which in bf16 storage would round it each time. So the tokens come back to the host (the stream waits
-    // for them, once per step: this is the backward's last op) and are grouped by row as the CPU op groups
-    // them, and each group's sum is added once: the CPU op's bits.
-    std::vector<int> tok(N);
-    CUDA_CHECK(cx->rank, cudaMemcpyAsync(tok.data(), tokens, (size_t)N * sizeof(int), cudaMemcpyDeviceToHost, cx->stream));
-    CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));
-    std::vector<std::pair<int, int>> rows;
-    std::vector<int> start;
-    encoder_groups(tok.data(), v0, Vl, N, &rows, &start);
-    int ng = (int)start.size() - 1;
-    if (ng <= 0) return;
-    std::vector<int> h(ng + start.size() + rows.size());  // row (ng), start (ng + 1), n (rows)
-    for (int g = 0; g < ng; g++) h[g] = rows[start[g]].first;
-    for (size_t g = 0; g < start.size(); g++) h[ng + g] = start[g];
-    for (size_t i = 0; i < rows.size(); i++) h[ng + start.size() + i] = rows[i].second;
-    int* d = (int*)cuda_scratch(cx, &cx->red, &cx->red_bytes, h.size() * sizeof(int));
-    CUDA_CHECK(cx->rank, cudaMemcpyAsync(d, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice, cx->stream));
-    encoder_backward_rows_kernel<<<dim3(ng, ceil_div(C, ENC_THREADS)), ENC_THREADS, 0, cx->stream>>>(
-        dwte.h, dout, d, d + ng, d + ng + start.size(), C);
+    if (!groups) fatal("rank %d: encoder_backward into bf16 needs the tokens grouped by row (encoder_groups)", cx->rank);
+    encoder_backward_rows_kernel<<<dim3(N, ceil_div(C, ENC_THREADS)), ENC_THREADS, 0, cx->stream>>>(dwte.h, dout, groups, N, C);
     CUDA_LAUNCH_CHECK(cx->rank, "encoder_backward_rows_kernel");
-    CUDA_CHECK(cx->rank, cudaStreamSynchronize(cx->stream));  // h is read by the copy until here
 }
 
 // dwpe (T, C) += dout (N, C), row n at position (t0 + n) % T; a thread per (t, c) adds its rows

@@ -535,39 +535,46 @@ static void position_forward_cpu(float* x, const float* wpe, int N, int t0, int 
     });
 }
 
-// dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns. The tokens are grouped by row first, each
-// group in increasing n, and a row's sums run over its group in that order in fp32, added to the row once:
-// a token the batch repeats costs a bf16 gradient one rounding, not one per repeat. Parallel over the rows
-// (repeated tokens never race); each (row, channel) sum adds the same terms in the same order as a loop
-// over n would. G: fp32, or a bf16 run's bf16 storage.
-// The tokens (N, host memory) this rank owns grouped by row: rows holds (row, n) sorted, start where each
-// row's group begins in it, and rows.size() last (the GPU's bf16 op groups them the same way)
-static void encoder_groups(const int* tokens, int v0, int Vl, int N, std::vector<std::pair<int, int>>* rows,
-                           std::vector<int>* start) {
-    rows->clear();
-    start->clear();
+// The tokens (N, host memory) this rank owns, grouped by row for encoder_backward, into groups
+// (ENC_GROUP_INTS(N) ints): [ng | row (N) | start (N + 1) | n (N)]: group g is wte row row[g], whose tokens
+// are n[start[g]] .. n[start[g + 1] - 1] in increasing order; ng groups. The offsets do not depend on ng,
+// so a GPU kernel can find them without reading it back. A bf16 run packs them where it uploads the
+// tokens (gpt_forward), on the host that has them.
+#define ENC_GROUP_INTS(N) (3L * (N) + 2)
+static void encoder_groups(const int* tokens, int v0, int Vl, int N, int* groups) {
+    std::vector<std::pair<int, int>> rows;  // (row, n), sorted
     for (int n = 0; n < N; n++) {
         int row = tokens[n] - v0;
-        if (row >= 0 && row < Vl) rows->push_back({row, n});
+        if (row >= 0 && row < Vl) rows.push_back({row, n});
     }
-    std::sort(rows->begin(), rows->end());
-    for (size_t i = 0; i < rows->size(); i++)
-        if (i == 0 || (*rows)[i].first != (*rows)[i - 1].first) start->push_back((int)i);
-    start->push_back((int)rows->size());
+    std::sort(rows.begin(), rows.end());
+    int *row = groups + 1, *start = row + N, *ns = start + N + 1, ng = 0;
+    for (size_t i = 0; i < rows.size(); i++) {
+        if (i == 0 || rows[i].first != rows[i - 1].first) {
+            row[ng] = rows[i].first;
+            start[ng++] = (int)i;
+        }
+        ns[i] = rows[i].second;
+    }
+    start[ng] = (int)rows.size();
+    groups[0] = ng;
 }
 
+// dwte (Vl, C) += dout (N, C) rows of the tokens this rank owns, grouped by row (groups, encoder_groups): a
+// row's sums run over its group in increasing n in fp32 and are added to the row once, so a token the batch
+// repeats costs a bf16 gradient one rounding, not one per repeat. Parallel over the rows (repeated tokens
+// never race); each (row, channel) sum adds the same terms in the same order as a loop over n would.
+// G: fp32, or a bf16 run's bf16 storage.
 template <typename G>
-static void encoder_backward_cpu(G* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
-    std::vector<std::pair<int, int>> rows;
-    std::vector<int> start;
-    encoder_groups(tokens, v0, Vl, N, &rows, &start);
-    cpu_for_range((long)start.size() - 1, [&](long lo, long hi) {
+static void encoder_backward_rows_cpu(G* dwte, const float* dout, const int* groups, int N, int C) {
+    const int *row = groups + 1, *start = row + N, *ns = start + N + 1;
+    cpu_for_range(groups[0], [&](long lo, long hi) {
         std::vector<float> acc(C);
-        for (long gi = lo; gi < hi; gi++) {
-            G* w = dwte + (size_t)rows[start[gi]].first * C;
+        for (long g = lo; g < hi; g++) {
+            G* w = dwte + (size_t)row[g] * C;
             for (int c = 0; c < C; c++) acc[c] = as_fp32(w[c]);
-            for (int i = start[gi]; i < start[gi + 1]; i++) {
-                const float* d = dout + (size_t)rows[i].second * C;
+            for (int i = start[g]; i < start[g + 1]; i++) {
+                const float* d = dout + (size_t)ns[i] * C;
                 #pragma omp simd
                 for (int c = 0; c < C; c++) acc[c] += d[c];
             }
@@ -575,8 +582,19 @@ static void encoder_backward_cpu(G* dwte, const float* dout, const int* tokens, 
         }
     });
 }
-static void encoder_backward_cpu(Grad dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
-    if (dwte.h) encoder_backward_cpu(dwte.h, dout, tokens, v0, Vl, N, C);
+// ... from the tokens (N, host memory), grouped here
+template <typename G>
+static void encoder_backward_cpu(G* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
+    std::vector<int> groups(ENC_GROUP_INTS(N));
+    encoder_groups(tokens, v0, Vl, N, groups.data());
+    encoder_backward_rows_cpu(dwte, dout, groups.data(), N, C);
+}
+// the recipe's form: the gradient in the run's dtype; groups: the tokens grouped already (a bf16 run's,
+// which the GPU's op needs), or NULL
+static void encoder_backward_cpu(Grad dwte, const float* dout, const int* tokens, const int* groups, int v0, int Vl, int N, int C) {
+    if (groups && dwte.h) encoder_backward_rows_cpu(dwte.h, dout, groups, N, C);
+    else if (groups) encoder_backward_rows_cpu(dwte.f, dout, groups, N, C);
+    else if (dwte.h) encoder_backward_cpu(dwte.h, dout, tokens, v0, Vl, N, C);
     else encoder_backward_cpu(dwte.f, dout, tokens, v0, Vl, N, C);
 }
 

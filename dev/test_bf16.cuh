@@ -280,8 +280,10 @@ static void test_bf16_grad_ops() {
             const int v0 = OC / 5, Vl = OC / 2;
             std::vector<bf16> we0 = bf16_vector_of(vec((long)Vl * IC)), we16 = we0;
             std::vector<float> we32 = fp32_vector_of(we0);
-            encoder_backward_cpu(Grad(we16.data()), inp.data(), tokens.data(), v0, Vl, N, IC);
-            encoder_backward_cpu(Grad(we32.data()), inp.data(), tokens.data(), v0, Vl, N, IC);
+            std::vector<int> groups(ENC_GROUP_INTS(N));  // grouped as gpt_forward groups them (and as the fp32 form does)
+            encoder_groups(tokens.data(), v0, Vl, N, groups.data());
+            encoder_backward_cpu(Grad(we16.data()), inp.data(), tokens.data(), groups.data(), v0, Vl, N, IC);
+            encoder_backward_cpu(Grad(we32.data()), inp.data(), tokens.data(), nullptr, v0, Vl, N, IC);
             compare(we16, we32, we0);
             // the positions of an SP slice: N rows from token t0 of sequences of T, more rows than positions
             const int T = 16, t0 = 11;

@@ -162,7 +162,7 @@ static void test_encoder(CudaCtx* cx) {
             expect_exact("encoder_forward", s, dev_down(cx, dout_g.p, (long)N * k.C), enc_c);
             position_forward_cuda(cx, dout_g.p, dwpe.p, Nr, t0, k.T, k.C);
             expect_exact("position_forward", s, dev_down(cx, dout_g.p, (long)N * k.C), out_c);
-            encoder_backward_cuda(cx, ddwte.p, ddout.p, dtok, v0, Vl, N, k.C);
+            encoder_backward_cuda(cx, ddwte.p, ddout.p, dtok, nullptr, v0, Vl, N, k.C);
             expect_exact("encoder_backward dwte", s, dev_down(cx, ddwte.p, (long)Vl * k.C), dwte_c);
             position_backward_cuda(cx, ddwpe.p, ddout.p, Nr, t0, k.T, k.C);
             expect_exact("position_backward dwpe", s, dev_down(cx, ddwpe.p, (long)k.T * k.C), dwpe_c);
@@ -626,7 +626,7 @@ static void test_bf16_logits(CudaCtx* cx) {
 // A bf16 run's gradients in bf16 storage (Grad's h), each op's fp32 sum added once and rounded to nearest:
 // matmul_backward's dweight (cuBLAS with a bf16 C and beta 1) and dbias, and layernorm_backward's dw and db,
 // within half a bf16 unit of the CPU's fp32 results from the same start widened (plus what two fp32 sums may
-// differ); encoder_backward (tokens repeated and interleaved: the rows grouped on the host) and
+// differ); encoder_backward (tokens repeated and interleaved, grouped by row on the host) and
 // position_backward (an SP slice) the CPU's bf16 bits exactly; adamw and sumsq reading bf16 gradients
 // against the CPU's (at a 16-byte boundary and 2 bytes past one).
 static void test_bf16_grads(CudaCtx* cx) {
@@ -690,16 +690,19 @@ static void test_bf16_grads(CudaCtx* cx) {
         auto dout = rnd_vec(&r, (long)N * k.C);
         std::vector<bf16> we0 = bf16_vector_of(rnd_vec(&r, (long)k.Vl * k.C)), wp0 = bf16_vector_of(rnd_vec(&r, (long)k.T * k.C));
         std::vector<bf16> we_c = we0, wp_c = wp0;
-        encoder_backward_cpu(Grad(we_c.data()), dout.data(), tokens.data(), k.v0, k.Vl, N, k.C);
+        encoder_backward_cpu(Grad(we_c.data()), dout.data(), tokens.data(), nullptr, k.v0, k.Vl, N, k.C);
         position_backward_cpu(Grad(wp_c.data()), dout.data(), Nr, t0, k.T, k.C);
-        int* dtok = dev_up_int(cx, tokens);
+        std::vector<int> groups(ENC_GROUP_INTS(N));  // grouped by row on the host, as gpt_forward does
+        encoder_groups(tokens.data(), k.v0, k.Vl, N, groups.data());
+        int *dtok = dev_up_int(cx, tokens), *dgroups = dev_up_int(cx, groups);
         DevBuf dd = dev_up(cx, dout);
         bf16 *web = up16(we0), *wpb = up16(wp0);
-        encoder_backward_cuda(cx, Grad(web), dd.p, dtok, k.v0, k.Vl, N, k.C);
+        encoder_backward_cuda(cx, Grad(web), dd.p, dtok, dgroups, k.v0, k.Vl, N, k.C);
         position_backward_cuda(cx, Grad(wpb), dd.p, Nr, t0, k.T, k.C);
         check_le((double)(down16(web, we0.size()) != we_c), 0, "%-22s %-44s the CPU's bf16 bits (0: all equal)", "encoder_backward dwte16", s);
         check_le((double)(down16(wpb, wp0.size()) != wp_c), 0, "%-22s %-44s the CPU's bf16 bits (0: all equal)", "position_backward dwpe16", s);
         cuda_free(cx, dtok);
+        cuda_free(cx, dgroups);
         cuda_free(cx, dd.base);
     }
     for (long n : {5L, 1027L, 4099L})
@@ -1176,7 +1179,7 @@ static void bench(CudaCtx* cx) {
     time("attention_backward (matmul)", [&] { attention_backward_cuda(cx, dqkv, y, qkv, att, B, T, NH, hs); }, 8.0 * B * NH * T * T * hs);
     time("attention_fused_backward", [&] { attention_fused_backward_cuda(cx, dqkv, dsum, y, qkv, x, lse, B, T, NH, hs); },
          8.0 * B * NH * T * T * hs);
-    time("encoder_backward", [&] { encoder_backward_cuda(cx, wte, y, dtok, 0, Vp, (int)N, C); }, 0);
+    time("encoder_backward", [&] { encoder_backward_cuda(cx, wte, y, dtok, nullptr, 0, Vp, (int)N, C); }, 0);
     time("position_backward", [&] { position_backward_cuda(cx, x, y, (int)N, 0, T, C); }, 0);
     time("sumsq (124M floats)", [&] { sumsq_cuda(cx, ce, logits, 124000000L); }, 0);
     time("adamw (38.6M)", [&] { adamw_cuda(cx, wte, wte, logits, logits + (long)Vp * C, (long)Vp * C, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, ce, 0.0f); }, 0);
