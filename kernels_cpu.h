@@ -85,6 +85,25 @@ static inline float exp_fast(float x_in) {
 #define GEMM_NT 16
 #endif
 typedef float vecf __attribute__((vector_size(GEMM_VL * sizeof(float))));  // one register of floats
+// The next B panel, fetched into L2 while this one is multiplied: gemm_cpu's unit goes through its panels
+// one after the other, each shared by the unit's row tiles, and a panel (K x NR floats, 48-256 KB at the
+// model's shapes) that comes from L3 when its first tile starts keeps that tile waiting on L3 for all of K
+// (the micro-kernel's own prefetch, 8 rows ahead, is far too close for L3's latency). So each of the
+// panel's T tiles fetches its 1/T of the next panel, a few lines every 8 k, spread through its work.
+// Only for panels of GEMM_NEXT_MIN bytes and more (K >= 1024 with AVX-512: the weight gradients): this made
+// d6's 3-9% faster, alternating in one process; on smaller panels, which a unit's tiles find in L2 anyway,
+// it cost 1-4% (K 128-384). lines: where its share starts (null: none); n: how many 64-byte lines;
+// every8: lines per 8 k.
+#define GEMM_NEXT_MIN (128 * 1024)
+struct GemmNext {
+    const char* lines = nullptr;
+    int n = 0, every8 = 0;
+};
+__attribute__((always_inline)) static inline void gemm_prefetch_next(const GemmNext& next, int k) {
+    if (next.lines && (k & 7) == 0)
+        for (int i = 0, l = (k >> 3) * next.every8; i < next.every8 && l < next.n; i++, l++)
+            __builtin_prefetch(next.lines + (long)l * 64, 0, 2);  // prefetcht1: into L2, not L1
+}
 
 // The micro-kernel: acc (MR x NR) += a (MR rows, kc) . b (kc x NR). Row r of A is read in place at
 // ar[r][k * a_cs] (no packing: a row of A, or a column when A is a transpose, is read where it lies, and
@@ -96,10 +115,12 @@ typedef float vecf __attribute__((vector_size(GEMM_VL * sizeof(float))));  // on
 // qkv and attproj forwards 8%, and moved no other shape past the noise). Fused attention's tiles, in L1,
 // do not.
 __attribute__((always_inline)) static inline void gemm_tile_cpu(vecf acc[GEMM_MR][2], const float* const* ar, long a_cs,
-                                                                const float* b, long b_rs, int kc, bool prefetch_b = false) {
+                                                                const float* b, long b_rs, int kc, bool prefetch_b = false,
+                                                                GemmNext next = GemmNext()) {
     for (int k = 0; k < kc; k++) {
         vecf b0, b1;
         if (prefetch_b) {
+            gemm_prefetch_next(next, k);
             __builtin_prefetch(b + (k + 8) * b_rs);  // (a prefetch past the panel's end is harmless: it never faults)
             __builtin_prefetch(b + (k + 8) * b_rs + GEMM_VL);
         }
@@ -118,9 +139,11 @@ __attribute__((always_inline)) static inline void gemm_tile_cpu(vecf acc[GEMM_MR
 // tile's A is ap[k * MR .. k * MR + MR), so its MR broadcasts come from one pointer at fixed offsets (the
 // general tile above advances MR pointers a k, MR integer adds that compete with the FMAs for ports:
 // this one made the weight gradients 2-4% faster on an Intel core). B prefetched as above.
-__attribute__((always_inline)) static inline void gemm_tile_packed_cpu(vecf acc[GEMM_MR][2], const float* ap, const float* b, int kc) {
+__attribute__((always_inline)) static inline void gemm_tile_packed_cpu(vecf acc[GEMM_MR][2], const float* ap, const float* b, int kc,
+                                                                       GemmNext next = GemmNext()) {
     for (int k = 0; k < kc; k++) {
         vecf b0, b1;
+        gemm_prefetch_next(next, k);
         __builtin_prefetch(b + (k + 8) * GEMM_NR);
         __builtin_prefetch(b + (k + 8) * GEMM_NR + GEMM_VL);
         memcpy(&b0, b + k * GEMM_NR, sizeof(vecf));
@@ -292,19 +315,35 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
                     for (int r = 0; r < GEMM_MR; r++) d[(size_t)k * GEMM_MR + r] = i + r < mc ? s[r] : 0.0f;
             }
         }
+        // the panel after this unit's last: the next unit's first (u + 1 is most often this thread's next)
+        const int after = u + 1 < (long)UM * UN ? (int)((u + 1) / UM) * nt : -1;
         for (int nb = nb0; nb < nb1; nb++) {
             const float* b = Bp + (size_t)nb * GEMM_NR * K;
+            const int nxt = nb + 1 < nb1 ? nb + 1 : after;
+            const int tiles = mb1 - mb0;
+            const int lines = (int)((size_t)GEMM_NR * K * sizeof(float) / 64), share = (lines + tiles - 1) / tiles;
             for (int mb = mb0; mb < mb1; mb++) {
                 const int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
+                GemmNext next;
+                if (pack_a && nxt >= 0 && (size_t)K * GEMM_NR * sizeof(float) >= GEMM_NEXT_MIN) {
+                    const int l0 = (mb - mb0) * share;
+                    next.lines = (const char*)(Bp + (size_t)nxt * GEMM_NR * K) + (long)l0 * 64;
+                    next.n = std::max(0, std::min(share, lines - l0));
+                    next.every8 = (share + K / 8 - 1) / (K / 8);
+                }
                 // rows past M read row M-1 (in bounds; their results are not stored)
                 vecf acc[GEMM_MR][2];
                 for (int r = 0; r < GEMM_MR; r++) { acc[r][0] = vecf{}; acc[r][1] = vecf{}; }
+                // (two copies of each tile: the one without the next panel's prefetches has no trace of them in its loop)
                 if (pack_a) {
-                    gemm_tile_packed_cpu(acc, packA.data() + (size_t)(mb - mb0) * K * GEMM_MR, b, K);
+                    const float* ap = packA.data() + (size_t)(mb - mb0) * K * GEMM_MR;
+                    if (next.lines) gemm_tile_packed_cpu(acc, ap, b, K, next);
+                    else gemm_tile_packed_cpu(acc, ap, b, K);
                 } else {
                     const float* ar[GEMM_MR];
                     for (int r = 0; r < GEMM_MR; r++) ar[r] = A + (long)(m0 + r < M ? m0 + r : M - 1) * a_rs;
-                    gemm_tile_cpu(acc, ar, a_cs, b, GEMM_NR, K, true);
+                    if (next.lines) gemm_tile_cpu(acc, ar, a_cs, b, GEMM_NR, K, true, next);
+                    else gemm_tile_cpu(acc, ar, a_cs, b, GEMM_NR, K, true);
                 }
                 // bias, then accumulate, into C
                 if (n0 + GEMM_NR <= N) {
