@@ -90,10 +90,11 @@ typedef float vecf __attribute__((vector_size(GEMM_VL * sizeof(float))));  // on
 // model's shapes) that comes from L3 when its first tile starts keeps that tile waiting on L3 for all of K
 // (the micro-kernel's own prefetch, 8 rows ahead, is far too close for L3's latency). So each of the
 // panel's T tiles fetches its 1/T of the next panel, a few lines every 8 k, spread through its work.
-// Only for panels of GEMM_NEXT_MIN bytes and more (K >= 1024 with AVX-512: the weight gradients): this made
-// d6's 3-9% faster, alternating in one process; on smaller panels, which a unit's tiles find in L2 anyway,
-// it cost 1-4% (K 128-384). lines: where its share starts (null: none); n: how many 64-byte lines;
-// every8: lines per 8 k.
+// Only where A is packed (the weight gradients) and the panels are GEMM_NEXT_MIN bytes and more (K >= 1024
+// with AVX-512): this made d6's weight gradients 2-9% faster, alternating in one process; on smaller
+// panels, which a unit's tiles find in L2 anyway, it cost 1-4% (K 128-384), and where A is read in place
+// 2-7% (K 1152-1536). lines: where its share starts (null: none); n: how many 64-byte lines; every8:
+// lines per 8 k.
 #define GEMM_NEXT_MIN (128 * 1024)
 struct GemmNext {
     const char* lines = nullptr;
@@ -115,12 +116,10 @@ __attribute__((always_inline)) static inline void gemm_prefetch_next(const GemmN
 // qkv and attproj forwards 8%, and moved no other shape past the noise). Fused attention's tiles, in L1,
 // do not.
 __attribute__((always_inline)) static inline void gemm_tile_cpu(vecf acc[GEMM_MR][2], const float* const* ar, long a_cs,
-                                                                const float* b, long b_rs, int kc, bool prefetch_b = false,
-                                                                GemmNext next = GemmNext()) {
+                                                                const float* b, long b_rs, int kc, bool prefetch_b = false) {
     for (int k = 0; k < kc; k++) {
         vecf b0, b1;
         if (prefetch_b) {
-            gemm_prefetch_next(next, k);
             __builtin_prefetch(b + (k + 8) * b_rs);  // (a prefetch past the panel's end is harmless: it never faults)
             __builtin_prefetch(b + (k + 8) * b_rs + GEMM_VL);
         }
@@ -138,7 +137,8 @@ __attribute__((always_inline)) static inline void gemm_tile_cpu(vecf acc[GEMM_MR
 // The same micro-kernel where A is packed (gemm_cpu's transposed A: the weight gradients): row k of the
 // tile's A is ap[k * MR .. k * MR + MR), so its MR broadcasts come from one pointer at fixed offsets (the
 // general tile above advances MR pointers a k, MR integer adds that compete with the FMAs for ports:
-// this one made the weight gradients 2-4% faster on an Intel core). B prefetched as above.
+// this one made the weight gradients 2-4% faster on an Intel core). B prefetched as above, and the next
+// panel with it (next: GemmNext above; none by default).
 __attribute__((always_inline)) static inline void gemm_tile_packed_cpu(vecf acc[GEMM_MR][2], const float* ap, const float* b, int kc,
                                                                        GemmNext next = GemmNext()) {
     for (int k = 0; k < kc; k++) {
@@ -330,7 +330,7 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
             const int lines = (int)((size_t)GEMM_NR * K * sizeof(float) / 64), share = (lines + tiles - 1) / tiles;
             for (int mb = mb0; mb < mb1; mb++) {
                 const int m0 = mb * GEMM_MR, n0 = nb * GEMM_NR;
-                GemmNext next;
+                GemmNext next;  // (K / 8 > 0 below: the panels are GEMM_NEXT_MIN bytes)
                 if (pack_a && nxt >= 0 && (size_t)K * GEMM_NR * sizeof(float) >= GEMM_NEXT_MIN) {
                     const int l0 = (mb - mb0) * share;
                     next.lines = (const char*)(Bp + (size_t)nxt * GEMM_NR * K) + (long)l0 * 64;
@@ -345,16 +345,16 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
                         __builtin_prefetch(Cm + (size_t)(m0 + r) * ldc + n0, 1, 3);
                         __builtin_prefetch(Cm + (size_t)(m0 + r) * ldc + n0 + GEMM_NR - 1, 1, 3);
                     }
-                // (two copies of each tile: the one without the next panel's prefetches has no trace of them in its loop)
                 if (pack_a) {
+                    // (two copies of the tile: the one without the next panel's prefetches has no trace of them
+                    // in its loop, which at small K cost up to 10%)
                     const float* ap = packA.data() + (size_t)(mb - mb0) * K * GEMM_MR;
                     if (next.lines) gemm_tile_packed_cpu(acc, ap, b, K, next);
                     else gemm_tile_packed_cpu(acc, ap, b, K);
                 } else {
                     const float* ar[GEMM_MR];
                     for (int r = 0; r < GEMM_MR; r++) ar[r] = A + (long)(m0 + r < M ? m0 + r : M - 1) * a_rs;
-                    if (next.lines) gemm_tile_cpu(acc, ar, a_cs, b, GEMM_NR, K, true, next);
-                    else gemm_tile_cpu(acc, ar, a_cs, b, GEMM_NR, K, true);
+                    gemm_tile_cpu(acc, ar, a_cs, b, GEMM_NR, K, true);
                 }
                 // bias, then accumulate, into C
                 if (n0 + GEMM_NR <= N) {
