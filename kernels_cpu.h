@@ -91,9 +91,9 @@ typedef float vecf __attribute__((vector_size(GEMM_VL * sizeof(float))));  // on
 // (the micro-kernel's own prefetch, 8 rows ahead, is far too close for L3's latency). So each of the
 // panel's T tiles fetches its 1/T of the next panel, a few lines every 8 k, spread through its work.
 // Only where A is packed (the weight gradients) and the panels are GEMM_NEXT_MIN bytes and more (K >= 1024
-// with AVX-512): this made d6's weight gradients 2-9% faster, alternating in one process; on smaller
+// with AVX-512): this made d6's weight gradients 1-9% faster, alternating in one process; on smaller
 // panels, which a unit's tiles find in L2 anyway, it cost 1-4% (K 128-384), and where A is read in place
-// 2-7% (K 1152-1536). lines: where its share starts (null: none); n: how many 64-byte lines; every8:
+// 6-10% (K 1152-1536). lines: where its share starts (null: none); n: how many 64-byte lines; every8:
 // lines per 8 k.
 #define GEMM_NEXT_MIN (128 * 1024)
 struct GemmNext {
