@@ -205,6 +205,10 @@ static bool setup_model_shape(Run* run) {
                 printf("tp: %s holds bf16 weights (llm.c version 5): widened exactly into fp32 master weights; %s\n", model,
                        args->dtype == DTYPE_BF16 ? (given ? "--dtype bf16" : "computing in bf16 as the file is (--dtype fp32 for fp32)")
                                                  : "--dtype fp32: computing in fp32");
+            else  // said too: on a CPU or GPU whose default is bf16, this is why the run computes in fp32
+                printf("tp: %s holds fp32 weights (llm.c version 3): the fp32 master weights as they are; %s\n", model,
+                       args->dtype == DTYPE_FP32 ? (given ? "--dtype fp32" : "computing in fp32 as the file is (--dtype bf16 for bf16)")
+                                                 : "--dtype bf16: computing in bf16 from a rounded copy of them");
             model_verify_beside(model);
             run->model_file = model;
             run->vocab_from = "the checkpoint's";

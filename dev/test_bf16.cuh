@@ -729,11 +729,13 @@ static void test_bf16_checkpoint() {
               "-e v5.bin%s: exit %d, %zu step and %zu val losses, equal to those from the version-3 file%s (exit %d)%s%s",
               bf ? "" : " --dtype fp32", rc5, l5.size(), v5.size(), bf ? " with --dtype bf16" : "", rc3, err5.empty() ? "" : ": ",
               err5.c_str());
-        std::string line = first_line_with(out5, "bf16 weights");
+        std::string line = first_line_with(out5, "bf16 weights"), line3 = first_line_with(out3, "fp32 weights");
         const char* says = bf ? "computing in bf16 as the file is" : "--dtype fp32: computing in fp32";
+        const char* says3 = bf ? "--dtype bf16: computing in bf16" : "computing in fp32 as the file is";
         check(line.find("llm.c version 5") != std::string::npos && line.find(says) != std::string::npos &&
-                  out3.find("bf16 weights") == std::string::npos,
-              "the run says what it read and how it computes, the one from the fp32 file not: %s", line.c_str());
+                  line3.find("llm.c version 3") != std::string::npos && line3.find(says3) != std::string::npos &&
+                  out3.find("bf16 weights") == std::string::npos && out5.find("fp32 weights") == std::string::npos,
+              "each run says what it read and how it computes: %s | %s", line.c_str(), line3.c_str());
     }
 
     // damaged or foreign: one line, exit 1
