@@ -1444,9 +1444,12 @@ static void gpt_backward(GPT* m, Rank* rk) {
         Input gelu_in = kept_input(ACT_USED(m, gelu_kept), la.fch_gelu, la.gelu_kept);  // bf16: kept in bf16
         OP(rk, matmul_backward, a->dfch, GRAD(m, fcprojw, (long)l * C * C4l), GRAD(m, fcprojb, l * C), dout, gelu_in,
            WEIGHT(m, fcprojw, (long)l * C * C4l), BT, C4l, C);
-        if (ACT_USED(m, fch_kept)) OP(rk, gelu_backward, a->dfch, (const bf16*)as_bf16(la.fch_kept), a->dfch, (long)BT * C4l);
-        else OP(rk, gelu_backward, a->dfch, (const float*)la.fch, a->dfch, (long)BT * C4l);
-        keep_bf16(m, rk, a->dfch, (long)BT * C4l);
+        if (ACT_USED(m, fch_kept)) {  // from the kept bf16 fch, rounding dfch to bf16 as it is written
+            OP(rk, gelu_backward_bf16, a->dfch, as_bf16(la.fch_kept), a->dfch, (long)BT * C4l);
+        } else {
+            OP(rk, gelu_backward, a->dfch, la.fch, a->dfch, (long)BT * C4l);
+            keep_bf16(m, rk, a->dfch, (long)BT * C4l);
+        }
         // fc is column-parallel: its input ln2 is replicated, and each rank's dln2 covers only its
         // hidden units. f operator: all-reduce backward sums them into the full dln2 (SP: reduce-scatter).
         // Its weight gradient needs the input of every token: with SP the all-gather of ln2 is done again

@@ -949,8 +949,9 @@ __global__ void gelu_forward_bf16_kernel(bf16* out, bf16* inp_kept, const float*
 }
 
 // dinp (N) = gelu'(inp) * dout (written; dinp may be dout: each element is read before it is written,
-// by the same thread). sech^2(u) = 4e / (e + 1)^2. TI: inp fp32, or bf16 storage (a bf16 run's kept
-// pre-activation, widened as it is loaded).
+// by the same thread). sech^2(u) = 4e / (e + 1)^2. TI: inp fp32 (gelu_backward_cuda), or bf16 storage
+// (gelu_backward_bf16_cuda: a bf16 run's kept pre-activation, widened as it is loaded, whose gradient that
+// run keeps in bf16: each result is rounded to nearest as it is stored, as gelu_backward_bf16_cpu does).
 template <int VEC, typename TI>
 __global__ void gelu_backward_kernel(float* dinp, const TI* inp, const float* dout, long N) {
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
@@ -963,6 +964,7 @@ __global__ void gelu_backward_kernel(float* dinp, const TI* inp, const float* do
         float sech2 = 4.0f * half_1p_tanh / (e + 1.0f);
         float grad = half_1p_tanh + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         d.v[k] = grad * d.v[k];
+        if (std::is_same<TI, bf16>::value) d.v[k] = bf16_to_float(bf16_round(d.v[k]));
     }
     stv<VEC>(dinp + i, d);
 }
@@ -987,7 +989,7 @@ static void gelu_forward_bf16_cuda(CudaCtx* cx, bf16* out, bf16* inp_kept, const
 
 // (fp32 inp: 4 elements a thread, bf16: 8, where every pointer is 16-byte aligned)
 template <typename TI>
-static void gelu_backward_cuda(CudaCtx* cx, float* dinp, const TI* inp, const float* dout, long N) {
+static void gelu_backward_launch(CudaCtx* cx, float* dinp, const TI* inp, const float* dout, long N) {
     if (N <= 0) return;
     constexpr int VEC = 16 / sizeof(TI);
     if (N % VEC == 0 && aligned16(dinp) && aligned16(inp) && aligned16(dout))
@@ -995,6 +997,12 @@ static void gelu_backward_cuda(CudaCtx* cx, float* dinp, const TI* inp, const fl
     else
         gelu_backward_kernel<1, TI><<<ceil_div(N, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
     CUDA_LAUNCH_CHECK(cx->rank, "gelu_backward_kernel");
+}
+static void gelu_backward_cuda(CudaCtx* cx, float* dinp, const float* inp, const float* dout, long N) {
+    gelu_backward_launch(cx, dinp, inp, dout, N);
+}
+static void gelu_backward_bf16_cuda(CudaCtx* cx, float* dinp, const bf16* inp_kept, const float* dout, long N) {
+    gelu_backward_launch(cx, dinp, inp_kept, dout, N);
 }
 
 // ----------------------------------------------------------------------------

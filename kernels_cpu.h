@@ -462,6 +462,7 @@ static inline float as_fp32(bf16 h);
 // v stored as an element: itself, or into bf16 storage rounded to nearest (common/bf16.h)
 static inline void store_as(float* p, float v) { *p = v; }
 static inline void store_as(bf16* p, float v);
+static inline float bf16_value(float v);  // v rounded to the nearest bf16, in an fp32 word (common/bf16.h)
 // g += v: for fp32 just that, for bf16 storage the sum of the widened gradient and v rounded to nearest
 template <typename G>
 static inline void grad_add(G* g, float v) { store_as(g, as_fp32(*g) + v); }
@@ -799,21 +800,32 @@ static void gelu_forward_bf16_cpu(bf16* out, bf16* inp_kept, const float* inp, l
     });
 }
 
-// dinp (N) = gelu'(inp) * dout   (written, not accumulated; dinp may be dout).
-// With e = e^2u: 0.5 (1 + tanh(u)) = e / (e+1) and sech^2(u) = 4e / (e+1)^2.
-// TI: inp fp32, or bf16 storage (a bf16 run's kept pre-activation, read where it lies and widened exactly).
-template <typename TI>
-static void gelu_backward_cpu(float* dinp, const TI* inp, const float* dout, long N) {
+// gelu'(x). With e = e^2u: 0.5 (1 + tanh(u)) = e / (e+1) and sech^2(u) = 4e / (e+1)^2. (The one expression
+// of the two backward ops below: the same bits from each.)
+static inline float gelu_grad(float x) {
+    float e = exp_fast(2.0f * GELU_SCALE * (x + 0.044715f * x * x * x));
+    float half_1p_tanh = e / (e + 1.0f);
+    float sech2 = 4.0f * half_1p_tanh / (e + 1.0f);
+    return half_1p_tanh + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// dinp (N) = gelu'(inp) * dout   (written, not accumulated; dinp may be dout)
+static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, long N) {
     cpu_for_range(N, [&](long lo, long hi) {
         #pragma omp simd
-        for (long i = lo; i < hi; i++) {
-            float x = as_fp32(inp[i]);
-            float e = exp_fast(2.0f * GELU_SCALE * (x + 0.044715f * x * x * x));
-            float half_1p_tanh = e / (e + 1.0f);
-            float sech2 = 4.0f * half_1p_tanh / (e + 1.0f);
-            float grad = half_1p_tanh + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-            dinp[i] = grad * dout[i];
-        }
+        for (long i = lo; i < hi; i++) dinp[i] = gelu_grad(inp[i]) * dout[i];
+    });
+}
+
+// A --dtype bf16 run's GELU backward. inp_kept (N): the pre-activation as gelu_forward_bf16 kept it (bf16,
+// widened exactly); dinp (N) = gelu'(inp_kept) * dout rounded to nearest: the MLP's gradient, which such a
+// run keeps in bf16 (fcproj's input gradient, fc's output gradient), in fp32 words as the matmuls take it.
+// dinp may be dout. One pass, where the fp32 backward and then rounding dinp in place (round_bf16) took
+// two; the same bits as those.
+static void gelu_backward_bf16_cpu(float* dinp, const bf16* inp_kept, const float* dout, long N) {
+    cpu_for_range(N, [&](long lo, long hi) {
+        #pragma omp simd
+        for (long i = lo; i < hi; i++) dinp[i] = bf16_value(gelu_grad(as_fp32(inp_kept[i])) * dout[i]);
     });
 }
 

@@ -117,7 +117,7 @@ static void bf16_from_master_cpu(bf16* out, const float* master, long i0, long n
 // bf16, held in fp32 (widened exactly), so the next op reads the bf16 value, as from bf16 storage
 static void round_bf16_cpu(float* x, long n) {
     cpu_for_range(n, [&](long lo, long hi) {
-        for (long j = lo; j < hi; j++) x[j] = bf16_to_float(bf16_round(x[j]));
+        for (long j = lo; j < hi; j++) x[j] = bf16_value(x[j]);
     });
 }
 
@@ -141,6 +141,18 @@ static void bf16_widen_cpu(float* out, const bf16* x, long n) {
 // and GELU values)
 static inline float as_fp32(bf16 h) { return bf16_to_float(h); }
 static inline void store_as(bf16* p, float v) { *p = bf16_round(v); }
+
+// (declared in kernels_cpu.h) v rounded to the nearest bf16 (ties to even, a NaN kept quiet) in an fp32
+// word: bf16_to_float(bf16_round(v)) in 32-bit lanes alone, which GCC vectorises without converting to 16
+// bits and back (with it gelu_backward_bf16 measured 3-10% faster than the fp32 backward and round_bf16 after
+// it, and through a bf16 3-6% slower; round_bf16 runs at the same speed either way)
+static inline float bf16_value(float v) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof(u));
+    u = ((u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &u, sizeof(v));
+    return v;
+}
 
 // (declared in kernels_cpu.h, for encoder_forward_cpu on a --dtype bf16 run's wte)
 static inline void row_as_fp32(float* out, const bf16* row, int C) {

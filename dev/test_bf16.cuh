@@ -371,7 +371,8 @@ static void test_bf16_logits_ops() {
 // The elementwise ops that write a --dtype bf16 run's kept activations straight into bf16 storage, against
 // the passes they replace, bit for bit: layernorm_forward into bf16 against its fp32 output packed
 // (bf16_pack); gelu_forward_bf16 against rounding fc's sums in place (round_bf16), packing them, the fp32
-// GELU and packing its output; gelu_backward from the kept bf16 against it from the same values widened.
+// GELU and packing its output; gelu_backward_bf16 against the fp32 backward from the same values widened,
+// rounded in place (round_bf16).
 // Inputs include ties between two bf16, NaN, infinities and values past bf16's range; with 1 and 3 threads
 // (and both GEMM paths, which these ops do not use: the helper is shared).
 static void test_bf16_elementwise_ops() {
@@ -413,17 +414,19 @@ static void test_bf16_elementwise_ops() {
             bf16_pack_cpu(gelu_packed.data(), gelu32.data(), n);
             for (long i = 0; i < n; i++) differ += (kept[i] != fch_packed[i]) + (gelu16[i] != gelu_packed[i]);
             compared += 2 * n;
-            // its backward (in place, as gpt.cu calls it) from the kept bf16 against the widened values
+            // its backward (in place, as gpt.cu calls it) from the kept bf16 against the fp32 backward from the
+            // widened values, rounded in place
             std::vector<float> d16 = dout, d32 = dout, widened(n);
             bf16_widen_cpu(widened.data(), kept.data(), n);
-            gelu_backward_cpu(d16.data(), kept.data(), d16.data(), n);
+            gelu_backward_bf16_cpu(d16.data(), kept.data(), d16.data(), n);
             gelu_backward_cpu(d32.data(), widened.data(), d32.data(), n);
+            round_bf16_cpu(d32.data(), n);
             for (long i = 0; i < n; i++) differ += bf16_test_bits(d16[i]) != bf16_test_bits(d32[i]);
             compared += n;
         }
     });
-    check(differ == 0, "layernorm_forward into bf16, gelu_forward_bf16 and gelu_backward from bf16 give the bits of the passes "
-          "they replace (fp32 output packed; round, pack, GELU, pack; widened input): %ld of %ld values differ (3 shapes, "
+    check(differ == 0, "layernorm_forward into bf16, gelu_forward_bf16 and gelu_backward_bf16 give the bits of the passes "
+          "they replace (fp32 output packed; round, pack, GELU, pack; widened input, rounded): %ld of %ld values differ (3 shapes, "
           "NaN, infinities, ties, 1 and 3 threads)", differ, compared);
 }
 

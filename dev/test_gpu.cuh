@@ -732,9 +732,10 @@ static void test_bf16_grads(CudaCtx* cx) {
 // fp32 output plus the fp32 ops' difference, and the same statistics; gelu_forward_bf16 (16-byte loads and
 // stores, and one by one): the kept pre-activation the CPU's bits exactly (a rounding of the same fp32
 // values), the GELU's output within half a bf16 unit of the CPU's fp32 GELU of it; gelu_backward from the
-// kept bf16 (in place, as gpt.cu calls it) against the CPU's.
+// kept bf16 (gelu_backward_bf16, in place, as gpt.cu calls it) rounded to bf16 and within half a bf16 unit of
+// the CPU's fp32 gradient.
 static void test_bf16_elementwise(CudaCtx* cx) {
-    printf("layernorm_forward into bf16, gelu_forward_bf16, gelu_backward from bf16\n");
+    printf("layernorm_forward into bf16, gelu_forward_bf16, gelu_backward_bf16\n");
     Rnd r = {47};
     const double ULP_BOUND = 0.51;
     struct { int N, C, off; } lcases[] = {{5, 64, 0}, {33, 100, 0}, {257, 768, 0}, {130, 770, 0}, {64, 96, 2}, {64, 96, 4}};
@@ -769,7 +770,7 @@ static void test_bf16_elementwise(CudaCtx* cx) {
             std::vector<float> kept_f(n), gelu_c(n), dc = d;
             for (long i = 0; i < n; i++) kept_f[i] = bf16_to_float(kept_c[i]);
             gelu_forward_cpu(gelu_c.data(), kept_f.data(), n);  // the CPU's GELU of the kept values, unrounded
-            gelu_backward_cpu(dc.data(), kept_c.data(), dc.data(), n);
+            gelu_backward_cpu(dc.data(), kept_f.data(), dc.data(), n);  // the CPU's gradient, unrounded
             DevBuf dx = dev_up(cx, x, pad == 1), dd = dev_up(cx, d);
             int o = pad == 2;
             bf16* kbase = (bf16*)cuda_alloc(cx, (n + o + 1) / 2);
@@ -782,8 +783,18 @@ static void test_bf16_elementwise(CudaCtx* cx) {
             for (long i = 0; i < n; i++) kd += kept_g[i] != kept_c[i];
             check_le(kd, 0, "%-22s %-44s kept pre-activations differing from the CPU's", "gelu_forward_bf16", s);
             check_le(bf16_ulps_from(out16_g, gelu_c), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 GELU", "gelu_forward_bf16", s);
-            gelu_backward_cuda(cx, dd.p, (const bf16*)(kbase + o), dd.p, n);
-            expect_close("gelu_backward bf16 inp", s, dev_down(cx, dd.p, n), dc, FP32_BOUND);
+            gelu_backward_bf16_cuda(cx, dd.p, kbase + o, dd.p, n);
+            std::vector<float> dg = dev_down(cx, dd.p, n);
+            std::vector<bf16> dg16(n);
+            long low = 0;  // fp32 words that do not hold a bf16 (nonzero low halves)
+            for (long i = 0; i < n; i++) {
+                uint32_t u;
+                memcpy(&u, &dg[i], sizeof(u));
+                low += (u & 0xffffu) != 0;
+                dg16[i] = (bf16)(u >> 16);
+            }
+            check_le(low, 0, "%-22s %-44s gradients not rounded to bf16", "gelu_backward_bf16", s);
+            check_le(bf16_ulps_from(dg16, dc), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 gradient", "gelu_backward_bf16", s);
             cuda_free(cx, kbase);
             cuda_free(cx, gbase);
             for (DevBuf* b : {&dx, &dd}) cuda_free(cx, b->base);
