@@ -146,6 +146,10 @@ struct TpResult {
     std::vector<float> losses;      // per step, from rank 0
     std::vector<float> grads_full;  // gathered gradients of step 0
     std::vector<float> params_full; // gathered parameters after the last step
+    // a bf16 run's last forward: the bf16 weights it computed from (widened, gathered), the masters they were
+    // rounded from (gathered) and AdamW's step count then
+    std::vector<float> wbf_last, masters_last;
+    int t_last = 0;
     std::vector<RankOut> ranks;
     double values_per_step;         // floats all-reduced per training step (rank 0)
     double moved[COMM_KINDS];       // the same by kind of collective
@@ -184,6 +188,8 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
     long nfull = gpt_num_params(cfg);
     out->grads_full.assign(nfull, 0.0f);
     out->params_full.assign(nfull, 0.0f);
+    out->wbf_last.assign(bf16 ? nfull : 0, 0.0f);
+    out->masters_last.assign(bf16 ? nfull : 0, 0.0f);
     out->ranks.assign(P, RankOut());
     out->losses.clear();
     on_ranks(P, nccl, [&](CommGroup* group, int r) {
@@ -207,6 +213,18 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
             double moved0[COMM_KINDS];
             for (int k = 0; k < COMM_KINDS; k++) moved0[k] = rk.tp.moved[k];
             gpt_forward(&m, &rk, x, x + 1, B, T, true);
+            if (bf16 && s == steps - 1) {
+                std::vector<::bf16> h(m.nparams);
+                dev_download(&rk, h.data(), m.wbf_mem, m.nparams * sizeof(::bf16));
+                std::vector<float> w(m.nparams);
+                for (long i = 0; i < m.nparams; i++) w[i] = bf16_to_float(h[i]);
+                float* d = dev_alloc(&rk, m.nparams);
+                dev_upload(&rk, d, w.data(), m.nparams * sizeof(float));
+                if (r == 0) out->t_last = m.t;
+                gpt_gather(&m, &rk, d, out->wbf_last.data());
+                gpt_gather(&m, &rk, m.params_mem, out->masters_last.data());
+                dev_free(&rk, d);
+            }
             gpt_zero_grad(&m, &rk);
             gpt_backward(&m, &rk);
             AdamW opt = {lr, 0.9f, 0.95f, 1e-8f, 0.1f, clip};

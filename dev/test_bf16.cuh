@@ -150,6 +150,13 @@ static void test_bf16_masters() {
     for (size_t i = 0; i < full.size(); i++) moved += next[i] != one[i];
     check(moved > (long)full.size() / 10, "the next step draws new noise: %ld of %zu bf16 weights round the other way", moved,
           full.size());
+    // and another run's seed (--seed) other noise at the same step: two runs that differ only in their seed
+    // do not share their roundings
+    std::vector<float> other = bf16_masters_at(&cfg, full, 2, 1, 1L << 40, step, seed + 1, &disagree, &missing);
+    moved = 0;
+    for (size_t i = 0; i < full.size(); i++) moved += other[i] != one[i];
+    check(moved > (long)full.size() / 10, "another seed draws other noise: %ld of %zu bf16 weights round the other way", moved,
+          full.size());
 }
 
 // body on a rank's thread with a pool of 1, then of 3 threads (a rank's thread, so that its pool is its own),
@@ -927,6 +934,17 @@ static void test_bf16_grad_sums() {
 }
 
 
+// How many of the bf16 weights a run_tp bf16 run's last forward computed from are not
+// bf16_round_stochastic of their masters keyed on the full index, AdamW's step count then and the run's seed
+// (run_tp's 1234): the step and the seed as gpt.cu passes them (all of them if nothing was captured)
+static long bf16_weights_unlike_masters(const TpResult& res) {
+    long wrong = res.masters_last.empty() ? 1 : 0;
+    for (size_t i = 0; i < res.masters_last.size(); i++)
+        wrong += bf16_test_bits(res.wbf_last[i]) !=
+                 bf16_test_bits(bf16_to_float(bf16_round_stochastic(res.masters_last[i], i, (uint32_t)res.t_last, 1234)));
+    return wrong;
+}
+
 static void test_bf16_train() {
     printf("--dtype bf16: fp32 masters, a stochastically rounded bf16 copy, bf16 matmul operands, fp32 sums\n");
     test_bf16_partial_sums();
@@ -977,6 +995,9 @@ static void test_bf16_train() {
     int steps_tp = 10;
     TpResult one;
     run_tp(&cfg, init, 1, steps_tp, data, B, T, 1e-3f, 1.0f, &one, false, 0, true, true);
+    check(one.t_last == steps_tp - 1 && bf16_weights_unlike_masters(one) == 0,
+          "bf16 TP=1: the last forward's bf16 weights are the stochastic rounding of its masters keyed on the step (%d) "
+          "and the seed: %ld of %zu differ", one.t_last, bf16_weights_unlike_masters(one), one.masters_last.size());
     struct { int P; bool sp; int recompute; } grids[] = {{2, false, 0}, {4, false, 0}, {2, true, 0}, {4, true, 2}};
     for (auto& g : grids) {
         TpResult res;
@@ -997,6 +1018,8 @@ static void test_bf16_train() {
         long mism_g, mism_p;
         replicated_mismatch(&cfg, g.P, res, &mism_g, &mism_p);
         check_le(mism_g + mism_p, 0, "%-18s replicated tensors differing in bits across ranks (%ld grads, %ld weights)", what, mism_g, mism_p);
+        check_le(bf16_weights_unlike_masters(res), 0, "%-18s the last forward's bf16 weights not the rounding of its masters at "
+                 "step %d, keyed on the full index, the step and the seed", what, res.t_last);
         // the activations each layer keeps in bf16 storage (and with SP the all-gathers of bf16 values, which
         // move as bf16): against the same run holding and moving them in fp32 words, every bit the same, and
         // SP's gathers (6L+1)/2 + 1 of (6L+2) of the words, to the word
