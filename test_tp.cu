@@ -150,6 +150,7 @@ struct TpResult {
     // rounded from (gathered) and AdamW's step count then
     std::vector<float> wbf_last, masters_last;
     int t_last = 0;
+    uint32_t bf16_seed = 0;  // the run's seed of the stochastic rounding
     std::vector<RankOut> ranks;
     double values_per_step;         // floats all-reduced per training step (rank 0)
     double moved[COMM_KINDS];       // the same by kind of collective
@@ -180,16 +181,17 @@ static void on_ranks(int P, bool nccl, const std::function<void(CommGroup*, int)
     delete group;
 }
 
-// (sp: --sp 1, recompute: -r, fused: --attention fused, else matmul, bf16: --dtype bf16 with seed 1234)
+// (sp: --sp 1, recompute: -r, fused: --attention fused, else matmul, bf16: --dtype bf16 with seed bf16_seed)
 static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, int steps, const std::vector<int>& data,
                    int B, int T, float lr, float clip, TpResult* out, bool sp = false, int recompute = 0, bool fused = true,
-                   bool bf16 = false) {
+                   bool bf16 = false, uint32_t bf16_seed = 1234) {
     bool nccl = g_device == DEV_CUDA && P > 1 && g_ngpu >= P;
     long nfull = gpt_num_params(cfg);
     out->grads_full.assign(nfull, 0.0f);
     out->params_full.assign(nfull, 0.0f);
     out->wbf_last.assign(bf16 ? nfull : 0, 0.0f);
     out->masters_last.assign(bf16 ? nfull : 0, 0.0f);
+    out->bf16_seed = bf16_seed;
     out->ranks.assign(P, RankOut());
     out->losses.clear();
     on_ranks(P, nccl, [&](CommGroup* group, int r) {
@@ -202,7 +204,7 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
         m.recompute = recompute;
         m.fused = fused;
         m.overlap = g_overlap;
-        gpt_set_dtype(&m, &rk, bf16, 1234);
+        gpt_set_dtype(&m, &rk, bf16, bf16_seed);
         auto local = [&](const float* p) {
             std::vector<float> h(m.nparams);
             dev_download(&rk, h.data(), p, m.nparams * sizeof(float));

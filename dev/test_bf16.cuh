@@ -935,13 +935,13 @@ static void test_bf16_grad_sums() {
 
 
 // How many of the bf16 weights a run_tp bf16 run's last forward computed from are not
-// bf16_round_stochastic of their masters keyed on the full index, AdamW's step count then and the run's seed
-// (run_tp's 1234): the step and the seed as gpt.cu passes them (all of them if nothing was captured)
+// bf16_round_stochastic of their masters keyed on the full index, AdamW's step count then and the run's seed:
+// the step and the seed as gpt.cu passes them (all of them if nothing was captured)
 static long bf16_weights_unlike_masters(const TpResult& res) {
     long wrong = res.masters_last.empty() ? 1 : 0;
     for (size_t i = 0; i < res.masters_last.size(); i++)
         wrong += bf16_test_bits(res.wbf_last[i]) !=
-                 bf16_test_bits(bf16_to_float(bf16_round_stochastic(res.masters_last[i], i, (uint32_t)res.t_last, 1234)));
+                 bf16_test_bits(bf16_to_float(bf16_round_stochastic(res.masters_last[i], i, (uint32_t)res.t_last, res.bf16_seed)));
     return wrong;
 }
 
@@ -998,6 +998,13 @@ static void test_bf16_train() {
     check(one.t_last == steps_tp - 1 && bf16_weights_unlike_masters(one) == 0,
           "bf16 TP=1: the last forward's bf16 weights are the stochastic rounding of its masters keyed on the step (%d) "
           "and the seed: %ld of %zu differ", one.t_last, bf16_weights_unlike_masters(one), one.masters_last.size());
+    {  // and with another seed (run_tp's is 1234), the run's own
+        TpResult other;
+        run_tp(&cfg, init, 2, 3, data, B, T, 1e-3f, 1.0f, &other, false, 0, true, true, 4321);
+        check(other.t_last == 2 && bf16_weights_unlike_masters(other) == 0,
+              "bf16 TP=2 with seed 4321: the last forward's bf16 weights are its masters rounded at its step (%d) and seed: "
+              "%ld of %zu differ", other.t_last, bf16_weights_unlike_masters(other), other.masters_last.size());
+    }
     struct { int P; bool sp; int recompute; } grids[] = {{2, false, 0}, {4, false, 0}, {2, true, 0}, {4, true, 2}};
     for (auto& g : grids) {
         TpResult res;
