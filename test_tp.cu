@@ -216,12 +216,8 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
             for (int k = 0; k < COMM_KINDS; k++) moved0[k] = rk.tp.moved[k];
             gpt_forward(&m, &rk, x, x + 1, B, T, true);
             if (bf16 && s == steps - 1) {
-                std::vector<::bf16> h(m.nparams);
-                dev_download(&rk, h.data(), m.wbf_mem, m.nparams * sizeof(::bf16));
-                std::vector<float> w(m.nparams);
-                for (long i = 0; i < m.nparams; i++) w[i] = bf16_to_float(h[i]);
                 float* d = dev_alloc(&rk, m.nparams);
-                dev_upload(&rk, d, w.data(), m.nparams * sizeof(float));
+                OP(&rk, bf16_widen, d, m.wbf_mem, m.nparams);
                 if (r == 0) out->t_last = m.t;
                 gpt_gather(&m, &rk, d, out->wbf_last.data());
                 gpt_gather(&m, &rk, m.params_mem, out->masters_last.data());
