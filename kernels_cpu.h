@@ -256,14 +256,73 @@ static void gemm_pack_b_cpu(float* Bp, const TB* B, long b_rs, long b_cs, int K,
     });
 }
 
-// Units of *mt x *nt tiles out of MB x NB: smaller ones when there are too few to keep every thread of the
-// rank busy (the unit size moves no sum: it only decides which thread computes a tile)
-static void gemm_units_cpu(int MB, int NB, int* mt, int* nt) {
-    const int threads = cpu_pool_threads();
-    const long want = threads > 1 ? 4L * threads : 1;
-    while ((long)((MB + *mt - 1) / *mt) * ((NB + *nt - 1) / *nt) < want && (*mt > 1 || *nt > 1)) {
+// How long the rank's threads take over the units of mt x nt tiles out of MB x NB, in tile-panels, as
+// cpu_for runs them: cpu_pool_run's chunks of consecutive units, each taken by the thread that is free
+// first. A unit costs its tiles x (its panels + 1): each unit also reads (packs) its rows of A once, about
+// one panel's work a tile (A's pack is ~8% of d6's weight gradients, which have 12 panels). busy: threads longs.
+static long gemm_units_span(int MB, int NB, int mt, int nt, int threads, long* busy) {
+    const int UM = (MB + mt - 1) / mt, UN = (NB + nt - 1) / nt;
+    const long units = (long)UM * UN, chunks = std::min(units, (long)threads * CPU_POOL_CHUNKS);
+    const long chunk = (units + chunks - 1) / chunks;
+    std::fill(busy, busy + threads, 0L);
+    long span = 0;
+    for (long u0 = 0; u0 < units; u0 += chunk) {
+        long cost = 0;
+        for (long u = u0; u < u0 + chunk && u < units; u++) {
+            const int mb = (int)(u % UM) * mt, nb = (int)(u / UM) * nt;
+            cost += (long)std::min(mt, MB - mb) * (std::min(nt, NB - nb) + 1);
+        }
+        long* first_free = std::min_element(busy, busy + threads);
+        *first_free += cost;
+        span = std::max(span, *first_free);
+    }
+    return span;
+}
+
+// Units of *mt x *nt tiles halved, the larger of the two first, until there are 4 a thread (or single tiles), so
+// that a thread slowed by another program has its share taken up by the others
+static void gemm_units_halved(int MB, int NB, int threads, int* mt, int* nt) {
+    while ((long)((MB + *mt - 1) / *mt) * ((NB + *nt - 1) / *nt) < 4L * threads && (*mt > 1 || *nt > 1)) {
         if (*mt >= *nt && *mt > 1) *mt /= 2; else *nt /= 2;
     }
+}
+
+// Units of *mt x *nt tiles out of MB x NB (the unit size moves no sum: it only decides which thread computes
+// a tile). Smaller ones when there are too few to keep every thread of the rank busy (gemm_units_halved).
+// Then units that divide among the
+// threads: 9 equal units on 2 threads keep one thread idle for the last (d6's qkv and fcproj weight
+// gradients at TP 1), where 12 of 3/4 the size do not, so down to half of each side, the shape whose
+// span (gemm_units_span) is shortest, each step taken only for 3% or more, wider units first (fewer
+// passes over A). On 2 threads this made those two GEMMs 6-7% faster. Searched once per shape and
+// thread count (a rank thread's table), as the spans are O(threads^2) to work out.
+static void gemm_units_cpu(int MB, int NB, int* mt, int* nt) {
+    const int threads = cpu_pool_threads();
+    if (threads == 1) return;
+    struct Units { int MB, NB, mt, nt, threads, mt_out, nt_out; };
+    static thread_local std::vector<Units> seen;
+    for (const Units& s : seen)
+        if (s.MB == MB && s.NB == NB && s.mt == *mt && s.nt == *nt && s.threads == threads) {
+            *mt = s.mt_out;
+            *nt = s.nt_out;
+            return;
+        }
+    Units found = {MB, NB, *mt, *nt, threads, *mt, *nt};
+    gemm_units_halved(MB, NB, threads, mt, nt);
+    std::vector<long> busy(threads);
+    long limit = gemm_units_span(MB, NB, *mt, *nt, threads, busy.data()) * 97 / 100;
+    int best_mt = *mt, best_nt = *nt;
+    for (int n = *nt; n >= (*nt + 1) / 2; n--)
+        for (int m = *mt; m >= (*mt + 1) / 2; m--) {
+            const long span = gemm_units_span(MB, NB, m, n, threads, busy.data());
+            if (span <= limit) {
+                limit = span * 97 / 100;
+                best_mt = m;
+                best_nt = n;
+            }
+        }
+    *mt = found.mt_out = best_mt;
+    *nt = found.nt_out = best_nt;
+    if (seen.size() < 64) seen.push_back(found);
 }
 
 // C (M x N, row stride ldc) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B through their strides.

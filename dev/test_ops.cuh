@@ -125,6 +125,7 @@ static void test_ops_gemm() {
         {301, 1152, 384, "d6 qkv rows"}, {384, 200, 2048, "d6 dweight, K 2048"},
         {97, 257, 600, "unit edges + 1"}, {13, 17, 257, "K 257"}, {7, 33, 1, "K = 1"},
         {5, 9, 0, "K = 0"}, {1, 1, 1, "1 x 1 x 1"}, {1, 70, 96, "one row"}, {70, 1, 96, "one column"},
+        {576, 96, 64, "units of 7 row tiles at 2 threads"},
     };
     long differ = 0, checked = 0;
     for (const Case& c : cases) {
@@ -168,6 +169,73 @@ static void test_ops_gemm() {
         }
     }
     check_le(differ, 0, "gemm, all the shapes and variants above at 2, 3 and 5 threads (%ld floats): floats differing from 1 thread", checked);
+}
+
+// How gemm_cpu splits its tiles among a rank's threads (gemm_units_cpu), in its own cost model
+// (gemm_units_span: tile-panels, cpu_pool_run's chunks, each to the thread free first). d6's qkv and fcproj
+// weight gradients at TP 1 and 2 threads, and TP 2's qkv at 2 threads: 9 units of 16 row tiles kept one
+// thread idle for the last (a span 11-17% over the even share); the units chosen must come within the
+// search's step (3%) of the even share.
+// Over a grid of shapes (M, N from 64 to 4096) and 2 to 16 threads: never a longer span than the halving
+// alone gives, at least 4 units a thread, and each thread's share within 12% of even (worst: 0.889, a
+// 64 x 256 C on 3 threads; the halving alone: 0.844).
+static void test_ops_gemm_units() {
+    struct Shape { int M, N; const char* what; };
+    const Shape exact[] = {{1152, 384, "d6 qkv dweight, TP 1"}, {384, 1536, "d6 fcproj dweight, TP 1"}, {576, 384, "d6 qkv dweight, TP 2"}};
+    const int dims[] = {64, 128, 192, 256, 384, 576, 768, 1024, 1152, 1536, 2048, 2304, 3072, 4096};
+    auto work = [](int MB, int NB, int mt, int nt) {  // every unit's cost, as gemm_units_span counts it
+        long c = 0;
+        for (int mb = 0; mb < MB; mb += mt)
+            for (int nb = 0; nb < NB; nb += nt) c += (long)std::min(mt, MB - mb) * (std::min(nt, NB - nb) + 1);
+        return c;
+    };
+    for (int threads : {2, 3, 4, 8, 16}) {
+        std::vector<std::string> lines;  // (checked on this thread, after the rank thread's work)
+        std::vector<double> values, bounds;
+        std::thread rank([&]() {
+            cpu_pool_start(threads);
+            std::vector<long> busy(threads);
+            char line[256];
+            if (threads == 2)
+                for (const Shape& s : exact) {
+                    const int MB = (s.M + GEMM_MR - 1) / GEMM_MR, NB = (s.N + GEMM_NR - 1) / GEMM_NR;
+                    int mt = GEMM_MT, nt = GEMM_NT, m0 = GEMM_MT, n0 = GEMM_NT;
+                    gemm_units_cpu(MB, NB, &mt, &nt);
+                    gemm_units_halved(MB, NB, threads, &m0, &n0);  // the units before the search
+                    const long span = gemm_units_span(MB, NB, mt, nt, threads, busy.data());
+                    snprintf(line, sizeof(line), "gemm units, %s, 2 threads: %dx%d tiles (the halving alone: %dx%d, span %ld): span / the even share, bound 1.03 (the search's step)",
+                             s.what, mt, nt, m0, n0, gemm_units_span(MB, NB, m0, n0, threads, busy.data()));
+                    lines.push_back(line);
+                    values.push_back((double)span / ((work(MB, NB, mt, nt) + 1) / 2));
+                    bounds.push_back(1.03);
+                }
+            double worst = 1;
+            long bad = 0, shapes = 0;
+            for (int M : dims)
+                for (int N : dims) {
+                    const int MB = (M + GEMM_MR - 1) / GEMM_MR, NB = (N + GEMM_NR - 1) / GEMM_NR;
+                    if ((long)MB * NB < 16L * threads) continue;  // too few tiles to share evenly whatever the units
+                    int mt = GEMM_MT, nt = GEMM_NT, m0 = GEMM_MT, n0 = GEMM_NT;
+                    gemm_units_cpu(MB, NB, &mt, &nt);
+                    gemm_units_halved(MB, NB, threads, &m0, &n0);  // the units before the search
+                    const long span = gemm_units_span(MB, NB, mt, nt, threads, busy.data());
+                    bad += span > gemm_units_span(MB, NB, m0, n0, threads, busy.data());
+                    bad += (long)((MB + mt - 1) / mt) * ((NB + nt - 1) / nt) < 4L * threads;
+                    worst = std::min(worst, (double)work(MB, NB, mt, nt) / threads / span);
+                    shapes++;
+                }
+            snprintf(line, sizeof(line), "gemm units, %d threads, %ld shapes: spans longer than the halving alone's, or fewer than 4 units a thread", threads, shapes);
+            lines.push_back(line);
+            values.push_back((double)bad);
+            bounds.push_back(0);
+            snprintf(line, sizeof(line), "gemm units, %d threads, %ld shapes: the least even share, 1 - work / threads / span", threads, shapes);
+            lines.push_back(line);
+            values.push_back(1 - worst);
+            bounds.push_back(0.12);
+        });
+        rank.join();
+        for (size_t i = 0; i < lines.size(); i++) check_le(values[i], bounds[i], "%s", lines[i].c_str());
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -779,6 +847,7 @@ static void test_ops() {
     printf("CPU ops against float64 references (u = 2^-24; bounds (K + a few) u for a reduction of K terms)\n");
     test_ops_matmul();
     test_ops_gemm();
+    test_ops_gemm_units();
     test_ops_embeddings();
     test_ops_layernorm();
     test_ops_residual_gelu();
