@@ -908,6 +908,7 @@ static void attention_probs_head(float* a, const float* q, const float* k, int T
     for (int t = 0; t < T; t++) {
         float* row = a + (size_t)t * T;
         float maxv = -FLT_MAX;
+        #pragma omp simd reduction(max : maxv)  // (a max is exact: any order, the same bits)
         for (int t2 = 0; t2 <= t; t2++) { row[t2] *= scale; maxv = row[t2] > maxv ? row[t2] : maxv; }
         float sum = 0.0f;
         #pragma omp simd reduction(+ : sum)
@@ -959,13 +960,14 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
         gemm_cpu(T, T, hs, d, C, 1, v, 1, C3, datt.data(), T, false, nullptr);  // datt = dout v^T
         gemm_cpu(T, hs, T, a, 1, T, d, C, 1, dq + 2 * C, C3, false, nullptr);   // dv = att^T dout
         // through the softmax: dpre = att * (datt - sum_t2 att datt) * scale, in place over datt
+        const float sc = scale;  // (a local: through the captured reference, which dr might alias, the loop ran scalar)
         for (int t = 0; t < T; t++) {
             const float* ar = a + (size_t)t * T;
             float* dr = datt.data() + (size_t)t * T;
             float dot = 0.0f;
             #pragma omp simd reduction(+ : dot)
             for (int t2 = 0; t2 <= t; t2++) dot += ar[t2] * dr[t2];
-            for (int t2 = 0; t2 < T; t2++) dr[t2] = t2 <= t ? ar[t2] * (dr[t2] - dot) * scale : 0.0f;
+            for (int t2 = 0; t2 < T; t2++) dr[t2] = t2 <= t ? ar[t2] * (dr[t2] - dot) * sc : 0.0f;
         }
         gemm_cpu(T, hs, T, datt.data(), T, 1, k, C3, 1, dq, C3, false, nullptr);      // dq = dpre k
         gemm_cpu(T, hs, T, datt.data(), 1, T, q, C3, 1, dq + C, C3, false, nullptr);   // dk = dpre^T q
