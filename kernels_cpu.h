@@ -289,12 +289,11 @@ static void gemm_units_halved(int MB, int NB, int threads, int* mt, int* nt) {
 
 // Units of *mt x *nt tiles out of MB x NB (the unit size moves no sum: it only decides which thread computes
 // a tile). Smaller ones when there are too few to keep every thread of the rank busy (gemm_units_halved).
-// Then units that divide among the
-// threads: 9 equal units on 2 threads keep one thread idle for the last (d6's qkv and fcproj weight
-// gradients at TP 1), where 12 of 3/4 the size do not, so down to half of each side, the shape whose
-// span (gemm_units_span) is shortest, each step taken only for 3% or more, wider units first (fewer
-// passes over A). On 2 threads this made those two GEMMs 6-7% faster. Searched once per shape and
-// thread count (a rank thread's table), as the spans are O(threads^2) to work out.
+// Then units that divide among the threads: 9 equal units on 2 threads keep one thread idle for the last
+// (d6's qkv and fcproj weight gradients at TP 1), where 12 of 3/4 the size do not. So, down to half of
+// each side, the shape whose span (gemm_units_span) is shortest, each step taken only for 3% or more,
+// wider units first (fewer passes over A). On 2 threads this made those two GEMMs 6-7% faster. Searched
+// once per shape and thread count (a rank thread's table), as the spans are O(threads^2) to work out.
 static void gemm_units_cpu(int MB, int NB, int* mt, int* nt) {
     const int threads = cpu_pool_threads();
     if (threads == 1) return;
@@ -1093,6 +1092,7 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
     const float scale = 1.0f / sqrtf((float)hs);
     cpu_for((long)B * NH * NT, [&](long task) {
         int qt = (int)(task % NT), h = (int)(task / NT % NH), b = (int)(task / NT / NH);
+        const float sc = scale;  // (a local: through the captured reference, which s[c] below might alias, the max's loop ran scalar)
         const float* q = qkv + (size_t)b * T * C3 + h * hs;
         const float* k = q + C;
         const float* v = q + 2 * C;
@@ -1112,7 +1112,6 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
                 float* s = S + (long)r * ATT_TILE;
                 int ncv = i0 + r - j0 + 1 < nc ? i0 + r - j0 + 1 : nc;
                 float mx = m[r];
-                const float sc = scale;  // (a local: the captured reference, which s[c] might alias, kept this loop scalar)
                 #pragma omp simd reduction(max : mx)  // (a max is exact: any order, the same bits)
                 for (int c = 0; c < ncv; c++) { s[c] *= sc; mx = s[c] > mx ? s[c] : mx; }
                 // the running sum and output were taken against m[r]: rescale them to the new max

@@ -183,11 +183,9 @@ static void test_ops_gemm_units() {
     struct Shape { int M, N; const char* what; };
     const Shape exact[] = {{1152, 384, "d6 qkv dweight, TP 1"}, {384, 1536, "d6 fcproj dweight, TP 1"}, {576, 384, "d6 qkv dweight, TP 2"}};
     const int dims[] = {64, 128, 192, 256, 384, 576, 768, 1024, 1152, 1536, 2048, 2304, 3072, 4096};
-    auto work = [](int MB, int NB, int mt, int nt) {  // every unit's cost, as gemm_units_span counts it
-        long c = 0;
-        for (int mb = 0; mb < MB; mb += mt)
-            for (int nb = 0; nb < NB; nb += nt) c += (long)std::min(mt, MB - mb) * (std::min(nt, NB - nb) + 1);
-        return c;
+    auto work = [](int MB, int NB, int mt, int nt) {  // every unit's cost summed: the span on one thread
+        long busy;
+        return gemm_units_span(MB, NB, mt, nt, 1, &busy);
     };
     for (int threads : {2, 3, 4, 8, 16}) {
         std::vector<std::string> lines;  // (checked on this thread, after the rank thread's work)
