@@ -32,6 +32,14 @@ static std::string vformat(const char* fmt, va_list ap) {
     vsnprintf(buf, sizeof(buf), fmt, ap);
     return buf;
 }
+static std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static std::string format(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::string s = vformat(fmt, ap);
+    va_end(ap);
+    return s;
+}
 
 // a check whose outcome is yes or no; the message says what was observed
 static void check(bool ok, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -652,6 +660,79 @@ static void test_reference_forward() {
     }
 }
 
+// Two AdamW steps of the whole model (gpt_update: the sharded update, the norm's sums over the ranks, the
+// tensors' decay) at TP = 1, 2, 4 against llm.c's update worked out in double on the full tensors: decay
+// on wte, wpe and the four matrices alone, bias-corrected moments, the global norm clipped. The gradients
+// are set, not computed, so the update alone is tested. Adam's step does not change when a gradient is
+// scaled, so only clipping that applies on one step and not the other shows in the weights: the first
+// gradient's norm is 0.8 of the clip, the second's 2.5 times it, and half of each norm's square lies in the
+// replicated tensors (counted once, not once per rank), so a norm wrong by 1.25x either way moves them.
+static void test_reference_update() {
+    printf("two AdamW steps of the model against llm.c's update in double, TP = 1, 2, 4\n");
+    GPTConfig cfg = make_config(2, 4, 32, 100, 16);
+    std::vector<float> init = init_weights(&cfg, 21);
+    const long n = (long)init.size();
+    const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, clip = 1.0f;
+    ShardPlan whole;
+    shard_plan_init(&whole, &cfg, 1, 0);
+    std::vector<long> at(NUM_PARAM_TENSORS + 1, 0);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) at[i + 1] = at[i] + shard_full_size(&whole.t[i]);
+    auto decays = [&](int i) {
+        for (const char* d : {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"})
+            if (strcmp(whole.t[i].name, d) == 0) return true;
+        return false;
+    };
+    // gradients: normal, each element's scale 10^U(-2, 0) (so eps and the ratios of m to sqrt(v) vary), then
+    // the replicated and the sharded parts each scaled to half the square of the wanted norm
+    Rng rng = {77};
+    std::vector<std::vector<float>> grads(2, std::vector<float>(n));
+    for (int s = 0; s < 2; s++) {
+        double want = s == 0 ? 0.8 * clip : 2.5 * clip, sq[2] = {0, 0};
+        for (long k = 0; k < n; k++) grads[s][k] = (float)(rng_normal(&rng) * pow(10.0, -2.0 * rng_uniform(&rng)));
+        for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+            for (long k = at[i]; k < at[i + 1]; k++) sq[whole.t[i].split == SPLIT_NONE] += (double)grads[s][k] * grads[s][k];
+        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+            float f = (float)sqrt(want * want / 2 / sq[whole.t[i].split == SPLIT_NONE]);
+            for (long k = at[i]; k < at[i + 1]; k++) grads[s][k] *= f;
+        }
+    }
+    // llm.c's update, in double
+    std::vector<double> p(init.begin(), init.end()), mo(n, 0.0), ve(n, 0.0);
+    for (int s = 0; s < 2; s++) {
+        double sq = 0;
+        for (long k = 0; k < n; k++) sq += (double)grads[s][k] * grads[s][k];
+        double scale = sqrt(sq) > clip ? clip / sqrt(sq) : 1.0, bc1 = 1 - pow(beta1, s + 1), bc2 = 1 - pow(beta2, s + 1);
+        for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+            for (long k = at[i]; k < at[i + 1]; k++) {
+                double g = grads[s][k] * scale;
+                mo[k] = beta1 * mo[k] + (1 - beta1) * g;
+                ve[k] = beta2 * ve[k] + (1 - beta2) * g * g;
+                p[k] -= lr * (mo[k] / bc1 / (sqrt(ve[k] / bc2) + eps) + (decays(i) ? wd : 0.0) * p[k]);
+            }
+    }
+    std::vector<float> ref(p.begin(), p.end());
+    for (int P : {1, 2, 4}) {
+        std::vector<float> got(n, 0.0f);
+        on_ranks(P, false, [&](CommGroup* group, int r) {
+            Rank rk;
+            rank_init(&rk, group, r, DEV_CPU, 0, 1);
+            GPT m;
+            gpt_build(&m, &rk, &cfg, init.data(), 0);
+            AdamW opt = {lr, beta1, beta2, eps, wd, clip};
+            for (int s = 0; s < 2; s++) {
+                gpt_scatter(&m, &rk, grads[s].data(), m.grads_mem);  // this rank's shard of the full gradient
+                gpt_update(&m, &rk, &rk.tp, &opt);
+            }
+            gpt_gather(&m, &rk, m.params_mem, got.data());
+            gpt_free(&m, &rk);
+            rank_free(&rk);
+        });
+        const char* name;
+        double e = worst_tensor_err(&cfg, got, ref, &name);
+        check_le(e, 2e-6, "P=%d weights after 2 steps against the double-precision update: worst tensor %s, rel err", P, name);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // gradient check: backward against central finite differences
 
@@ -1197,7 +1278,8 @@ static const TestGroup g_groups[] = {
     {"tp", test_tp_all, "TP = 2, 3, 4, 6 against TP = 1: losses, gradients, weights, replicated tensors, bytes; fused vs matmul attention"},
     {"sp", test_sp_all, "--sp 1 at P = 2, 3, 4 against TP = 1; the activation memory table"},
     {"recompute", test_recompute, "-r 1, 2 (and 3 with --attention matmul) bit-identical to -r 0, with and without --sp 1"},
-    {"reference", test_reference_forward, "the forward against an independent double-precision GPT-2"},
+    {"reference", [] { test_reference_forward(); test_reference_update(); },
+     "the forward against an independent double-precision GPT-2; two AdamW steps against llm.c's update in double"},
     {"gradcheck", test_gradcheck, "the backward against central finite differences"},
     {"ops", test_ops, "every CPU op, forward and backward, against a float64 reference, scores and logits past exp's range"},
     {"loader", test_loader, "token files: order, shards, llm.c's shuffle"},

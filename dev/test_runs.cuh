@@ -372,6 +372,43 @@ static void test_own_data() {
           "tinyshakespeare.sh without the BPE encoding: exit %d, byte files kept, %s", rc, first_line_with(out, "note:").c_str());
 }
 
+// The memory table's formula line ("activations per layer (...): N*(aC + 4) + B*T*bC/P [+ attention's]
+// floats, N = ... tokens per rank: X MB x L layers"), evaluated at the run's sizes, gives the X MB it prints
+// (which comes from the allocation's own count), in either dtype, at every -r, both attentions, with and
+// without --sp: the coefficients a reader is shown are the ones the run uses.
+static void memory_formula_lines() {
+    const int B = 8, T = 128, C = 128, NH = 4, P = 2;
+    int lines = 0, wrong = 0;
+    std::string first_wrong;
+    for (const char* dtype : {"fp32", "bf16"})
+        for (const char* att : {"fused", "matmul"})
+            for (int r : {0, 1, 2, 3})
+                for (int sp : {0, 1}) {
+                    if (r == 3 && strcmp(att, "fused") == 0) continue;  // (-r 3 is the matmul attention's)
+                    std::string args = format("-e L1C128H4 -b %d -t %d -x 1 -v 0 -g 0 --threads 1 --tp %d --dtype %s --attention %s -r %d --sp %d",
+                                               B, T, P, dtype, att, r, sp), out, err;
+                    run_cmd(args, &out, &err);
+                    size_t at = out.find("activations per layer (");
+                    double a = 0, b = 0, mb = 0;
+                    size_t p1 = out.find("N*(", at), p2 = out.find("B*T*", at), p3 = out.find("tokens per rank: ", at);
+                    bool parsed = at != std::string::npos && p1 != std::string::npos && p2 != std::string::npos && p3 != std::string::npos &&
+                                  sscanf(out.c_str() + p1, "N*(%lfC", &a) == 1 && sscanf(out.c_str() + p2, "B*T*%lfC/P", &b) == 1 &&
+                                  sscanf(out.c_str() + p3, "tokens per rank: %lf MB", &mb) == 1;
+                    std::string line = parsed ? out.substr(at, out.find('\n', at) - at) : "(no formula line)";
+                    double N = line.find("N = B*T/P") != std::string::npos ? B * T / P : B * T;
+                    double att_floats = line.find("+ B*NH*T*T/P") != std::string::npos ? (double)B * NH * T * T / P
+                                        : line.find("+ B*NH*T/P") != std::string::npos ? (double)B * NH * T / P : 0;
+                    double want = 4.0 * (N * (a * C + 4) + (double)B * T * b * C / P + att_floats) / 1e6;
+                    lines++;
+                    if (!parsed || fabs(want - mb) > 0.0051) {
+                        if (!wrong++) first_wrong = format("--dtype %s --attention %s -r %d --sp %d: %.2f MB from the formula, %s", dtype,
+                                                            att, r, sp, want, line.c_str());
+                    }
+                }
+    check(wrong == 0, "the memory table's per-layer formula gives the MB it prints: %d of %d runs differ%s%s", wrong, lines,
+          wrong ? "; first: " : "", first_wrong.c_str());
+}
+
 static void test_memory() {
     printf("memory: a run that cannot fit is refused at once with the numbers; the estimate tracks what a run uses\n");
     std::string out, err;
@@ -410,7 +447,9 @@ static void test_memory() {
     check(WIFEXITED(status) && WEXITSTATUS(status) == 0 && rss <= need, "L3C128H4 B32 T256 at 2 ranks: peak %.0f MB, estimate %.0f MB, not below it",
           rss / 1e6, need / 1e6);
     check_le(need / rss, 1.25, "the estimate over the measured peak");
+    memory_formula_lines();
 }
+
 
 static void test_run_dir() {
     printf("the run directory: -y 1 alone continues the run, a used -o is refused, log.csv survives kill -9, -o a/b/c\n");
