@@ -215,15 +215,15 @@ static void test_logs() {
     struct { int P, sp; } runs[] = {{2, 0}, {4, 0}, {2, 1}};
     for (auto& k : runs) {
         std::string dir = d + std::to_string(k.P) + (k.sp ? "sp" : "");
-        int rc = run_cmd("-e L2C64H4 -b 4 -t 32 -x 7 -v 3 -g 0 --threads 1 --tp " + std::to_string(k.P) + " --sp " +
-                         std::to_string(k.sp) + " -o " + dir, nullptr, nullptr);
+        int rc = run_cmd("-e L2C64H4 -b 4 -t 32 -x 7 -v 3 -g 0 -l 1e-3 -u 3 -q 0.1 --threads 1 --tp " + std::to_string(k.P) +
+                         " --sp " + std::to_string(k.sp) + " -o " + dir, nullptr, nullptr);
         auto rows = read_csv(dir + "/log.csv");
         std::vector<std::string> header = {"step", "loss", "val_loss", "lr", "ms", "tok_per_s", "comm_ms", "comm_bytes",
                                            "allreduce_bytes", "reducescatter_bytes", "allgather_bytes", "dp_ms", "dp_bytes", "pp_ms",
                                            "pp_bytes"};
         bool ok = rc == 0 && rows.size() == 8 && rows[0] == header;
         // the bytes a ring sends for the formula's floats, by kind
-        double f[COMM_KINDS], e[COMM_KINDS], total = 0, worst = 0;
+        double f[COMM_KINDS], e[COMM_KINDS], total = 0, worst = 0, lr_off = 0;
         step_comm_floats(&cfg, B, T, k.sp, 1, false, f);
         for (int q = 0; q < COMM_KINDS; q++) total += e[q] = comm_ring_bytes(q, f[q], k.P);
         for (size_t i = 1; ok && i < rows.size(); i++) {
@@ -232,6 +232,11 @@ static void test_logs() {
             bool has_val = (i - 1) % 3 == 0 || i == 7;  // before steps 0, 3, 6 (0-based) = rows 1, 4, 7
             ok = ok && rows[i][2].empty() != has_val;
             if (!ok) break;
+            // the learning rate of step i-1 (0-based), llm.c's schedule: (s+1)/3 of the peak over the 3 warmup
+            // steps, then a cosine from the peak down to 0.1 of it over the 4 steps left
+            int s0 = (int)i - 1;
+            double lr = s0 < 3 ? 1e-3 * (s0 + 1) / 3 : 1e-4 + 0.5 * (1 + cos(M_PI * (s0 - 3) / 4.0)) * (1e-3 - 1e-4);
+            lr_off = worse(lr_off, fabs(atof(rows[i][3].c_str()) - lr) / lr);
             worst = worse(worst, fabs(atof(rows[i][7].c_str()) - total));
             worst = worse(worst, fabs(atof(rows[i][8].c_str()) - e[KIND_ALLREDUCE]));
             worst = worse(worst, fabs(atof(rows[i][9].c_str()) - e[KIND_REDUCESCATTER]));
@@ -239,6 +244,8 @@ static void test_logs() {
         }
         check_le(ok ? worst : INFINITY, 0.5, "--tp %d --sp %d: log.csv has the 15 documented columns and 7 rows; bytes sent per "
                  "step (%.0f) against the formula, by kind, and 0 over DP: largest difference", k.P, k.sp, total);
+        check_le(ok ? lr_off : INFINITY, 1e-6, "--tp %d --sp %d: log.csv's lr column against llm.c's warmup and cosine schedule "
+                 "(-l 1e-3 -u 3 -q 0.1 -x 7): largest relative difference", k.P, k.sp);
     }
     std::string out;
     int rc = run_cmd("-e L2C64H4 -b 4 -t 32 --sweep 1 --sweep-steps 3 --threads 1 -o " + d + "sweep", &out, nullptr);
