@@ -1051,6 +1051,11 @@ static void test_bf16_train() {
                  "(%.4f = ((6L+1)/2 + 1)/(6L+2)); reduce-scatter %.0f and all-reduce %.0f both: difference", what,
                  res.moved[KIND_ALLGATHER], wide.moved[KIND_ALLGATHER], res.moved[KIND_ALLGATHER] / wide.moved[KIND_ALLGATHER],
                  res.moved[KIND_REDUCESCATTER], res.moved[KIND_ALLREDUCE]);
+        // (the formulas above follow sp_wire_bf16, as the run does; the ratio is written out here, so a run that
+        // stops sending bf16 is caught even where the formula follows it)
+        const double L = cfg.L, ratio = ((6 * L + 1) / 2 + 1) / (6 * L + 2);
+        check_le(fabs(res.moved[KIND_ALLGATHER] / wide.moved[KIND_ALLGATHER] - ratio), 1e-12, "%-18s SP's all-gathers in bf16 "
+                 "move %.4f of the fp32 words: difference", what, ratio);
         check(res.moved[KIND_REDUCESCATTER] == wide.moved[KIND_REDUCESCATTER] && res.moved[KIND_ALLREDUCE] == wide.moved[KIND_ALLREDUCE],
               "%-18s the partial sums' reduce-scatters and the all-reduces move fp32 in both", what);
     }
