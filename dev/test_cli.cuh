@@ -156,6 +156,14 @@ static void test_cli_parity_run() {
         for (size_t k = 0; k < va.size() && k < ref_val.size(); k++) w = worse(w, (double)fabs(va[k] - ref_val[k]));
         check_le(shape ? w : INFINITY, 2e-6, "--tp %d: exit %d, printed losses against --tp 1: largest difference", P, rc);
     }
+    // every evaluation is of the first -m batches of the val file (llm.c resets its val loader each time; the
+    // file holds 7): with -l 0 the weights never move, so the three evaluations print the same loss
+    std::string still = base, out, err;
+    still.replace(still.find("-l 1e-4"), 7, "-l 0");
+    int rc = run_cmd(still + "2", &out, &err);
+    std::vector<float> va = grep_floats(out, "val loss ");
+    check(rc == 0 && va.size() == 3 && va[0] == va[1] && va[1] == va[2], "-l 0: exit %d, the 3 val losses the same: %s", rc,
+          va.size() == 3 ? format("%.6f %.6f %.6f", va[0], va[1], va[2]).c_str() : "(not 3 of them)");
 }
 
 // ----------------------------------------------------------------------------
