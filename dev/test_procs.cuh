@@ -58,6 +58,12 @@ static void test_dp_cli() {
     check_le(rc3 == 0 && c.size() == 8 ? max_abs_diff(a8, c) : INFINITY, 1e-5,
              "--tp 2 --sp 1 -r 2 --dp 2 -z 1 -b 1 -d 128 (2 micro-steps) against --tp 1 -b 4: 8 step losses (val batches are -b "
              "per replica, so not compared), largest printed difference");
+    // the gradient norms too: Adam's step hardly changes when a gradient is scaled, so a step that summed its
+    // micro-steps' or replicas' gradients without the 1/(global batch) of each would show in the losses only
+    // where clipping differs; the printed norm shows it at once
+    std::vector<float> n1 = grep_floats(out1, "| norm "), n2 = grep_floats(out2, "| norm "), n3 = grep_floats(out3, "| norm ");
+    check_le(n1.size() == 8 && n2.size() == 8 && n3.size() == 8 ? std::max(max_abs_diff(n1, n2), max_abs_diff(n1, n3)) : INFINITY,
+             2e-4, "the same runs' 8 gradient norms (printed to 4 places) against --tp 1 -b 4's: largest difference");
     // Ctrl-C stops every replica after the same step, saves, exits 0; the run continues on another grid
     std::string d = tmpdir() + "/dpsig";
     bool started;
