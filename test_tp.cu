@@ -1122,6 +1122,7 @@ static void test_corpus() {
           "word are refused by name: %s", why.c_str());
 }
 
+static void sample_token_draws();
 static void test_sampling() {
     printf("sampling: the same tokens at TP=1, 2 and 4 for the same seed and weights\n");
     GPTConfig cfg = make_config(2, 4, 64, 256, 64);
@@ -1150,6 +1151,40 @@ static void test_sampling() {
     }
     std::set<int> distinct(got[1].begin(), got[1].end());
     check(got[2] == got[1] && got[4] == got[1], "60 sampled tokens (temperature 1, then top-8) agree at TP=1, 2, 4 (%zu distinct tokens)", distinct.size());
+    sample_token_draws();
+}
+
+// sample_token's draws against the distribution it means: softmax(logits / temperature) over the top k.
+// 200,000 draws from 12 logits at temperature 0.7 with k 5 and 0 (all), and temperature 0: every token's count
+// within 5 sigma of its probability times the draws (binomial sigma), none outside the top k, the argmax alone.
+static void sample_token_draws() {
+    const float logits[12] = {1.3f, -0.4f, 2.1f, 0.2f, 1.9f, -2.5f, 0.9f, 1.6f, -1.0f, 0.0f, 2.0f, 0.5f};
+    const int V = 12, draws = 200000;
+    for (int topk : {5, 0}) {
+        const float temperature = 0.7f;
+        std::vector<float> sorted(logits, logits + V);
+        std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+        const float cut = topk ? sorted[topk - 1] : -INFINITY;
+        std::vector<double> p(V);
+        double z = 0;
+        for (int i = 0; i < V; i++) z += p[i] = logits[i] >= cut ? exp(logits[i] / (double)temperature) : 0.0;
+        std::vector<long> count(V, 0);
+        Rng rng = {42};
+        for (int d = 0; d < draws; d++) count[sample_token(logits, V, temperature, topk, &rng)]++;
+        double worst = 0;
+        long outside = 0;
+        for (int i = 0; i < V; i++) {
+            double q = p[i] / z, sigma = sqrt(draws * q * (1 - q));
+            if (q == 0) outside += count[i];
+            else worst = std::max(worst, fabs(count[i] - draws * q) / sigma);
+        }
+        check_le(outside ? INFINITY : worst, 5.0, "sample_token at temperature 0.7, %s of 12: %d draws, tokens outside them drawn %ld "
+                 "times; each token's count against softmax(logits / 0.7), in sigmas", topk ? "the top 5" : "all", draws, outside);
+    }
+    Rng rng = {43};
+    long not_argmax = 0;
+    for (int d = 0; d < 1000; d++) not_argmax += sample_token(logits, V, 0.0f, 0, &rng) != 2;
+    check(not_argmax == 0, "sample_token at temperature 0: the argmax (token 2) in 1000 of 1000 draws (%ld others)", not_argmax);
 }
 
 // the runs of ./tp as a child process, the GPU tests
@@ -1302,7 +1337,7 @@ static const TestGroup g_groups[] = {
     {"mpi_pp", test_mpi_pp, "pipeline stages in different processes under mpirun against one process, resume both ways, a stopped stage"},
     {"corpus", test_corpus, "the embedded corpus: deterministic, exact entropy per byte and per word token, words = bytes"},
     {"words", test_words, "the embedded corpus as words: startup lines, the folder's tokenizer.bin, prompts, --corpus bytes"},
-    {"sampling", test_sampling, "the same samples at TP = 1, 2, 4"},
+    {"sampling", test_sampling, "the same samples at TP = 1, 2, 4; the sampler's draws against softmax(logits / temperature) over the top k"},
     {"serve", test_serve, "the KV cache: logits against the full forward at TP = 1, 2, 4 (SP too), greedy, batches, sliding"},
     {"servecli", test_serve_runs, "--prompts, the decode sweep, --chat 1 through a pipe with Ctrl-C and end of input"},
     {"prepare", test_prepare, "data/prepare.py and training on its output"},
