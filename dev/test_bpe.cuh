@@ -122,7 +122,7 @@ static void test_bpe() {
         bad_text += back != text;
     }
     check(rc == 0 && cases.items.size() > 600 && bad_ids == 0, "the C++ encoder gives the ids of Hugging Face tokenizers for %zu texts "
-          "(%ld tokens; lines, the whole text, random strings): %d differ%s%s", cases.items.size(), ntok, bad_ids,
+          "(%ld tokens; lines, the whole text, random strings, runs of a letter or pair): %d differ%s%s", cases.items.size(), ntok, bad_ids,
           first_bad.empty() ? "" : ", first: ", first_bad.c_str());
     check(rc == 0 && bad_text == 0 && cut > 0 && multi > 0, "decoding gives the texts back (%d differ), with %ld tokens that end "
           "inside a UTF-8 character and %ld that join whole multi-byte characters", bad_text, cut, multi);

@@ -36,6 +36,19 @@ def random_texts(n, seed):
     return ["".join(rnd.choice(atoms) for _ in range(rnd.randint(1, 80))) for _ in range(n)]
 
 
+def repeat_texts(text):
+    """words of one piece said 2 to 7 times (the text's common letters and letter pairs: "eee", "ththth"), bare and
+    after a space: where a pair occurs twice in a word, which merges first (the leftmost) decides the ids"""
+    def common(items):
+        counts = {}
+        for x in items:
+            if not any(ch.isspace() for ch in x):
+                counts[x] = counts.get(x, 0) + 1
+        return sorted(counts, key=lambda x: -counts[x])[:30]
+    pieces = common(text) + common(text[i:i + 2] for i in range(len(text) - 1))
+    return [pre + p * k for p in pieces for k in range(2, 8) for pre in ("", " ")]
+
+
 def to_bf16(x):
     """float32 -> bf16 bits (uint16), rounded to nearest even"""
     w = np.ascontiguousarray(x, dtype="<f4").reshape(-1).view(np.uint32).astype(np.uint64)
@@ -49,7 +62,7 @@ def main():
         tok = Tokenizer.from_file(sys.argv[2])
         text = open(sys.argv[3], encoding="utf-8", newline="").read()
     if cmd == "ids":
-        texts = text.splitlines(keepends=True)[:200] + [text] + random_texts(int(sys.argv[5]), 7)
+        texts = text.splitlines(keepends=True)[:200] + [text] + random_texts(int(sys.argv[5]), 7) + repeat_texts(text)
         cases = [[t, tok.encode(t).ids] for t in texts]
         with open(sys.argv[4], "w", encoding="utf-8") as f:
             json.dump(cases, f)
