@@ -104,6 +104,33 @@ static void test_plan_model() {
     // the once-per-step norm all-reduce (1 float) is the only term the closed form leaves out: up to 1e-4 of
     // the step at the tiny shapes (their micro-batch moves little more than it)
     check_le(serr, 1e-3, "speed-up of plan_step without replicated work or latency = P / (1 + k (P-1)), %d cases without SP", ns);
+    // latency: every collective of a step costs the TP latency once, as many as step_comm_calls counts (checked
+    // above against a run's), micro-batches and the once-per-step ones alike; and every DP collective the DP
+    // latency once: one all-reduce, or with -z 1 a reduce-scatter, an all-gather and the all-reduce of the squared norms
+    double lat_off = 0;
+    int nlat = 0;
+    for (auto& s : shapes)
+        for (bool sp : {false, true})
+            for (int zero : {0, 1}) {
+                const int P = 2, A = 3;
+                if (!tp_valid(&s.c, P) || (sp && !sp_splits(true, P, s.B, s.T))) continue;
+                PlanShape sh = {s.B, s.T, A, sp, zero, 4, false};
+                PlanCosts k = {};
+                k.split_s = 0.01;
+                k.slow = 1;
+                k.tp_busbw = k.dp_busbw = 1e11;
+                PlanStep no = plan_step(&s.c, &sh, P, 2, &k);
+                k.tp_lat = 1e-4;
+                k.dp_lat = 1e-3;
+                PlanStep with = plan_step(&s.c, &sh, P, 2, &k);
+                double n[COMM_KINDS], calls = 0;
+                step_comm_calls(&s.c, sp, A, n);
+                for (int q = 0; q < COMM_KINDS; q++) calls += n[q];
+                lat_off = std::max({lat_off, fabs(with.tp_s - no.tp_s - 1e-4 * calls), fabs(with.dp_s - no.dp_s - 1e-3 * (zero ? 3 : 1))});
+                nlat++;
+            }
+    check_le(lat_off, 1e-12, "plan_step's latency terms: the TP latency once per collective of step_comm_calls (3 micro-batches), the "
+             "DP latency once per DP collective (1, or 3 with -z 1), %d cases: difference in seconds", nlat);
     // the README's approximation against the exact k: GPT-2 124M at T = 1024, where the LM head is 27% of the FLOPs
     GPTConfig d12 = shapes[2].c;
     double exact = plan_k(&d12, 1024, false, 2, 1, 1), approx = 2.0 / (9 * (768 + 1024 / 6.0));
