@@ -660,6 +660,59 @@ static void test_reference_forward() {
     }
 }
 
+// gpt_init_full against GPT-2's initialization (llm.c's): per tensor, the matrices and wpe N(0, 0.02), the
+// two projections into the residual stream (attprojw, fcprojw) N(0, 0.02/sqrt(2L)), layernorm weights 1,
+// biases 0, wte's padded rows 0. A tensor's sample std within 5 standard errors of its sigma (the std of a
+// sample std of n normals is sigma / sqrt(2n)), its mean within 5 of 0.
+static void test_reference_init() {
+    printf("the initialization against GPT-2's, tensor by tensor\n");
+    GPTConfig cfg = make_config(3, 4, 64, 300, 32);
+    std::vector<float> w = init_weights(&cfg, 5);
+    ShardPlan s;
+    shard_plan_init(&s, &cfg, 1, 0);
+    long off = 0, wrong_const = 0;
+    double worst = 0;
+    const char* worst_name = "";
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const TensorShard* t = &s.t[i];
+        long n = shard_full_size(t);
+        std::string name = t->name;
+        bool normal = t->cols > 1 || name == "wpe";
+        if (normal) {
+            double sigma = name == "attprojw" || name == "fcprojw" ? 0.02 / sqrt(2.0 * cfg.L) : 0.02;
+            long m = name == "wte" ? (long)cfg.V * cfg.C : n;  // (the padded rows below)
+            double sum = 0, sq = 0;
+            for (long j = 0; j < m; j++) sum += w[off + j], sq += (double)w[off + j] * w[off + j];
+            double mean = sum / m, sd = sqrt(sq / m - mean * mean);
+            double z = std::max(fabs(sd - sigma) / (sigma / sqrt(2.0 * m)), fabs(mean) / (sigma / sqrt((double)m)));
+            if (z > worst || z != z) { worst = worse(worst, z); worst_name = t->name; }
+            for (long j = m; j < n; j++) wrong_const += w[off + j] != 0.0f;
+        } else {
+            float want = name == "ln1w" || name == "ln2w" || name == "lnfw" ? 1.0f : 0.0f;
+            for (long j = 0; j < n; j++) wrong_const += w[off + j] != want;
+        }
+        off += n;
+    }
+    check_le(worst, 5.0, "each matrix's sample std against 0.02 (0.02/sqrt(2L) for attprojw and fcprojw) and mean against 0, "
+             "in standard errors: worst %s", worst_name);
+    check(wrong_const == 0, "layernorm weights 1, biases and wte's padded rows 0: %ld values otherwise", wrong_const);
+    // the dN descriptors: GPT-2 124M, medium, large and xl (layers, channels, heads as published), d12's
+    // parameter count as llm.c prints it (vocab 50257 padded to 50304, 1024 positions), dN below 12 N layers
+    // of 64 channels a head
+    struct { const char* d; int L, C, NH; long params; } sizes[] = {
+        {"d12", 12, 768, 12, 124475904}, {"d24", 24, 1024, 16, 0}, {"d36", 36, 1280, 20, 0}, {"d48", 48, 1600, 25, 0}, {"d3", 3, 192, 3, 0}};
+    int wrong = 0;
+    std::string first;
+    for (auto& z : sizes) {
+        GPTConfig c = {};
+        bool ok = gpt_descriptor(z.d, &c, 50257, 1024) && c.L == z.L && c.C == z.C && c.NH == z.NH && c.Vp == 50304 &&
+                  (z.params == 0 || gpt_num_params(&c) == z.params);
+        if (!ok && !wrong++) first = format("%s: L%d C%d H%d, %ld parameters", z.d, c.L, c.C, c.NH, gpt_num_params(&c));
+    }
+    check(wrong == 0, "d12, d24, d36, d48 are GPT-2 124M, medium, large, xl (d12: 124,475,904 parameters), d3 is L3C192H3: %d wrong%s%s",
+          wrong, wrong ? "; first: " : "", first.c_str());
+}
+
 // Two AdamW steps of the whole model (gpt_update: the sharded update, the norm's sums over the ranks, the
 // tensors' decay) at TP = 1, 2, 4 against llm.c's update worked out in double on the full tensors: decay
 // on wte, wpe and the four matrices alone, bias-corrected moments, the global norm clipped. The gradients
@@ -1313,8 +1366,8 @@ static const TestGroup g_groups[] = {
     {"tp", test_tp_all, "TP = 2, 3, 4, 6 against TP = 1: losses, gradients, weights, replicated tensors, bytes; fused vs matmul attention"},
     {"sp", test_sp_all, "--sp 1 at P = 2, 3, 4 against TP = 1; the activation memory table"},
     {"recompute", test_recompute, "-r 1, 2 (and 3 with --attention matmul) bit-identical to -r 0, with and without --sp 1"},
-    {"reference", [] { test_reference_forward(); test_reference_update(); },
-     "the forward against an independent double-precision GPT-2; two AdamW steps against llm.c's update in double"},
+    {"reference", [] { test_reference_forward(); test_reference_init(); test_reference_update(); },
+     "the forward against an independent double-precision GPT-2; the initialization and the dN shapes against GPT-2's; two AdamW steps against llm.c's update in double"},
     {"gradcheck", test_gradcheck, "the backward against central finite differences"},
     {"ops", test_ops, "every CPU op, forward and backward, against a float64 reference, scores and logits past exp's range"},
     {"loader", test_loader, "token files: order, shards, llm.c's shuffle"},
