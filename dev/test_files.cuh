@@ -393,6 +393,31 @@ static void test_words() {
     tokenizer_read(&tk, (d + "/run/tokenizer.bin").c_str());
     check(tk.words && tk.pieces == grammar_vocab() && tk.eot == -1, "DIR/tokenizer.bin reads back as the %zu words, no end-of-text token",
           tk.pieces.size());
+    // llm.c's own tokenizer files: version 1 (gpt2_tokenizer.bin before llm.c added the field) has no
+    // end-of-text id, which is then GPT-2's 50256; version 2 carries it
+    {
+        std::string v1 = d + "/gpt2_v1.bin";
+        FILE* f = fopen(v1.c_str(), "wb");
+        uint32_t h[256] = {20240328, 1, 50257};
+        fwrite(h, 4, 256, f);
+        for (int i = 0; i < 50257; i++) {
+            std::string p = i < 256 ? std::string(1, (char)(i ? i : ' ')) : "t" + std::to_string(i);
+            unsigned char len = (unsigned char)p.size();
+            fwrite(&len, 1, 1, f);
+            fwrite(p.data(), 1, len, f);
+        }
+        fclose(f);
+        Tokenizer a, b;
+        tokenizer_read(&a, v1.c_str());
+        a.eot = 77;  // written as version 2, its id read back
+        tokenizer_write_bin(&a, (d + "/v2.bin").c_str());
+        tokenizer_read(&b, (d + "/v2.bin").c_str());
+        Tokenizer c;
+        tokenizer_read(&c, v1.c_str());
+        check(c.eot == 50256 && c.pieces.size() == 50257 && c.pieces[300] == "t300" && b.eot == 77 && b.pieces == c.pieces,
+              "llm.c's tokenizer file version 1: %zu pieces, end of text %d (GPT-2's 50256); version 2 carries its own (%d)",
+              c.pieces.size(), c.eot, b.eot);
+    }
     // the checkpoint alone samples words: the prompt is encoded and printed back, the tokens decoded
     std::string model = d + "/run/model_00000020.bin";
     rc = run_cmd("-e " + model + " -x 0 -g 12 --threads 1 --prompt 'The dog'", &out, &err);
