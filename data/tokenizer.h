@@ -23,7 +23,7 @@
 
 struct Tokenizer {
     std::vector<std::string> pieces;  // empty: byte-level
-    int eot = -1;                     // the end-of-text id (the file's, or 50256 for a version-1 file; -1: none)
+    int eot = -1;                     // the end-of-text id (the file's; a version-1 file: 50256 if it has that many; -1: none)
     bool bpe = false;                 // a tokenizer.json: it can encode, with `merges`
     bool words = false;               // the embedded corpus's words (grammar_vocab): encodes with grammar_encode
     Bpe merges;
@@ -61,8 +61,16 @@ static void tokenizer_read(Tokenizer* tk, const char* path) {
     if (fread(h, 4, 256, f) != 256 || h[0] != 20240328)
         fatal("tokenizer %s is neither a Hugging Face tokenizer.json nor an llm.c tokenizer file (magic 20240328)", path);
     if (h[1] != 1 && h[1] != 2) fatal("tokenizer %s has version %u; tp reads versions 1 and 2", path, h[1]);
+    // every piece takes at least 2 bytes (its length, one byte), so the count is bounded by the file's size:
+    // a damaged count is refused before it is allocated
+    struct stat st;
+    long room = fstat(fileno(f), &st) == 0 ? ((long)st.st_size - 1024) / 2 : 0;
+    if (h[2] == 0 || (long)h[2] > room)
+        fatal("tokenizer %s says it has %u tokens, which its %ld bytes cannot hold: the file is damaged", path, h[2], room * 2 + 1024);
     int n = (int)h[2];
-    tk->eot = h[1] == 2 ? (int)h[3] : 50256;
+    tk->eot = h[1] == 2 ? (int)h[3] : n > 50256 ? 50256 : -1;  // version 1 has no field: GPT-2's id, if it has that many
+    if (h[1] == 2 && tk->eot != -1 && (tk->eot < 0 || tk->eot >= n))
+        fatal("tokenizer %s gives end-of-text id %d, not one of its %d tokens (or -1 for none): the file is damaged", path, (int)h[3], n);
     tk->pieces.resize(n);
     for (int i = 0; i < n; i++) {
         unsigned char len;

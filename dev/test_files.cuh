@@ -416,6 +416,36 @@ static void test_words() {
         check(written && c.eot == 50256 && c.pieces.size() == 50257 && c.pieces[300] == "t300" && b.eot == 77 && b.pieces == c.pieces,
               "llm.c's tokenizer file version 1: %zu pieces, end of text %d (GPT-2's 50256); version 2 carries its own (%d)",
               c.pieces.size(), c.eot, b.eot);
+        // a damaged header is refused before anything is allocated from it: a count the file cannot hold, an
+        // end-of-text id that is not one of its tokens
+        GPTConfig gc = make_config(1, 1, 16, 50257, 64);
+        model_write((d + "/g.bin").c_str(), &gc, init_weights(&gc, 5).data());
+        for (int field = 2; field <= 3; field++)
+            for (uint32_t bad : {0x7fffffffu, 0xffffffffu, 50258u, 0u}) {
+                if (field == 3 && (bad == 0u || bad == 0xffffffffu)) continue;  // valid: id 0, and -1 (none)
+                std::string broken = bytes;
+                uint32_t hv[4] = {20240328, 2, 50257, 50256};
+                hv[field] = bad;
+                memcpy(&broken[0], hv, sizeof(hv));
+                f = fopen((d + "/broken.bin").c_str(), "wb");
+                written = f && fwrite(broken.data(), 1, broken.size(), f) == broken.size();
+                if (f) fclose(f);
+                rc = run_cmd("-e " + d + "/g.bin --tokenizer " + d + "/broken.bin -x 0 -g 4 --threads 1", &out, &err);
+                check(written && rc == 1 && f_lines(err) == 1 && (err.find("damaged") != std::string::npos || err.find("truncated") != std::string::npos),
+                      "a tokenizer file with %s %d: exit %d, %s", field == 2 ? "token count" : "end-of-text id", (int)bad, rc, f_first_line(err).c_str());
+            }
+        // without an end-of-text id (-1) a sample starts from the tokenizer's newline, as if the file named it
+        // (not from id -1, which the vocab-parallel embedding would silently turn into a zero vector)
+        std::string sample[2];
+        for (int k = 0; k < 2; k++) {
+            a.eot = k ? 10 : -1;  // piece 10 is "\n"
+            tokenizer_write_bin(&a, (d + "/v2.bin").c_str());
+            rc = run_cmd("-e " + d + "/g.bin --tokenizer " + d + "/v2.bin -x 0 -g 6 --threads 1", &out, &err);
+            size_t at = out.find("---\n"), end = at == std::string::npos ? at : out.find("\n---", at + 4);
+            sample[k] = rc == 0 && end != std::string::npos ? out.substr(at + 4, end - at - 4) : "exit " + std::to_string(rc) + ": " + err;
+        }
+        check(sample[0] == sample[1] && sample[0].rfind("exit", 0) != 0, "no end-of-text id: the sample starts from the newline (%s)",
+              sample[0].substr(0, 60).c_str());
     }
     // the checkpoint alone samples words: the prompt is encoded and printed back, the tokens decoded
     std::string model = d + "/run/model_00000020.bin";

@@ -515,7 +515,12 @@ static void prompt_setup(Run* run) {
     bool bytes = !gpt2_tokens && (c->V <= 256 || run->data_bytes);
     if (tk->bpe) run->prompt = tk->eot >= 0 ? std::vector<int>{tk->eot} : bpe_encode(&tk->merges, "\n");
     else if (tk->words) grammar_encode("\n", &run->prompt, &why);
-    else run->prompt.push_back(bytes ? '\n' : tk->pieces.empty() ? c->V - 1 : tk->eot);
+    else if (bytes) run->prompt.push_back('\n');
+    else if (tk->eot >= 0 && tk->eot < c->V) run->prompt.push_back(tk->eot);
+    else {  // no end-of-text token: the tokenizer's newline if it has one, else the last id (llm.c's GPT-2 ends with its eot)
+        auto nl = std::find(tk->pieces.begin(), tk->pieces.end(), std::string("\n"));
+        run->prompt.push_back(nl != tk->pieces.end() && nl - tk->pieces.begin() < c->V ? (int)(nl - tk->pieces.begin()) : c->V - 1);
+    }
 }
 
 // ----------------------------------------------------------------------------
