@@ -97,14 +97,22 @@ static void fatal_prefix() {
     _Exit(1);  // ranks are threads that may be blocked in a collective: there is nothing to unwind to
 }
 
-// "error: <message>" on stderr and exit status 1
+// "error: <message>" on stderr and exit status 1. The message's control bytes become \xNN: what it quotes
+// from the user (a file name, a prompt, a damaged file's text) cannot break it over lines or drive the terminal.
 [[noreturn]] static void fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 static void fatal(const char* fmt, ...) {
     fatal_begin();
     va_list ap;
     va_start(ap, fmt);
     fatal_prefix();
-    vfprintf(fatal_out(), fmt, ap);
+    char* text = nullptr;
+    if (vasprintf(&text, fmt, ap) < 0) text = nullptr;
+    for (const char* c = text ? text : fmt; *c; c++) {
+        unsigned char b = (unsigned char)*c;
+        if (b < 0x20 || b == 0x7f) fprintf(fatal_out(), "\\x%02x", b);
+        else fputc(b, fatal_out());
+    }
+    free(text);
     if (fatal_note()) fprintf(fatal_out(), "; %s", fatal_note());
     g_fatal_note_printed = true;
     fprintf(fatal_out(), "\n");

@@ -223,6 +223,8 @@ static void test_bad_input() {
         {"wrong-version checkpoint", "-e " + d + "/ck_version.bin" + data + run, "version 7"},
         {"checkpoint with an invalid header", "-e " + d + "/ck_header.bin" + data + run, "invalid header"},
         {"directory as checkpoint", "-e " + d + "/dir.bin" + data + run, "is a directory"},
+        // what a message quotes from the user stays on its line: control bytes as \xNN
+        {"control bytes in a file name", "-e '" + d + "/no\nsuch\r.bin'" + data + run, "no\\x0asuch\\x0d.bin is neither"},
         {"T > maxT", "-e " + m + data + run + " -t 64", "exceeds the model's maximum 32"},
         {"B zero", "-b 0" + data + run, "out of range", true},
         {"T negative", "-t -5" + data + run, "out of range", true},
