@@ -181,24 +181,36 @@ def read_safetensors(path, prog="import.py"):
         with open(path, "rb") as f:
             raw = f.read()
         n = struct.unpack("<Q", raw[:8])[0]
+        if n > len(raw) - 8:
+            raise ValueError(f"its header is {n} bytes, the file {len(raw)}")
         header = json.loads(raw[8:8 + n])
+        if not isinstance(header, dict):
+            raise ValueError("its header is not a JSON object")
     except (OSError, ValueError, struct.error) as e:
         die(f"cannot read {path} as safetensors: {e}", prog)
     out, base = {}, 8 + n
+    sizes = {"F32": 4, "F16": 2, "BF16": 2}
     for k, v in header.items():
         if k == "__metadata__":
             continue
-        a, b = v["data_offsets"]
+        try:
+            dtype, shape, (a, b) = v["dtype"], [int(d) for d in v["shape"]], v["data_offsets"]
+            ok = isinstance(a, int) and isinstance(b, int) and 0 <= a <= b <= len(raw) - base and min(shape, default=0) >= 0
+        except (TypeError, ValueError, KeyError) as e:
+            die(f"{path}: tensor {k} has a damaged entry in the header ({e!r}): not a safetensors file", prog)
+        if dtype not in sizes:
+            die(f"{path}: tensor {k} has dtype {dtype}; this reads F32, F16 and BF16", prog)
+        if not ok or b - a != int(np.prod(shape)) * sizes[dtype]:
+            die(f"{path}: tensor {k} of shape {tuple(shape)} does not fit its bytes {v['data_offsets']} "
+                f"(the data is {len(raw) - base} bytes): the file is truncated or damaged", prog)
         buf = raw[base + a:base + b]
-        if v["dtype"] == "F32":
+        if dtype == "F32":
             x = np.frombuffer(buf, dtype="<f4")
-        elif v["dtype"] == "F16":
+        elif dtype == "F16":
             x = np.frombuffer(buf, dtype="<f2").astype(np.float32)
-        elif v["dtype"] == "BF16":
-            x = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
         else:
-            die(f"{path}: tensor {k} has dtype {v['dtype']}; this reads F32, F16 and BF16", prog)
-        out[k] = x.reshape(v["shape"])
+            x = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        out[k] = x.reshape(shape)
     return out
 
 

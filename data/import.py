@@ -11,19 +11,168 @@ as tokenizer.json, where tp finds it for -e OUT.bin. Then, e.g., fine-tune GPT-2
     ./tp -e OUT.bin -i data_train.bin -j data_val.bin --tp 2 -l 1e-4
 Needs numpy.
 """
+import collections
 import json
 import os
+import pickle
 import shutil
+import struct
 import sys
+import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export import die as _die, from_hf, read_safetensors, write_llmc  # noqa: E402
+from export import die as _die, from_hf, need_numpy, read_safetensors, write_llmc  # noqa: E402
 
 PROG = "import.py"
 
 
 def die(msg):
     _die(msg, PROG)
+
+
+# The weights of a Hugging Face folder, in any of the layouts save_pretrained and torch.save leave: one
+# model.safetensors; shards listed in model.safetensors.index.json; PyTorch's pytorch_model.bin (the zip
+# format of torch >= 1.6, or the older one-stream format the Hub's first GPT-2 files use); or its shards
+# listed in pytorch_model.bin.index.json. torch is not needed: a PyTorch file is a pickle that names the
+# tensors' storages, read here by an unpickler that builds nothing but dicts and arrays (a pickle may name
+# any Python function to call; this one refuses every name a state dict of tensors does not use).
+WEIGHT_FILES = ["model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"]
+
+
+def read_weights(src):
+    """{name: float32 array} from the first of WEIGHT_FILES that src holds"""
+    have = [f for f in WEIGHT_FILES if os.path.isfile(os.path.join(src, f))]
+    if not have:
+        die(f"{src} has no weights: none of {', '.join(WEIGHT_FILES)}")
+    path = os.path.join(src, have[0])
+    if not path.endswith(".index.json"):
+        return read_weight_file(path)
+    try:
+        with open(path) as f:
+            shards = json.load(f)["weight_map"]
+        files = sorted(set(shards.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        die(f"cannot read {path} as a shard index (a \"weight_map\" of tensor names to files): {e!r}")
+    w = {}
+    for name in files:
+        shard = os.path.join(src, name)
+        if not isinstance(name, str) or os.path.dirname(name) or not os.path.isfile(shard):
+            die(f"{path} names the shard {name!r}, which is not a file in {src}")
+        w.update(read_weight_file(shard))
+    missing = [k for k in shards if k not in w]
+    if missing:
+        die(f"{path} says {missing[0]} is in {shards[missing[0]]}, which does not hold it")
+    return w
+
+
+def read_weight_file(path):
+    return read_safetensors(path, PROG) if path.endswith(".safetensors") else read_torch(path)
+
+
+# PyTorch's storage classes (the dtype of a storage is its class's) -> numpy's dtype; "bf16": 2-byte bfloat16
+TORCH_STORAGES = {"FloatStorage": "<f4", "HalfStorage": "<f2", "BFloat16Storage": "bf16", "DoubleStorage": "<f8",
+                  "LongStorage": "<i8", "IntStorage": "<i4", "ShortStorage": "<i2", "CharStorage": "i1",
+                  "ByteStorage": "u1", "BoolStorage": "?"}
+
+
+class TorchStorage:
+    """a storage a pickle refers to: its dtype, its key, its length; bytes filled in once read"""
+    def __init__(self, dtype, key, numel):
+        self.dtype, self.key, self.numel, self.bytes = dtype, key, numel, None
+
+
+class TorchTensor:
+    """torch._utils._rebuild_tensor_v2's arguments, turned into an array once the storage's bytes are read"""
+    def __init__(self, storage, offset, size, stride, *rest):
+        if not isinstance(storage, TorchStorage):
+            raise pickle.UnpicklingError("a tensor without a storage")
+        self.storage, self.offset, self.size, self.stride = storage, int(offset), tuple(size), tuple(stride)
+
+
+class TorchUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return TorchTensor
+        if module == "torch" and name in TORCH_STORAGES:
+            return TORCH_STORAGES[name]
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which a state dict of tensors does not (not called: a pickle can run any code)")
+
+    def persistent_load(self, pid):
+        # ('storage', dtype, key, location, numel), and in the older format a sixth field, a view of it (None)
+        if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage" and pid[1] in TORCH_STORAGES.values()
+                and isinstance(pid[4], int) and pid[4] >= 0 and (len(pid) == 5 or pid[5] is None)):
+            raise pickle.UnpicklingError(f"a storage reference {pid!r:.80} that is not one torch.save writes")
+        key = str(pid[2])
+        if key not in self.storages:
+            self.storages[key] = TorchStorage(pid[1], key, pid[4])
+        return self.storages[key]
+
+
+def torch_array(t, path):
+    """a TorchTensor as a float32 array, checked against its storage's bytes"""
+    np = need_numpy(PROG)
+    s = t.storage
+    item = 2 if s.dtype == "bf16" else np.dtype(s.dtype).itemsize
+    if s.bytes is None or len(s.bytes) != s.numel * item:
+        die(f"{path}: storage {s.key} should hold {s.numel * item} bytes, it holds {0 if s.bytes is None else len(s.bytes)}: truncated or damaged")
+    if len(t.size) != len(t.stride) or any(not isinstance(v, int) or v < 0 for v in t.size + t.stride) or t.offset < 0:
+        die(f"{path}: a tensor of size {t.size} and stride {t.stride}: not one torch.save writes")
+    last = t.offset + sum((n - 1) * st for n, st in zip(t.size, t.stride)) if all(t.size) else -1
+    if last >= s.numel:
+        die(f"{path}: a tensor of size {t.size} reaches past the end of its storage ({s.numel} elements): damaged")
+    flat = np.frombuffer(s.bytes, dtype="<u2" if s.dtype == "bf16" else s.dtype)
+    if s.dtype == "bf16":
+        flat = (flat.astype(np.uint32) << 16).view(np.float32)
+    return np.lib.stride_tricks.as_strided(flat[t.offset:], shape=t.size, strides=[st * flat.itemsize for st in t.stride]).astype(np.float32)
+
+
+def read_torch(path):
+    """A PyTorch state dict file -> {name: float32 array}"""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                pkl = [n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+                if len(pkl) != 1:
+                    die(f"{path} is a zip file without one data.pkl: not a file torch.save wrote")
+                root = pkl[0][:-len("data.pkl")]
+                if root + "byteorder" in z.namelist() and z.read(root + "byteorder") != b"little":
+                    die(f"{path} was written on a big-endian machine; this reads little-endian files")
+                u = TorchUnpickler(z.open(pkl[0]))
+                u.storages = {}
+                obj = u.load()
+                for s in u.storages.values():
+                    s.bytes = z.read(f"{root}data/{s.key}")
+        else:
+            with open(path, "rb") as f:
+                # torch's format before 1.6: a magic number, a version, the machine, the object, the storages'
+                # keys (pickles), then each storage as its length (int64, in elements) and its bytes
+                u = TorchUnpickler(f)
+                u.storages = {}
+                if u.load() != 0x1950a86a20f9469cfc6c or u.load() != 1001:
+                    die(f"{path} is neither a safetensors file nor a PyTorch file (no zip archive, no magic number)")
+                info = u.load()
+                if not isinstance(info, dict) or not info.get("little_endian", False):
+                    die(f"{path} was written on a big-endian machine; this reads little-endian files")
+                obj = u.load()
+                keys = u.load()
+                for key in keys:
+                    s = u.storages.get(str(key))
+                    if s is None:
+                        die(f"{path}: its storage list names {key!r}, which no tensor uses: damaged")
+                    n = struct.unpack("<q", f.read(8))[0]
+                    item = 2 if s.dtype == "bf16" else need_numpy(PROG).dtype(s.dtype).itemsize
+                    if n != s.numel:
+                        die(f"{path}: storage {s.key} says {n} elements, its tensors' pickle {s.numel}: damaged")
+                    s.bytes = f.read(n * item)
+    except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error,
+            pickle.UnpicklingError, zipfile.BadZipFile, MemoryError) as e:
+        die(f"cannot read {path} as a PyTorch state dict: {e}")
+    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+        die(f"{path} holds a {type(obj).__name__}, not a state dict (tensor names to tensors)")
+    # a state dict may hold values that are not tensors (a version number, say); GPT-2's weights are tensors
+    return {k: torch_array(v, path) for k, v in obj.items() if isinstance(v, TorchTensor)}
 
 
 def main():
@@ -55,13 +204,8 @@ def main():
         die(f"{src}: layer_norm_epsilon is {conf.get('layer_norm_epsilon')}; tp's layernorms use 1e-5")
     if C % NH:
         die(f"{src}: n_embd {C} is not a multiple of n_head {NH}")
-    weights = os.path.join(src, "model.safetensors")
-    if not os.path.isfile(weights):
-        other = [f for f in ("model.safetensors.index.json", "pytorch_model.bin") if os.path.isfile(os.path.join(src, f))]
-        die(f"{src} has no model.safetensors" + (f" (it has {other[0]}, which this does not read: save it again with "
-                                                 "save_pretrained(dir, safe_serialization=True, max_shard_size='100GB'))" if other else ""))
     cfg = {"maxT": T, "V": V, "L": L, "NH": NH, "C": C, "Vp": (V + 127) // 128 * 128}
-    t = from_hf(cfg, read_safetensors(weights, PROG), PROG)
+    t = from_hf(cfg, read_weights(src), PROG)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_llmc(out, cfg, t)
     msg = f"wrote {out}: GPT-2 with {L} layers, {NH} heads, {C} channels, vocab {V} (padded {cfg['Vp']}), max T {T}"

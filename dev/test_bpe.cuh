@@ -306,6 +306,21 @@ static void test_export() {
     rc = bpe_sh("python3 dev/test_bpe.py hub " + d + "/x1 " + d + "/hub && python3 data/import.py " + d + "/hub " + d + "/hub.bin", &out);
     check(rc == 0 && same_file(d + "/hub.bin", m1), "import.py of the Hub's layout (no \"transformer.\" prefix, attention mask buffers, "
           "lm_head.weight): the same checkpoint (exit %d)", rc);
+    // the other layouts a Hugging Face folder comes in: safetensors shards with their index, PyTorch's
+    // pytorch_model.bin (zip, and the format before torch 1.6, with views sharing a storage and a strided
+    // one) and its shards: the same checkpoint from each; a pickle that would call a function is refused
+    for (const char* layout : {"shards", "torchzip", "torchlegacy", "torchshards"}) {
+        std::string dir = d + "/" + layout;
+        rc = bpe_sh("python3 dev/test_bpe.py " + std::string(layout) + " " + d + "/x1 " + dir + " && python3 data/import.py " + dir + " " +
+                    dir + ".bin", &out);
+        check(rc == 0 && same_file(dir + ".bin", m1), "import.py of the %s layout: the same checkpoint (exit %d)%s", layout, rc,
+              rc ? bpe_line(out).c_str() : "");
+    }
+    rc = bpe_sh("python3 dev/test_bpe.py evil " + d + "/x1 " + d + "/evil && python3 data/import.py " + d + "/evil " + d + "/evil.bin", &out);
+    std::string line = out.substr(out.find('\n') + 1);
+    check(rc == 1 && std::count(line.begin(), line.end(), '\n') == 1 && line.find("system") != std::string::npos &&
+          !f_exists(d + "/evil/ran") && !f_exists(d + "/evil.bin"),
+          "import.py of a pickle that calls os.system: refused, nothing run, nothing written: %s", bpe_line(line).c_str());
     rc = run_cmd("-e " + d + "/imp/model.bin -x 0 -g 12 --prompt The --threads 1", &out, &err);
     check(rc == 0 && bpe_sample(out).rfind("The", 0) == 0, "-e on the imported file samples, with the tokenizer import put beside it (exit %d)%s",
           rc, bpe_line(err).c_str());

@@ -5,10 +5,13 @@
     python3 dev/test_bpe.py split TOKENIZER TEXT TRAIN.bin VAL.bin   whether the token files are TEXT's tokens, split
     python3 dev/test_bpe.py legacy TOKENIZER OUT.json                  TOKENIZER as older files (GPT-2's own) write it
     python3 dev/test_bpe.py hub HF_DIR OUT_DIR                         HF_DIR laid out as the Hub's gpt2 folder is
+    python3 dev/test_bpe.py shards|torchzip|torchlegacy|torchshards|evil HF_DIR OUT_DIR
+                                                                       HF_DIR's weights in another file layout (see save_as)
     python3 dev/test_bpe.py bf16 MODEL.bin OUT.bin                     MODEL (version 3) as llm.c's bf16 version 5
     python3 dev/test_bpe.py same HF_DIR MODEL.bin [bf16]               whether HF_DIR holds MODEL's weights (rounded to bf16)
 Each prints one line; "ok" at its start when the property holds.
 """
+import io
 import json
 import os
 import random
@@ -104,6 +107,9 @@ def main():
             conf.pop(k, None)
         json.dump(conf, open(os.path.join(sys.argv[3], "config.json"), "w"))
         print(f"ok wrote {sys.argv[3]}")
+    elif cmd in ("shards", "torchzip", "torchlegacy", "torchshards", "evil"):
+        save_as(cmd, sys.argv[2], sys.argv[3])
+        print(f"ok wrote {sys.argv[3]}")
     elif cmd == "bf16":
         raw = bytearray(open(sys.argv[2], "rb").read())
         h = list(struct.unpack("<256i", raw[:1024]))
@@ -131,6 +137,126 @@ def main():
         except ImportError:
             note = " (safetensors package not installed)"
         print(f"ok {len(want)} tensors equal{note}" if not bad and len(got) == len(want) else f"FAIL {len(bad)} tensors differ, e.g. {bad[:2]}")
+
+
+def save_as(layout, src, out):
+    """src's model.safetensors written into out as
+    shards        three safetensors files and model.safetensors.index.json
+    torchzip      pytorch_model.bin as torch.save writes it (a zip of data.pkl and one file per storage); wte,
+                  wpe and the layers' c_attn share one storage (views at offsets) and c_attn is stored transposed
+                  (a strided view), as torch.save keeps views
+    torchlegacy   the same in torch's format before 1.6 (pickles, then the storages, in one stream)
+    torchshards   two torchzip files and pytorch_model.bin.index.json
+    evil          a pytorch_model.bin whose pickle calls os.system (an importer must not run it)
+    torch is not used: a module named torch with the two names the pickle refers to stands in for it here."""
+    import collections
+    import pickle
+    import types
+    import zipfile
+    from export import read_safetensors, write_safetensors
+    os.makedirs(out, exist_ok=True)
+    shutil_copy(os.path.join(src, "config.json"), os.path.join(out, "config.json"))
+    w = read_safetensors(os.path.join(src, "model.safetensors"))
+    names = sorted(w)
+    if layout == "shards":
+        parts = [names[i::3] for i in range(3)]
+        files = [f"model-0000{i + 1}-of-00003.safetensors" for i in range(3)]
+        for part, f in zip(parts, files):
+            write_safetensors(os.path.join(out, f), {k: w[k] for k in part})
+        index = {"metadata": {}, "weight_map": {k: f for part, f in zip(parts, files) for k in part}}
+        json.dump(index, open(os.path.join(out, "model.safetensors.index.json"), "w"))
+        return
+    torch, utils = types.ModuleType("torch"), types.ModuleType("torch._utils")
+    FloatStorage = type("FloatStorage", (), {"__module__": "torch"})
+
+    def _rebuild_tensor_v2(*args):
+        raise AssertionError("only pickled here")
+    _rebuild_tensor_v2.__module__, _rebuild_tensor_v2.__qualname__ = "torch._utils", "_rebuild_tensor_v2"
+    torch.FloatStorage, utils._rebuild_tensor_v2, torch._utils = FloatStorage, _rebuild_tensor_v2, utils
+    sys.modules["torch"], sys.modules["torch._utils"] = torch, utils
+
+    class Storage:
+        def __init__(self, key, data):
+            self.key, self.data = key, np.ascontiguousarray(data, dtype="<f4").ravel()
+
+    class Tensor:  # pickles as torch.save pickles a tensor: a call of _rebuild_tensor_v2 on its storage
+        def __init__(self, storage, offset, shape, stride):
+            self.args = (storage, offset, tuple(shape), tuple(stride), False, collections.OrderedDict())
+
+        def __reduce__(self):
+            return (_rebuild_tensor_v2, self.args)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + os.path.join(out, "ran"),))
+
+    def state_dict(keys):
+        """keys' tensors; wte, wpe and c_attn (transposed) packed into one shared storage when all are in keys"""
+        shared = [k for k in keys if k.endswith(("wte.weight", "wpe.weight", "attn.c_attn.weight"))]
+        sd, storages, at, parts = collections.OrderedDict(), [], 0, []
+        for k in shared:
+            x = w[k].T.copy() if k.endswith("c_attn.weight") else w[k]  # stored (out, in): a transposed view
+            stride = (1, x.shape[1]) if k.endswith("c_attn.weight") else (w[k].shape[1], 1)
+            parts.append(x.ravel())
+            sd[k] = (at, w[k].shape, stride)
+            at += x.size
+        if shared:
+            big = Storage("0", np.concatenate(parts))
+            storages.append(big)
+            sd = collections.OrderedDict((k, Tensor(big, *v)) for k, v in sd.items())
+        for k in keys:
+            if k not in sd:
+                st = Storage(str(len(storages)), w[k])
+                storages.append(st)
+                shape = w[k].shape
+                stride = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+                sd[k] = Tensor(st, 0, shape, stride)
+        if layout == "evil":
+            sd["h.0.attn.bias"] = Evil()
+        return sd, storages
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, Storage):
+                return ("storage", FloatStorage, obj.key, "cpu", obj.data.size) + ((None,) if layout == "torchlegacy" else ())
+            return None
+
+    def save_zip(path, keys):
+        sd, storages = state_dict(keys)
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+            buf = io.BytesIO()
+            Pickler(buf, protocol=2).dump(sd)
+            z.writestr("archive/data.pkl", buf.getvalue())
+            z.writestr("archive/byteorder", "little")
+            for st in storages:
+                z.writestr(f"archive/data/{st.key}", st.data.tobytes())
+            z.writestr("archive/version", "3\n")
+
+    if layout in ("torchzip", "evil"):
+        save_zip(os.path.join(out, "pytorch_model.bin"), names)
+    elif layout == "torchshards":
+        parts = [names[:len(names) // 2], names[len(names) // 2:]]
+        files = ["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"]
+        for part, f in zip(parts, files):
+            save_zip(os.path.join(out, f), part)
+        json.dump({"metadata": {}, "weight_map": {k: f for part, f in zip(parts, files) for k in part}},
+                  open(os.path.join(out, "pytorch_model.bin.index.json"), "w"))
+    else:
+        sd, storages = state_dict(names)
+        with open(os.path.join(out, "pytorch_model.bin"), "wb") as f:
+            for x in (0x1950a86a20f9469cfc6c, 1001, {"protocol_version": 1001, "little_endian": True,
+                                                     "type_sizes": {"short": 2, "int": 4, "long": 4}}):
+                pickle.dump(x, f, protocol=2)
+            Pickler(f, protocol=2).dump(sd)
+            pickle.dump([st.key for st in storages], f, protocol=2)
+            for st in storages:
+                f.write(struct.pack("<q", st.data.size))
+                f.write(st.data.tobytes())
+
+
+def shutil_copy(a, b):
+    with open(a, "rb") as f, open(b, "wb") as g:
+        g.write(f.read())
 
 
 if __name__ == "__main__":
