@@ -316,6 +316,13 @@ static void test_export() {
         check(rc == 0 && same_file(dir + ".bin", m1), "import.py of the %s layout: the same checkpoint (exit %d)%s", layout, rc,
               rc ? bpe_line(out).c_str() : "");
     }
+    // -e given the Hugging Face weights themselves: one line naming what they are and the import command
+    for (std::string e : {d + "/x1", d + "/x1/model.safetensors", d + "/torchzip/pytorch_model.bin", d + "/torchlegacy/pytorch_model.bin"}) {
+        std::string dir = e.find(".bin") != std::string::npos || e.find(".safetensors") != std::string::npos ? e.substr(0, e.rfind('/')) : e;
+        rc = run_cmd("-e " + e + " -x 0 --threads 1", &out, &err);
+        check(rc == 1 && std::count(err.begin(), err.end(), '\n') == 1 && err.find("python3 data/import.py " + dir + " OUT.bin") != std::string::npos,
+              "-e %s: %s", e.substr(d.size() + 1).c_str(), bpe_line(err).c_str());
+    }
     rc = bpe_sh("python3 dev/test_bpe.py evil " + d + "/x1 " + d + "/evil && python3 data/import.py " + d + "/evil " + d + "/evil.bin", &out);
     std::string line = out.substr(out.find('\n') + 1);
     check(rc == 1 && std::count(line.begin(), line.end(), '\n') == 1 && line.find("system") != std::string::npos &&
