@@ -315,6 +315,13 @@ static void test_export() {
                     dir + ".bin", &out);
         check(rc == 0 && same_file(dir + ".bin", m1), "import.py of the %s layout: the same checkpoint (exit %d)%s", layout, rc,
               rc ? bpe_line(out).c_str() : "");
+        if (std::string(layout).rfind("torch", 0) != 0 || std::string(layout) == "torchshards") continue;
+        rc = bpe_sh("python3 dev/test_bpe.py torchload " + dir + " " + d + "/x1", &out);
+        if (out.rfind("skip", 0) == 0) {
+            printf("  skip torch.load of the %s file: torch is not installed (the same check through torch itself)\n", layout);
+            g_skipped++;
+        } else
+            check(rc == 0 && out.rfind("ok", 0) == 0, "the %s file as torch.load reads it: %s", layout, bpe_line(out).c_str());
     }
     // -e given the Hugging Face weights themselves: one line naming what they are and the import command
     for (std::string e : {d + "/x1", d + "/x1/model.safetensors", d + "/torchzip/pytorch_model.bin", d + "/torchlegacy/pytorch_model.bin"}) {

@@ -7,6 +7,7 @@
     python3 dev/test_bpe.py hub HF_DIR OUT_DIR                         HF_DIR laid out as the Hub's gpt2 folder is
     python3 dev/test_bpe.py shards|torchzip|torchlegacy|torchshards|evil HF_DIR OUT_DIR
                                                                        HF_DIR's weights in another file layout (see save_as)
+    python3 dev/test_bpe.py torchload DIR HF_DIR                       whether torch.load reads DIR's pytorch_model.bin as HF_DIR's weights
     python3 dev/test_bpe.py bf16 MODEL.bin OUT.bin                     MODEL (version 3) as llm.c's bf16 version 5
     python3 dev/test_bpe.py same HF_DIR MODEL.bin [bf16]               whether HF_DIR holds MODEL's weights (rounded to bf16)
 Each prints one line; "ok" at its start when the property holds.
@@ -110,6 +111,17 @@ def main():
     elif cmd in ("shards", "torchzip", "torchlegacy", "torchshards", "evil"):
         save_as(cmd, sys.argv[2], sys.argv[3])
         print(f"ok wrote {sys.argv[3]}")
+    elif cmd == "torchload":  # the stand-in's files as torch itself reads them, where torch is installed
+        try:
+            import torch
+        except ImportError:
+            print("skip torch is not installed")
+            return
+        from export import read_safetensors
+        want = read_safetensors(os.path.join(sys.argv[3], "model.safetensors"))
+        got = torch.load(os.path.join(sys.argv[2], "pytorch_model.bin"), weights_only=True)
+        bad = [k for k in want if k not in got or not np.array_equal(got[k].numpy(), want[k])]
+        print(f"ok torch.load reads {len(got)} tensors, equal" if not bad and len(got) == len(want) else f"FAIL {len(bad)} tensors differ, e.g. {bad[:2]}")
     elif cmd == "bf16":
         raw = bytearray(open(sys.argv[2], "rb").read())
         h = list(struct.unpack("<256i", raw[:1024]))
