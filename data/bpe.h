@@ -36,6 +36,7 @@ struct JsonParser {
     const char* s;
     size_t n, i;
     const char* path;  // for the error
+    int depth = 0;     // arrays and objects open around p->i (the reader recurses into each)
 };
 
 // stops with one line naming the file and the byte where the JSON went wrong
@@ -117,9 +118,11 @@ static void json_value(JsonParser* p, Json* v) {
     } else if (c == '[' || c == '{') {
         bool obj = c == '{';
         v->type = obj ? Json::OBJ : Json::ARR;
+        // a tokenizer.json nests a few levels deep; a damaged file's thousands of '[' must not overflow the stack
+        if (++p->depth > 256) json_fail(p, "arrays or objects nested more than 256 deep");
         p->i++;
         json_ws(p);
-        if (p->i < p->n && p->s[p->i] == (obj ? '}' : ']')) { p->i++; return; }
+        if (p->i < p->n && p->s[p->i] == (obj ? '}' : ']')) { p->i++; p->depth--; return; }
         while (true) {
             json_ws(p);
             if (obj) {
@@ -135,7 +138,7 @@ static void json_value(JsonParser* p, Json* v) {
             }
             json_ws(p);
             if (p->i < p->n && p->s[p->i] == ',') { p->i++; continue; }
-            if (p->i < p->n && p->s[p->i] == (obj ? '}' : ']')) { p->i++; return; }
+            if (p->i < p->n && p->s[p->i] == (obj ? '}' : ']')) { p->i++; p->depth--; return; }
             json_fail(p, obj ? "a missing ',' or '}'" : "a missing ',' or ']'");
         }
     } else if (!strncmp(p->s + p->i, "true", 4) || !strncmp(p->s + p->i, "false", 5)) {

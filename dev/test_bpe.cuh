@@ -179,6 +179,17 @@ static void test_bpe() {
     rc = run_cmd("-e " + d + "/v256.bin -x 0 -g 4 -t 16 --tokenizer " + tok, &out, &err);
     check(rc == 1 && err.find("has vocab 512 but the model has vocab 256") != std::string::npos &&
           std::count(err.begin(), err.end(), '\n') == 1, "a tokenizer of another vocab than the model's: %s", bpe_line(err).c_str());
+    // a damaged tokenizer.json nested 100,000 deep: one line, not a stack overflow in the recursive reader
+    {
+        std::vector<char> tj = slurp_bytes(tok);
+        std::string deep = "{\"deep\": " + std::string(100000, '[') + std::string(100000, ']') + ", " + std::string(tj.begin() + 1, tj.end());
+        f = fopen((d + "/deep.json").c_str(), "wb");
+        bool written = f && fwrite(deep.data(), 1, deep.size(), f) == deep.size();
+        if (f) fclose(f);
+        rc = run_cmd("-e " + d + "/v256.bin -x 0 -g 4 -t 16 --tokenizer " + d + "/deep.json", &out, &err);
+        check(written && rc == 1 && err.find("nested more than 256 deep") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1,
+              "a tokenizer.json nested 100,000 deep (exit %d): %s", rc, bpe_line(err).c_str());
+    }
     // llm.c's file keeps decoding (prepare.py writes one beside the json)
     rc = run_cmd("-i " + d + "/data/story_bpe512_train.bin -j " + d + "/data/story_bpe512_val.bin" + tiny + " --tokenizer " + d +
                  "/data/story_bpe512_tokenizer.bin", &out, &err);
