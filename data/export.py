@@ -186,7 +186,7 @@ def read_safetensors(path, prog="import.py"):
         header = json.loads(raw[8:8 + n])
         if not isinstance(header, dict):
             raise ValueError("its header is not a JSON object")
-    except (OSError, ValueError, struct.error) as e:
+    except (OSError, ValueError, RecursionError, struct.error) as e:
         die(f"cannot read {path} as safetensors: {e}", prog)
     out, base = {}, 8 + n
     sizes = {"F32": 4, "F16": 2, "BF16": 2}
@@ -242,9 +242,9 @@ def write_tokenizer_files(src, out_dir, maxT):
     try:
         with open(src, encoding="utf-8") as f:
             tj = json.load(f)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         die(f"cannot read tokenizer {src}: {e}")
-    model = tj.get("model") or {}
+    model = (tj.get("model") if isinstance(tj, dict) else None) or {}
     if model.get("type") != "BPE":
         die(f"tokenizer {src} is not a BPE tokenizer.json")
     shutil.copyfile(src, os.path.join(out_dir, "tokenizer.json"))

@@ -51,7 +51,7 @@ def read_weights(src):
         with open(path) as f:
             shards = json.load(f)["weight_map"]
         files = sorted(set(shards.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError) as e:
         die(f"cannot read {path} as a shard index (a \"weight_map\" of tensor names to files): {e!r}")
     w = {}
     for name in files:
@@ -185,21 +185,30 @@ def main():
     try:
         with open(conf_path) as f:
             conf = json.load(f)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         die(f"cannot read {conf_path}: {e}")
+    if not isinstance(conf, dict):
+        die(f"{conf_path} holds a JSON {type(conf).__name__}, not an object: not a Hugging Face config.json")
     kind = conf.get("model_type")
     if kind != "gpt2":
-        die(f"{src} holds a {kind or 'model without a model_type'} ({', '.join(conf.get('architectures') or []) or 'no architectures'}), "
-            "not GPT-2: tp trains GPT-2 only (model_type \"gpt2\")")
+        arch = conf.get("architectures")
+        arch = ", ".join(map(str, arch)) if isinstance(arch, list) and arch else "no architectures"
+        die(f"{src} holds a {kind or 'model without a model_type'} ({arch}), not GPT-2: tp trains GPT-2 only (model_type \"gpt2\")")
     act = conf.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
         die(f"{src}: activation_function is {act}; tp's GPT-2 uses the tanh GELU (gelu_new)")
     if conf.get("scale_attn_by_inverse_layer_idx") or conf.get("scale_attn_weights", True) is False:
         die(f"{src}: its attention scaling (scale_attn_by_inverse_layer_idx / scale_attn_weights) is not GPT-2's 1/sqrt(head size)")
-    C, L, NH = conf.get("n_embd", 768), conf.get("n_layer", 12), conf.get("n_head", 12)
-    V, T = conf.get("vocab_size", 50257), conf.get("n_positions", 1024)
+    sizes = {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}  # GPT2Config's defaults
+    for k in sizes:
+        sizes[k] = conf.get(k, sizes[k])
+        if type(sizes[k]) is not int or sizes[k] <= 0:
+            die(f"{conf_path}: {k} is {sizes[k]!r}, not a positive integer")
+    C, L, NH, V, T = sizes.values()
+    if not isinstance(conf.get("layer_norm_epsilon", 1e-5), (int, float)):
+        die(f"{conf_path}: layer_norm_epsilon is {conf.get('layer_norm_epsilon')!r}, not a number")
     if conf.get("n_inner") not in (None, 4 * C):
-        die(f"{src}: n_inner is {conf.get('n_inner')}; tp's GPT-2 MLP is 4 x n_embd = {4 * C}")
+        die(f"{src}: n_inner is {conf.get('n_inner')!r}; tp's GPT-2 MLP is 4 x n_embd = {4 * C}")
     if abs(conf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
         die(f"{src}: layer_norm_epsilon is {conf.get('layer_norm_epsilon')}; tp's layernorms use 1e-5")
     if C % NH:

@@ -370,6 +370,37 @@ static void test_export() {
     rc = bpe_sh("python3 data/import.py " + d + "/bert " + d + "/bert.bin", &out);
     check(rc == 1 && out.find("not GPT-2") != std::string::npos && std::count(out.begin(), out.end(), '\n') == 1,
           "import.py of a BERT directory: %s", bpe_line(out).c_str());
+    // damaged folders: a config.json that is not an object, nested 100,000 deep, or with a size that is
+    // not an integer; a truncated model.safetensors: one line each, never a traceback
+    struct { const char* what; std::string config; long cut; const char* says; } broken[] = {
+        {"a config.json that is a list", "[1, 2]", 0, "not an object"},
+        {"a config.json nested 100,000 deep", std::string(100000, '[') + std::string(100000, ']'), 0, "recursion"},
+        {"n_embd given as a string", "", 0, "n_embd is '64', not a positive integer"},
+        {"a model.safetensors cut in half", "", 2, "truncated or damaged"},
+    };
+    for (auto& b : broken) {
+        std::string dir = d + "/broken";
+        bpe_sh("rm -rf " + dir + " && cp -r " + d + "/x1 " + dir, nullptr);
+        if (!b.config.empty() || b.cut == 0) {
+            std::string conf = b.config;
+            if (conf.empty()) {  // x1's own config with n_embd quoted
+                std::vector<char> c0 = slurp_bytes(d + "/x1/config.json");
+                conf.assign(c0.begin(), c0.end());
+                std::string key = "\"n_embd\": 64";
+                size_t at = conf.find(key);
+                if (at != std::string::npos) conf.replace(at, key.size(), "\"n_embd\": \"64\"");
+            }
+            f = fopen((dir + "/config.json").c_str(), "wb");
+            if (f) fwrite(conf.data(), 1, conf.size(), f), fclose(f);
+        } else {
+            struct stat st;
+            if (stat((dir + "/model.safetensors").c_str(), &st) == 0 && truncate((dir + "/model.safetensors").c_str(), st.st_size / b.cut) != 0)
+                perror("truncate");
+        }
+        rc = bpe_sh("python3 data/import.py " + dir + " " + dir + ".bin", &out);
+        check(rc == 1 && std::count(out.begin(), out.end(), '\n') == 1 && out.find(b.says) != std::string::npos && !f_exists(dir + ".bin"),
+              "import.py of %s: %s", b.what, bpe_line(out).c_str());
+    }
     rc = bpe_sh("python3 data/export.py " + d + "/story.txt " + d + "/x9", &out);
     check(rc == 1 && std::count(out.begin(), out.end(), '\n') == 1, "export.py of a text file: %s", bpe_line(out).c_str());
 }
