@@ -139,7 +139,7 @@ static void test_cli_parity_run() {
     write_tokens(d + "/train.bin", random_tokens(4000, 256, 1));
     write_tokens(d + "/val.bin", random_tokens(2000, 256, 2));
     std::string base = "-e " + d + "/ckpt.bin -i " + d + "/train.bin -j " + d + "/val.bin -b 4 -t 64 -x 12 -l 1e-4 -u 0 -q 1 -c 0 "
-                       "--beta2 0.999 --clip 0 --shuffle 0 -v 10 -m 5 -s 0 --device cpu --threads 1 --tp ";
+                       "--beta2 0.999 --clip 0 -v 10 -m 5 -s 0 --device cpu --threads 1 --tp ";
     std::vector<float> ref_train, ref_val;
     for (int P : {1, 2, 4}) {
         std::string out, err;
