@@ -887,6 +887,35 @@ static void test_loader() {
     bool same = true;
     for (int k = 0; k < 5; k++) same &= seen[k] == perm[k] * BT;
     check(same, "shuffled order is llm.c's MT19937(42) Fisher-Yates permutation");
+    // several shards over several epochs, as llm.c's dataloader.h draws them from its one generator: at each
+    // epoch the shard order (Fisher-Yates), then in each shard as it is opened its samples' order; so a
+    // later epoch has new orders of both
+    {
+        std::vector<int> sizes = {41, 73, 25};
+        std::vector<std::vector<int>> sh(3);
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < sizes[k]; i++) sh[k].push_back(2000 * k + i);
+            write_tokens(d + "/multi_" + std::to_string(k) + ".bin", sh[k]);
+        }
+        std::mt19937 rng(42);
+        std::vector<int> order = {0, 1, 2}, want, got;
+        while (want.size() < 60) {
+            for (int i = 2; i > 0; i--) std::swap(order[i], order[rng() % (i + 1)]);
+            for (int k : order) {
+                long ns = (sizes[k] - 1) / BT;
+                std::vector<long> idx(ns);
+                for (long i = 0; i < ns; i++) idx[i] = i;
+                for (long i = ns - 1; i > 0; i--) std::swap(idx[i], idx[rng() % (i + 1)]);
+                for (long i : idx) want.push_back(sh[k][i * BT]);
+            }
+        }
+        want.resize(60);
+        loader_init(&dl, "train", (d + "/multi_*.bin").c_str(), nullptr, B, T, 65536, true, 1, 0, 1);
+        for (int k = 0; k < 60; k++) { loader_next(&dl); got.push_back(dl.inputs[0]); }
+        loader_free(&dl);
+        check(got == want, "shuffled, 3 shards of 5, 9 and 3 samples over 3 epochs: 60 batches in llm.c's order (a new shard order and new "
+              "sample orders each epoch)");
+    }
     // the startup scan reads a shard in chunks of 2M tokens: the largest id and its first place, past the first chunk
     std::vector<int> big(5000001, 7);
     big[3] = 200;
@@ -1204,6 +1233,34 @@ static void test_sampling() {
     }
     std::set<int> distinct(got[1].begin(), got[1].end());
     check(got[2] == got[1] && got[4] == got[1], "60 sampled tokens (temperature 1, then top-8) agree at TP=1, 2, 4 (%zu distinct tokens)", distinct.size());
+    // a vocab that is padded (200 to 256): the padded rows of wte are zero, so their logits are 0, as likely as
+    // any real token's in an untrained model; the samplers (the whole-forward one and the KV cache's) draw
+    // from the V real tokens only
+    {
+        GPTConfig pc = make_config(1, 2, 32, 200, 64);
+        std::vector<float> pw = init_weights(&pc, 4);
+        CommGroup* g = new CommGroup();
+        comm_group_init(g, 2, 30);
+        std::vector<int> drawn[2];
+        std::vector<std::thread> th;
+        for (int r = 0; r < 2; r++)
+            th.emplace_back([&, r]() {
+                Rank rk;
+                rank_init(&rk, g, r, DEV_CPU, 0, 1);
+                GPT m;
+                gpt_build(&m, &rk, &pc, pw.data(), 0);
+                std::vector<int> whole = generate(&m, &rk, {1}, 300, 32, 1.0f, 0, 7);
+                std::vector<std::vector<int>> cached = generate_batch(&m, &rk, {{1}, {2, 3}}, 300, 32, 1.0f, 0, 8, -1);
+                drawn[r] = whole;
+                for (auto& row : cached) drawn[r].insert(drawn[r].end(), row.begin(), row.end());
+                gpt_free(&m, &rk);
+            });
+        for (auto& t : th) t.join();
+        delete g;
+        long beyond = std::count_if(drawn[0].begin(), drawn[0].end(), [&](int t) { return t < 0 || t >= pc.V; });
+        check(drawn[0].size() == 900 && drawn[0] == drawn[1] && beyond == 0,
+              "vocab 200 padded to 256, TP 2: %zu tokens drawn by both samplers, %ld of them beyond the vocab", drawn[0].size(), beyond);
+    }
     sample_token_draws();
 }
 
@@ -1390,7 +1447,7 @@ static const TestGroup g_groups[] = {
     {"mpi_pp", test_mpi_pp, "pipeline stages in different processes under mpirun against one process, resume both ways, a stopped stage"},
     {"corpus", test_corpus, "the embedded corpus: deterministic, exact entropy per byte and per word token, words = bytes"},
     {"words", test_words, "the embedded corpus as words: startup lines, the folder's tokenizer.bin, prompts, --corpus bytes"},
-    {"sampling", test_sampling, "the same samples at TP = 1, 2, 4; the sampler's draws against softmax(logits / temperature) over the top k"},
+    {"sampling", test_sampling, "the same samples at TP = 1, 2, 4; never a padded vocab id; the sampler's draws against softmax(logits / temperature) over the top k"},
     {"serve", test_serve, "the KV cache: logits against the full forward at TP = 1, 2, 4 (SP too), greedy, batches, sliding"},
     {"servecli", test_serve_runs, "--prompts, the decode sweep, --chat 1 through a pipe with Ctrl-C and end of input"},
     {"prepare", test_prepare, "data/prepare.py and training on its output"},

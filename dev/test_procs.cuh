@@ -75,6 +75,18 @@ static void test_dp_cli() {
     std::vector<float> n1 = grep_floats(out1, "| norm "), n2 = grep_floats(out2, "| norm "), n3 = grep_floats(out3, "| norm ");
     check_le(n1.size() == 8 && n2.size() == 8 && n3.size() == 8 ? std::max(max_abs_diff(n1, n2), max_abs_diff(n1, n3)) : INFINITY,
              2e-4, "the same runs' 8 gradient norms (printed to 4 places) against --tp 1 -b 4's: largest difference");
+    // tok/s counts every replica's and micro-step's tokens: B x T x D x micro-steps = 128 a step in all three
+    // runs; the printed ms (to 0.05 ms) and tok/s (to 0.5) must agree with 128 tokens a step
+    int lines = 0, off = 0;
+    for (const std::string* out : {&out1, &out2, &out3})
+        for (size_t at = out->find("| norm "); at != std::string::npos; at = out->find("| norm ", at + 1)) {
+            float norm, ms, toks;
+            if (sscanf(out->c_str() + at, "| norm %f | %f ms | %f tok/s", &norm, &ms, &toks) != 3 || ms < 0.2f) continue;
+            lines++;
+            off += toks < 128e3 / (ms + 0.05) - 0.5 || toks > 128e3 / (ms - 0.05) + 0.5;
+        }
+    check(lines == 24 && off == 0, "tok/s of the same runs' %d step lines is 128 tokens (B x T x replicas x micro-steps) over the "
+          "printed ms: %d disagree", lines, off);
     // Ctrl-C stops every replica after the same step, saves, exits 0; the run continues on another grid
     std::string d = tmpdir() + "/dpsig";
     bool started;

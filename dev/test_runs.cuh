@@ -172,11 +172,13 @@ static void test_prepare() {
         const int* ht = (const int*)tr.data();
         const int* hv = (const int*)va.data();
         long nt = ht[2], nv = hv[2];
-        ok = ht[0] == 20240520 && ht[1] == 1 && nt + nv == (long)text.size() && (long)tr.size() == 1024 + 2 * nt;
+        ok = ht[0] == 20240520 && ht[1] == 1 && nt + nv == (long)text.size() && (long)tr.size() == 1024 + 2 * nt &&
+             fabs(nv - 0.2 * text.size()) <= 1.0;  // --val-frac 0.2 of the bytes
         for (long i = 0; ok && i < nt; i++) ok = ((const uint16_t*)(tr.data() + 1024))[i] == (unsigned char)text[i];
         for (long i = 0; ok && i < nv; i++) ok = ((const uint16_t*)(va.data() + 1024))[i] == (unsigned char)text[nt + i];
     }
-    check(ok, "%zu bytes of text -> train + val token files holding exactly those bytes, in order", text.size());
+    check(ok, "%zu bytes of text -> train + val token files holding exactly those bytes, in order, the val file the last 20%% of them",
+          text.size());
     std::string out;
     rc = run_cmd("-i " + d + "/story_train.bin -j " + d + "/story_val.bin -e L1C32H2 -b 2 -t 32 -x 3 -v 2 -m 1 -g 0 --threads 1", &out, nullptr);
     check(rc == 0 && out.find("step    3/3") != std::string::npos, "./tp trains on them (exit %d)", rc);
