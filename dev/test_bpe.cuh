@@ -341,8 +341,12 @@ static void test_export() {
         check(rc == 1 && std::count(err.begin(), err.end(), '\n') == 1 && err.find("python3 data/import.py " + dir + " OUT.bin") != std::string::npos,
               "-e %s: %s", e.substr(d.size() + 1).c_str(), bpe_line(err).c_str());
     }
-    rc = bpe_sh("python3 dev/test_bpe.py evil " + d + "/x1 " + d + "/evil && python3 data/import.py " + d + "/evil " + d + "/evil.bin", &out);
+    rc = bpe_sh("python3 dev/test_bpe.py untied " + d + "/x1 " + d + "/untied && python3 data/import.py " + d + "/untied " + d + "/untied.bin", &out);
     std::string line = out.substr(out.find('\n') + 1);
+    check(rc == 1 && std::count(line.begin(), line.end(), '\n') == 1 && line.find("ties the LM head") != std::string::npos &&
+          !f_exists(d + "/untied.bin"), "import.py of a model whose lm_head is not its wte: refused: %s", bpe_line(line).c_str());
+    rc = bpe_sh("python3 dev/test_bpe.py evil " + d + "/x1 " + d + "/evil && python3 data/import.py " + d + "/evil " + d + "/evil.bin", &out);
+    line = out.substr(out.find('\n') + 1);
     check(rc == 1 && std::count(line.begin(), line.end(), '\n') == 1 && line.find("system") != std::string::npos &&
           !f_exists(d + "/evil/ran") && !f_exists(d + "/evil.bin"),
           "import.py of a pickle that calls os.system: refused, nothing run, nothing written: %s", bpe_line(line).c_str());

@@ -7,6 +7,7 @@
     python3 dev/test_bpe.py hub HF_DIR OUT_DIR                         HF_DIR laid out as the Hub's gpt2 folder is
     python3 dev/test_bpe.py shards|torchzip|torchlegacy|torchshards|evil HF_DIR OUT_DIR
                                                                        HF_DIR's weights in another file layout (see save_as)
+    python3 dev/test_bpe.py untied HF_DIR OUT_DIR                      HF_DIR with an lm_head.weight that is not its wte
     python3 dev/test_bpe.py torchload DIR HF_DIR                       whether torch.load reads DIR's pytorch_model.bin as HF_DIR's weights
     python3 dev/test_bpe.py bf16 MODEL.bin OUT.bin                     MODEL (version 3) as llm.c's bf16 version 5
     python3 dev/test_bpe.py same HF_DIR MODEL.bin [bf16]               whether HF_DIR holds MODEL's weights (rounded to bf16)
@@ -107,6 +108,14 @@ def main():
         for k in ("architectures", "bos_token_id", "eos_token_id", "n_inner", "scale_attn_weights", "tie_word_embeddings"):
             conf.pop(k, None)
         json.dump(conf, open(os.path.join(sys.argv[3], "config.json"), "w"))
+        print(f"ok wrote {sys.argv[3]}")
+    elif cmd == "untied":  # an lm_head that is not wte: a model tp's GPT-2 (tied head) cannot hold
+        from export import read_safetensors, write_safetensors
+        os.makedirs(sys.argv[3], exist_ok=True)
+        w = read_safetensors(os.path.join(sys.argv[2], "model.safetensors"))
+        w["lm_head.weight"] = w["transformer.wte.weight"] * 1.5
+        write_safetensors(os.path.join(sys.argv[3], "model.safetensors"), w)
+        shutil_copy(os.path.join(sys.argv[2], "config.json"), os.path.join(sys.argv[3], "config.json"))
         print(f"ok wrote {sys.argv[3]}")
     elif cmd in ("shards", "torchzip", "torchlegacy", "torchshards", "evil"):
         save_as(cmd, sys.argv[2], sys.argv[3])

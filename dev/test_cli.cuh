@@ -164,6 +164,16 @@ static void test_cli_parity_run() {
     std::vector<float> va = grep_floats(out, "val loss ");
     check(rc == 0 && va.size() == 3 && va[0] == va[1] && va[1] == va[2], "-l 0: exit %d, the 3 val losses the same: %s", rc,
           va.size() == 3 ? format("%.6f %.6f %.6f", va[0], va[1], va[2]).c_str() : "(not 3 of them)");
+    // -m asks for at most what the val file holds: -m 50 evaluates its 7 batches, not 50 with the first ones
+    // again (llm.c's loader would wrap round to them)
+    std::string all7 = still, ask50 = still, out7, out50;
+    all7.replace(all7.find("-m 5"), 4, "-m 7");
+    ask50.replace(ask50.find("-m 5"), 4, "-m 50");
+    int rc7 = run_cmd(all7 + "2", &out7, nullptr), rc50 = run_cmd(ask50 + "2", &out50, nullptr);
+    std::vector<float> v7 = grep_floats(out7, "val loss "), v50 = grep_floats(out50, "val loss ");
+    check(rc7 == 0 && rc50 == 0 && v7.size() == 3 && v7 == v50 && v7[0] != va[0], "-m 50 on a val file of 7 batches: the val loss of -m 7 "
+          "(%s), not of 50 batches that repeat (-m 5: %s)", v50.empty() ? "none" : format("%.6f", v50[0]).c_str(),
+          va.empty() ? "none" : format("%.6f", va[0]).c_str());
 }
 
 // ----------------------------------------------------------------------------
@@ -182,6 +192,8 @@ static void test_bad_input() {
     std::vector<int> big = ok_tokens;
     big[1234] = 300;
     write_tokens(d + "/bigid.bin", big);
+    big[1234] = 256;  // the first id past a vocab of 256: refused at startup as 300 is, not at the batch that reads it
+    write_tokens(d + "/eqid.bin", big);
     FILE* f = fopen((d + "/empty.bin").c_str(), "wb");
     fclose(f);
     mkdir((d + "/dir.bin").c_str(), 0755);
@@ -214,6 +226,8 @@ static void test_bad_input() {
         {"wrong-version token file", "-i " + d + "/ok.bin -j " + d + "/version.bin -e " + m + run, "version 2"},
         {"directory as token file", "-i " + d + "/dir.bin -j " + d + "/ok.bin -e " + m + run, "is a directory"},
         {"token id >= vocab", "-i " + d + "/bigid.bin -j " + d + "/ok.bin -e " + m + " -b 4 -t 32 --shuffle 0 -x 20 -v 0 -g 0", "token id 300"},
+        {"token id == vocab", "-i " + d + "/eqid.bin -j " + d + "/ok.bin -e " + m + " -b 4 -t 32 --shuffle 0 -x 20 -v 0 -g 0",
+         "holds token id 256 at token 1234, but the model's vocab has 256"},
         {"fewer tokens than one batch", "-i " + d + "/short.bin -j " + d + "/ok.bin -e " + m + run + " -b 8", "fewer than one batch"},
         {"missing checkpoint", "-e " + d + "/nope.bin" + data + run, "neither a readable checkpoint file nor a descriptor"},
         {"empty checkpoint", "-e " + d + "/empty.bin" + data + run, "shorter than its 1024-byte header"},
