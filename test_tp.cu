@@ -1239,24 +1239,16 @@ static void test_sampling() {
     {
         GPTConfig pc = make_config(1, 2, 32, 200, 64);
         std::vector<float> pw = init_weights(&pc, 4);
-        CommGroup* g = new CommGroup();
-        comm_group_init(g, 2, 30);
         std::vector<int> drawn[2];
-        std::vector<std::thread> th;
-        for (int r = 0; r < 2; r++)
-            th.emplace_back([&, r]() {
-                Rank rk;
-                rank_init(&rk, g, r, DEV_CPU, 0, 1);
-                GPT m;
-                gpt_build(&m, &rk, &pc, pw.data(), 0);
-                std::vector<int> whole = generate(&m, &rk, {1}, 300, 32, 1.0f, 0, 7);
-                std::vector<std::vector<int>> cached = generate_batch(&m, &rk, {{1}, {2, 3}}, 300, 32, 1.0f, 0, 8, -1);
-                drawn[r] = whole;
-                for (auto& row : cached) drawn[r].insert(drawn[r].end(), row.begin(), row.end());
-                gpt_free(&m, &rk);
-            });
-        for (auto& t : th) t.join();
-        delete g;
+        on_ranks(2, false, [&](CommGroup* g, int r) {
+            Rank rk;
+            rank_init(&rk, g, r, DEV_CPU, 0, 1);
+            GPT m;
+            gpt_build(&m, &rk, &pc, pw.data(), 0);
+            drawn[r] = generate(&m, &rk, {1}, 300, 32, 1.0f, 0, 7);
+            for (auto& row : generate_batch(&m, &rk, {{1}, {2, 3}}, 300, 32, 1.0f, 0, 8, -1)) drawn[r].insert(drawn[r].end(), row.begin(), row.end());
+            gpt_free(&m, &rk);
+        });
         long beyond = std::count_if(drawn[0].begin(), drawn[0].end(), [&](int t) { return t < 0 || t >= pc.V; });
         check(drawn[0].size() == 900 && drawn[0] == drawn[1] && beyond == 0,
               "vocab 200 padded to 256, TP 2: %zu tokens drawn by both samplers, %ld of them beyond the vocab", drawn[0].size(), beyond);
