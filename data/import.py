@@ -32,7 +32,7 @@ def die(msg):
 
 # The weights of a Hugging Face folder, in any of the layouts save_pretrained and torch.save leave: one
 # model.safetensors; shards listed in model.safetensors.index.json; PyTorch's pytorch_model.bin (the zip
-# format of torch >= 1.6, or the older one-stream format the Hub's first GPT-2 files use); or its shards
+# format of torch >= 1.6, or the one-stream format before it, which older uploads to the Hub have); or its shards
 # listed in pytorch_model.bin.index.json. torch is not needed: a PyTorch file is a pickle that names the
 # tensors' storages, read here by an unpickler that builds nothing but dicts and arrays (a pickle may name
 # any Python function to call; this one refuses every name a state dict of tensors does not use).
@@ -55,10 +55,9 @@ def read_weights(src):
         die(f"cannot read {path} as a shard index (a \"weight_map\" of tensor names to files): {e!r}")
     w = {}
     for name in files:
-        shard = os.path.join(src, name)
-        if not isinstance(name, str) or os.path.dirname(name) or not os.path.isfile(shard):
+        if not isinstance(name, str) or os.path.dirname(name) or not os.path.isfile(os.path.join(src, name)):
             die(f"{path} names the shard {name!r}, which is not a file in {src}")
-        w.update(read_weight_file(shard))
+        w.update(read_weight_file(os.path.join(src, name)))
     missing = [k for k in shards if k not in w]
     if missing:
         die(f"{path} says {missing[0]} is in {shards[missing[0]]}, which does not hold it")
