@@ -537,4 +537,21 @@ static void test_run_dir() {
     check(rc == 0 && kills == 3 && ordered && gaps == 0 && (int)rows.size() - 1 == last + 5,
           "%d x kill -9 and -y 1: log.csv holds steps 1..%d once each: %zu rows, %d out of place (exit %d)", kills, last + 5,
           rows.size() - 1, gaps, rc);
+    // a log.csv cut inside a row (a disk that filled, a hand edit): the resume keeps the whole rows before the
+    // cut and nothing from it on, so no new row is glued to the cut one
+    std::vector<char> logb = slurp_bytes(dir + "/log.csv");
+    std::string text(logb.begin(), logb.end());
+    size_t row3 = text.find("\n3,");
+    FILE* f = row3 == std::string::npos ? nullptr : fopen((dir + "/log.csv").c_str(), "wb");
+    if (f) fwrite(text.data(), 1, row3 + 5, f), fclose(f);  // "...\n3,4" and no newline
+    rc = run_cmd("-y 1 --threads 1 -o " + dir + " -x " + std::to_string(last + 7), nullptr, &err);
+    rows = read_csv(dir + "/log.csv");
+    std::string steps;
+    bool whole = rows.size() == 5;
+    for (size_t i = 1; i < rows.size(); i++) {
+        steps += (i > 1 ? " " : "") + rows[i][0];
+        whole = whole && rows[i].size() == rows[0].size();
+    }
+    check(f && rc == 0 && whole && steps == "1 2 " + std::to_string(last + 6) + " " + std::to_string(last + 7),
+          "log.csv cut inside row 3, then -y 1 to step %d: whole rows of steps %s (exit %d)", last + 7, steps.c_str(), rc);
 }
