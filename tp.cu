@@ -193,8 +193,7 @@ static bool setup_model_shape(Run* run) {
             if (!why.empty() && stat(model, &st) != 0) fatal("-e %s: %s", model, why.c_str());
             if (stat(model, &st) != 0)
                 fatal("-e %s is neither a readable checkpoint file nor a descriptor (d1..d12, d24, d36, d48, or L<layers>C<channels>H<heads> like L4C128H4)", model);
-            if (S_ISDIR(st.st_mode) && !model_foreign(model, nullptr).empty()) fatal("-e %s%s", model, model_foreign(model, nullptr).c_str());
-            if (S_ISDIR(st.st_mode)) fatal("-e %s is a directory; give an llm.c model file (.bin) or a descriptor like d12", model);
+            if (S_ISDIR(st.st_mode)) fatal("-e %s%s", model, model_dir_why(model).c_str());
             int version = 3;
             model_read(model, c, nullptr, &version);
             // llm.c's GPU trainer saves bf16: the run takes the file's precision unless --dtype says otherwise

@@ -183,9 +183,7 @@ static void test_bpe() {
     {
         std::vector<char> tj = slurp_bytes(tok);
         std::string deep = "{\"deep\": " + std::string(100000, '[') + std::string(100000, ']') + ", " + std::string(tj.begin() + 1, tj.end());
-        f = fopen((d + "/deep.json").c_str(), "wb");
-        bool written = f && fwrite(deep.data(), 1, deep.size(), f) == deep.size();
-        if (f) fclose(f);
+        bool written = write_bytes(d + "/deep.json", deep);
         rc = run_cmd("-e " + d + "/v256.bin -x 0 -g 4 -t 16 --tokenizer " + d + "/deep.json", &out, &err);
         check(written && rc == 1 && err.find("nested more than 256 deep") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1,
               "a tokenizer.json nested 100,000 deep (exit %d): %s", rc, bpe_line(err).c_str());
@@ -394,8 +392,7 @@ static void test_export() {
                 size_t at = conf.find(key);
                 if (at != std::string::npos) conf.replace(at, key.size(), "\"n_embd\": \"64\"");
             }
-            f = fopen((dir + "/config.json").c_str(), "wb");
-            if (f) fwrite(conf.data(), 1, conf.size(), f), fclose(f);
+            write_bytes(dir + "/config.json", conf);
         } else {
             struct stat st;
             if (stat((dir + "/model.safetensors").c_str(), &st) == 0 && truncate((dir + "/model.safetensors").c_str(), st.st_size / b.cut) != 0)

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import random
+import shutil
 import struct
 import sys
 
@@ -115,7 +116,7 @@ def main():
         w = read_safetensors(os.path.join(sys.argv[2], "model.safetensors"))
         w["lm_head.weight"] = w["transformer.wte.weight"] * 1.5
         write_safetensors(os.path.join(sys.argv[3], "model.safetensors"), w)
-        shutil_copy(os.path.join(sys.argv[2], "config.json"), os.path.join(sys.argv[3], "config.json"))
+        shutil.copyfile(os.path.join(sys.argv[2], "config.json"), os.path.join(sys.argv[3], "config.json"))
         print(f"ok wrote {sys.argv[3]}")
     elif cmd in ("shards", "torchzip", "torchlegacy", "torchshards", "evil"):
         save_as(cmd, sys.argv[2], sys.argv[3])
@@ -176,7 +177,7 @@ def save_as(layout, src, out):
     import zipfile
     from export import read_safetensors, write_safetensors
     os.makedirs(out, exist_ok=True)
-    shutil_copy(os.path.join(src, "config.json"), os.path.join(out, "config.json"))
+    shutil.copyfile(os.path.join(src, "config.json"), os.path.join(out, "config.json"))
     w = read_safetensors(os.path.join(src, "model.safetensors"))
     names = sorted(w)
     if layout == "shards":
@@ -273,11 +274,6 @@ def save_as(layout, src, out):
             for st in storages:
                 f.write(struct.pack("<q", st.data.size))
                 f.write(st.data.tobytes())
-
-
-def shutil_copy(a, b):
-    with open(a, "rb") as f, open(b, "wb") as g:
-        g.write(f.read())
 
 
 if __name__ == "__main__":

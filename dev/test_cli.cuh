@@ -71,6 +71,13 @@ static std::vector<char> slurp_bytes(const std::string& path) {
     return b;
 }
 
+// writes bytes to path whole (created or truncated); whether it did
+static bool write_bytes(const std::string& path, const std::string& bytes) {
+    FILE* f = fopen(path.c_str(), "wb");
+    bool ok = f && fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    return f && fclose(f) == 0 && ok;
+}
+
 // starts ./tp in the background with stdout and stderr in files; returns its pid
 static pid_t spawn_tp(const std::string& args, const std::string& out) {
     pid_t pid = fork();

@@ -404,9 +404,7 @@ static void test_words() {
             std::string p = i < 256 ? std::string(1, (char)(i ? i : ' ')) : "t" + std::to_string(i);
             bytes += (char)p.size() + p;
         }
-        FILE* f = fopen(v1.c_str(), "wb");
-        bool written = f && fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-        if (f) fclose(f);
+        bool written = write_bytes(v1, bytes);
         Tokenizer c, b;
         tokenizer_read(&c, v1.c_str());
         Tokenizer a = c;
@@ -427,9 +425,7 @@ static void test_words() {
                 uint32_t hv[4] = {20240328, 2, 50257, 50256};
                 hv[field] = bad;
                 memcpy(&broken[0], hv, sizeof(hv));
-                f = fopen((d + "/broken.bin").c_str(), "wb");
-                written = f && fwrite(broken.data(), 1, broken.size(), f) == broken.size();
-                if (f) fclose(f);
+                written = write_bytes(d + "/broken.bin", broken);
                 rc = run_cmd("-e " + d + "/g.bin --tokenizer " + d + "/broken.bin -x 0 -g 4 --threads 1", &out, &err);
                 check(written && rc == 1 && f_lines(err) == 1 && (err.find("damaged") != std::string::npos || err.find("truncated") != std::string::npos),
                       "a tokenizer file with %s %d: exit %d, %s", field == 2 ? "token count" : "end-of-text id", (int)bad, rc, f_first_line(err).c_str());

@@ -39,37 +39,47 @@
 // ----------------------------------------------------------------------------
 // model files (llm.c's GPT-2 format: fp32, or bf16)
 
+// Hugging Face weights given to -e: the line that refuses them ends with the command that converts them
+static std::string hf_convert_hint(const std::string& dir, const char* what) {
+    return std::string("; convert ") + what + " once with python3 data/import.py " + dir + " OUT.bin, then give -e OUT.bin";
+}
+
+// What the file path is when its first 1024 bytes h are no llm.c model's but Hugging Face / PyTorch weights
+// ("" if neither): a user gives -e the weights they have
+static std::string model_foreign(const std::string& path, const int* h) {
+    size_t slash = path.rfind('/');
+    std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+    const unsigned char* b = (const unsigned char*)h;
+    uint64_t n;
+    memcpy(&n, b, 8);
+    if (n >= 2 && n < (1ull << 30) && b[8] == '{') return " is a safetensors file, not an llm.c model file" + hf_convert_hint(dir, "its folder");
+    if (memcmp(b, "PK\x03\x04", 4) == 0 || (b[0] == 0x80 && b[1] >= 2 && b[1] <= 5))
+        return " looks like a PyTorch file (pytorch_model.bin), not an llm.c model file" + hf_convert_hint(dir, "its folder");
+    return "";
+}
+
+// why -e cannot take the folder path: a Hugging Face model folder (a config.json in it), or any folder
+static std::string model_dir_why(const std::string& path) {
+    struct stat st;
+    if (stat((path + "/config.json").c_str(), &st) == 0)
+        return " is a Hugging Face model folder, not an llm.c model file" + hf_convert_hint(path, "it");
+    return " is a directory; give an llm.c model file (.bin) or a descriptor like d12";
+}
+
 // Reads an llm.c checkpoint's header into c and its tensors into full (full null: the header only, to
 // size the run before allocating anything). Version 3 holds fp32 tensors; version 5 the same tensors in
 // bf16 (what llm.c's GPU trainer and its Python exporter write), each widened here to the fp32 with the
 // same bits on top and zeros below, which is exact. version (if set): the file's version.
-// What a file that is not an llm.c model is, when it is a Hugging Face / PyTorch one ("" if neither): a user
-// gives -e the weights they have, and the line that refuses them says how to convert them. path: a
-// folder with a config.json, or a file starting with the 1024 bytes h.
-static std::string model_foreign(const std::string& path, const int* h) {
-    size_t slash = path.rfind('/');
-    std::string dir = !h ? path : slash == std::string::npos ? "." : path.substr(0, slash);
-    std::string hint = "; convert " + std::string(h ? "its folder" : "it") + " once with python3 data/import.py " + dir + " OUT.bin, then give -e OUT.bin";
-    if (!h) {
-        struct stat st;
-        return stat((path + "/config.json").c_str(), &st) == 0 ? " is a Hugging Face model folder, not an llm.c model file" + hint : "";
-    }
-    const unsigned char* b = (const unsigned char*)h;
-    uint64_t n;
-    memcpy(&n, b, 8);
-    if (n >= 2 && n < (1ull << 30) && b[8] == '{') return " is a safetensors file, not an llm.c model file" + hint;
-    if (memcmp(b, "PK\x03\x04", 4) == 0 || (b[0] == 0x80 && b[1] >= 2 && b[1] <= 5))
-        return " looks like a PyTorch file (pytorch_model.bin), not an llm.c model file" + hint;
-    return "";
-}
-
 static void model_read(const char* path, GPTConfig* c, std::vector<float>* full, int* version = nullptr) {
     FILE* f = fopen(path, "rb");
     if (!f) fatal("cannot open checkpoint %s: %s (give an llm.c model file or a descriptor like d12 to -e)", path, strerror(errno));
     int h[256];
     if (fread(h, sizeof(int), 256, f) != 256) fatal("checkpoint %s is shorter than its 1024-byte header: not an llm.c model file", path);
-    if (h[0] != 20240326 && !model_foreign(path, h).empty()) fatal("checkpoint %s%s", path, model_foreign(path, h).c_str());
-    if (h[0] != 20240326) fatal("checkpoint %s has magic %d, not 20240326: not an llm.c model file", path, h[0]);
+    if (h[0] != 20240326) {
+        std::string foreign = model_foreign(path, h);
+        if (foreign.empty()) fatal("checkpoint %s has magic %d, not 20240326: not an llm.c model file", path, h[0]);
+        fatal("checkpoint %s%s", path, foreign.c_str());
+    }
     if (h[1] != 3 && h[1] != 5)
         fatal("checkpoint %s has version %d; tp reads llm.c's fp32 version 3 and bf16 version 5 (data/import.py converts a Hugging Face GPT-2)", path, h[1]);
     if (version) *version = h[1];
