@@ -467,8 +467,11 @@ static void test_run_dir() {
     write_tokens(d + "/train.bin", random_tokens(20000, 256, 7));
     write_tokens(d + "/val.bin", random_tokens(4000, 256, 8));
     // a run with flags that are not the defaults, through to step 12; and the same run stopped at step 6
-    // and continued with nothing but -y 1 -o, from another folder (the data's path was relative)
-    std::string flags = "-i train.bin -j val.bin -e L2C64H4 -b 4 -t 32 -x 12 -n 6 -l 2e-3 -u 2 -q 0.1 -c 0.01 -v 6 -m 3 -g 0 --seed 7 --tp 2 --threads 1";
+    // and continued with nothing but -y 1 -o, from another folder (the data's path was relative). The
+    // optimizer's flags are among them (--clip 0.5 clips every step of this model: its norms are about 1 to 1.7),
+    // so a saved flag the resume dropped would continue another run.
+    std::string flags = "-i train.bin -j val.bin -e L2C64H4 -b 4 -t 32 -x 12 -n 6 -l 2e-3 -u 2 -q 0.1 -c 0.01 -v 6 -m 3 -g 0 --seed 7 --tp 2 --threads 1"
+                        " --clip 0.5 --beta1 0.85 --beta2 0.99";
     char cwd[4096];
     std::string tp = tp_bin()[0] == '/' ? tp_bin() : std::string(getcwd(cwd, sizeof(cwd))) + "/" + tp_bin();
     int rc = run_sh("cd " + d + " && " + tp + " " + flags + " -o a", nullptr);
@@ -486,6 +489,18 @@ static void test_run_dir() {
     ref = model_params(ckpt_path((d + "/c").c_str(), "model", 8));
     got = model_params(ckpt_path((d + "/e").c_str(), "model", 8));
     check(rc == 0 && rc2 == 0 && !ref.empty() && got == ref, "the embedded corpus: -y 1 alone continues bit-identically (exit %d, %d)%s", rc, rc2, err.c_str());
+    // which flags a state file saves, against the list of what makes a run what it is (its data, sizes,
+    // schedule, optimizer, sampling, checkpointing and numerics): a flag in one and not the other would be
+    // a resume that silently changes the run, or one that refuses to move a run to another machine
+    const std::set<std::string> saved_by_design = {
+        "-i", "-j", "-b", "-t", "-l", "-u", "-q", "-c", "-x", "-v", "-m", "-s", "-g", "-n", "-d", "--beta1", "--beta2",
+        "--clip", "--shuffle", "--corpus", "--seed", "--temperature", "--topk", "--sample-seed", "--prompt", "--tokenizer",
+        "--keep", "--sp", "-r", "--attention", "--dtype"};
+    std::string saved_wrong;
+    for (const FlagSpec& f : g_flags)
+        if ((f.resume != NOT_SAVED) != (saved_by_design.count(f.name) > 0)) saved_wrong += std::string(" ") + f.name;
+    check(saved_wrong.empty(), "the flags a state file saves are the %zu that make a run what it is, no more, no fewer (wrong:%s)",
+          saved_by_design.size(), saved_wrong.empty() ? " none" : saved_wrong.c_str());
     // a flag that may change is taken and said; one that would make another run is refused, naming it
     rc = run_cmd("-y 1 -o " + d + "/b -x 14 -l 1e-3 --threads 1", &out, &err);
     check(rc == 0 && out.find("tp: continuing with changed flags: -l 0.001 (was 0.002), -x 14 (was 12)") != std::string::npos &&
