@@ -59,6 +59,32 @@ static void test_plan_model() {
         }
     check_le(worst, 1e-12, "plan_rank_flops = the op-by-op FLOPs of the recipe at the local shapes, %d (shape, P)", n);
 
+    // The step line's model FLOPs and MFU (train/report.h; printed on a GPU only, so no run here shows
+    // them): step_flops, for B x T tokens in each of accum micro-batches of Dg replicas, against the
+    // recipe's op-by-op count for those tokens (brute_rank_flops counts the matmuls and attention; the 6 per
+    // parameter of step_flops also counts the biases, the layernorms and wpe: 0.6% more at d12), and the
+    // MFU of a step over the GPUs its P x D ranks use (all of them, or every GPU there is when ranks share)
+    Run* run = new Run();
+    run->cfg = make_config(12, 12, 768, 50257, 1024);
+    run->args.B = 4;
+    run->args.T = 1024;
+    run->accum = 3;
+    run->Dg = run->D = 2;
+    run->P = 2;
+    run->peak_flops = 1e15;
+    const double over = step_flops(run) / (brute_rank_flops(&run->cfg, 4, 1024, 1) * 3 * 2) - 1;
+    check(over >= 0 && over < 0.01, "step_flops at d12, B 4, T 1024, 3 micro-batches, 2 replicas: %.2f%% over the recipe's count of their FLOPs (bound 0 to 1%%)", 100 * over);
+    std::string mfus;
+    bool mfu_ok = true;
+    for (int ngpu : {8, 4, 2}) {
+        run->ngpu = ngpu;
+        const double want = step_flops(run) / 1.0 / (1e15 * std::min(4, ngpu));  // a step of 1 s
+        mfus += " " + std::to_string(ngpu) + " GPUs: " + std::to_string(mfu(run, 1.0));
+        mfu_ok = mfu_ok && fabs(mfu(run, 1.0) - want) <= 1e-12 * want;
+    }
+    check(mfu_ok, "MFU at --tp 2 --dp 2 counts the peak of the 4 GPUs in use (of 8 or 4), or of the 2 the 4 ranks share:%s", mfus.c_str());
+    delete run;
+
     // collective calls of a real step against step_comm_calls
     GPTConfig c4 = make_config(2, 4, 32, 200, 32);
     int bad = 0;
@@ -238,6 +264,52 @@ static void test_plan_boxes() {
     tps("h200", &d48, 2, 1, 1, &fh);
     check(!f1 && fh, "d48 bf16 B=8 T=1024: one 24 GB RTX 4090 %s, one 141 GB H200 %s", f1 ? "fits (wrong)" : "does not fit",
           fh ? "fits" : "does not fit (wrong)");
+
+    // --plan's recommendation, from its own tables: after every table of grids, the fastest grid that fits
+    // (or none fits, when none does). Models that fit one GPU, that need TP to fit (d36 on 24 GB: the
+    // fastest grid, TP=1 with 4 replicas, does not fit), and that fit no grid.
+    struct Case { const char* box; const char* model; };
+    const Case cases[] = {{"h200", "d12"}, {"a100pcie", "d12"}, {"4090x4", "d24"}, {"4090x4", "d36"}, {"4090x4", "d48"}, {"h100x2", "d36"}};
+    int tables = 0, wrong = 0, unfit_fastest = 0, none = 0;
+    std::string first_wrong;
+    for (const Case& cs : cases) {
+        std::string out;
+        int rc = run_cmd(std::string("--plan ") + cs.box + " -e " + cs.model + " -b 8 -t 1024", &out, nullptr);
+        std::istringstream lines(out);
+        std::string line;
+        bool in_table = false;
+        int best_P = 0, best_D = 0;
+        double best = 0, fastest = 0;
+        while (std::getline(lines, line)) {
+            if (line.find("   P    D    ms/step") == 0) {
+                in_table = true;
+                best = fastest = 0;
+                continue;
+            }
+            if (!in_table) continue;
+            int P, D;
+            double ms, tps;
+            char fits[8];
+            if (sscanf(line.c_str(), "%d %d %lf %lf", &P, &D, &ms, &tps) == 4 && sscanf(line.c_str() + line.rfind(' '), "%7s", fits) == 1) {
+                fastest = std::max(fastest, tps);
+                if (!strcmp(fits, "yes") && tps > best) best = tps, best_P = P, best_D = D;
+                continue;
+            }
+            in_table = false;
+            int rP = 0, rD = 0;
+            bool ok = best > 0 ? sscanf(line.c_str(), "recommended: --tp %d --dp %d", &rP, &rD) == 2 && rP == best_P && rD == best_D
+                               : line.find("recommended: none fits") == 0;
+            tables++;
+            unfit_fastest += best > 0 && best < fastest;
+            none += best == 0;
+            if ((!ok || rc != 0) && wrong++ == 0)
+                first_wrong = std::string(cs.box) + " " + cs.model + ": fastest that fits --tp " + std::to_string(best_P) + " --dp " +
+                              std::to_string(best_D) + ", said: " + line;
+        }
+    }
+    check(wrong == 0 && tables == 12 && unfit_fastest > 0 && none > 0,
+          "--plan's recommendation is the fastest grid that fits, in %d tables (%d whose fastest grid does not fit, %d where none fits): %d wrong%s%s",
+          tables, unfit_fastest, none, wrong, first_wrong.empty() ? "" : ": ", first_wrong.c_str());
 }
 
 // This machine: ./tp --sweep 1 writes, for every grid it runs, the measured and the predicted ms per step
