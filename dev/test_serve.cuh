@@ -174,7 +174,8 @@ static void test_kv_batch_vs_alone() {
 }
 
 // A cache of Tmax = 32 positions through 100 tokens: it slides (drops the oldest half, re-prefills the
-// last 16 at positions 0..15); every step's logits against the full forward over the window it keeps.
+// last 16 at positions 0..15); every step's logits against the full forward over the window it keeps,
+// and a prompt of 40 tokens starts from its last 32.
 static void test_kv_slide() {
     GPTConfig cfg = make_config(2, 4, 32, 200, 256);
     std::vector<float> init = serve_weights(&cfg);
@@ -188,7 +189,10 @@ static void test_kv_slide() {
             decoder_start(&d, m, rk, prompts, Tmax);
             std::vector<float> full(cfg.Vp);
             std::vector<int> next(2);
-            double w = 0;
+            // the long prompt as the cache starts it: its last Tmax tokens, all of them, whatever d keeps
+            gpt_forward(m, rk, prompts[1].data() + prompts[1].size() - Tmax, nullptr, 1, Tmax, false);
+            gpt_logits_row(m, rk, 0, Tmax - 1, full.data());
+            double w = row_rel_err(d.logits.data() + cfg.Vp, full.data(), cfg.V);
             for (int s = 0; s <= n; s++) {
                 for (int b = 0; b < 2; b++) {
                     // the window: the tokens in the cache, the newest last
@@ -205,8 +209,8 @@ static void test_kv_slide() {
             if (rk->rank == P - 1) { worst = w; slides = d.slides; }
             decoder_free(&d);
         });
-        check_le(worst, 1e-5, "TP=%d: %d tokens through a KV cache of %d positions (%d slides): logits against the full forward over the "
-                 "kept window, worst rel err", P, n, Tmax, slides);
+        check_le(worst, 1e-5, "TP=%d: %d tokens through a KV cache of %d positions (%d slides), from a prompt of 40: logits against the "
+                 "full forward over the kept window (at the start, the prompt's last %d tokens), worst rel err", P, n, Tmax, slides, Tmax);
         check(slides >= 6, "TP=%d: the cache slid (%d times)", P, slides);
     }
 }
