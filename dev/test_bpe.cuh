@@ -126,6 +126,25 @@ static void test_bpe() {
           first_bad.empty() ? "" : ", first: ", first_bad.c_str());
     check(rc == 0 && bad_text == 0 && cut > 0 && multi > 0, "decoding gives the texts back (%d differ), with %ld tokens that end "
           "inside a UTF-8 character and %ld that join whole multi-byte characters", bad_text, cut, multi);
+    // the pre-tokenizer's \p{L} and \p{N} (data/unicode.h's ranges, searched by uni_letter and uni_number) at
+    // every code point, against Python's unicodedata where it has the Unicode the tables were made from
+    rc = bpe_sh("python3 dev/test_bpe.py unicode " + d + "/unicode.bin", &out);
+    std::vector<char> cls = slurp_bytes(d + "/unicode.bin");
+    if (rc == 0 && out.find("ok Unicode 14.0.0") == std::string::npos) {
+        printf("  skip: Python's unicodedata is not Unicode 14.0.0, data/unicode.h's (%s)\n", bpe_line(out).c_str());
+        g_skipped++;
+    } else {
+        long wrong = 0, letters = 0, numbers = 0;
+        uint32_t first_wrong = 0;
+        for (uint32_t cp = 0; cp < 0x110000 && cls.size() == 0x110000; cp++) {
+            const int want = cls[cp], got = uni_letter(cp) ? 1 : uni_number(cp) ? 2 : 0;
+            letters += want == 1;
+            numbers += want == 2;
+            if (got != want && wrong++ == 0) first_wrong = cp;
+        }
+        check(rc == 0 && cls.size() == 0x110000 && wrong == 0, "\\p{L} and \\p{N} at all 1114112 code points (%ld letters, %ld numbers) "
+              "as Python's unicodedata has them: %ld differ (first U+%04X)", letters, numbers, wrong, first_wrong);
+    }
     // the same from the older layout of tokenizer.json that GPT-2's own file has
     rc = bpe_sh("python3 dev/test_bpe.py legacy " + tok + " " + d + "/legacy.json", &out);
     Tokenizer old;

@@ -11,6 +11,8 @@
     python3 dev/test_bpe.py torchload DIR HF_DIR                       whether torch.load reads DIR's pytorch_model.bin as HF_DIR's weights
     python3 dev/test_bpe.py bf16 MODEL.bin OUT.bin                     MODEL (version 3) as llm.c's bf16 version 5
     python3 dev/test_bpe.py same HF_DIR MODEL.bin [bf16]               whether HF_DIR holds MODEL's weights (rounded to bf16)
+    python3 dev/test_bpe.py unicode OUT                                 every code point's class in OUT (a byte each: 1 letter,
+                                                                       2 number, 0 other), and the Unicode version it is from
 Each prints one line; "ok" at its start when the property holds.
 """
 import io
@@ -141,6 +143,12 @@ def main():
             f.write(struct.pack("<256i", *h))
             f.write(bf.tobytes())
         print(f"ok wrote {sys.argv[3]}: {bf.size} bf16 weights")
+    elif cmd == "unicode":
+        import unicodedata
+        major = [unicodedata.category(chr(cp))[0] for cp in range(0x110000)]
+        with open(sys.argv[2], "wb") as f:
+            f.write(bytes(1 if m == "L" else 2 if m == "N" else 0 for m in major))
+        print(f"ok Unicode {unicodedata.unidata_version}")
     elif cmd == "same":
         from export import read_llmc, read_safetensors, to_hf
         cfg, t = read_llmc(sys.argv[3])
