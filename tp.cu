@@ -415,7 +415,7 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     }
     // each position's loss gradient is 1/(tokens in the global batch): the sum over micro-steps and
     // replicas is then the gradient of the mean loss over the global batch, as one rank would compute it
-    m->dloss = 1.0f / (float)((long)a->B * a->T * run->accum * run->Dg);
+    m->dloss = 1.0f / (float)step_tokens(run);
     gpt_zero_grad(m, rk);
     double loss = 0.0;
     double pp0 = rk->pp.p2p_seconds + rk->pp.seconds + rk->emb.seconds, pp_sent0 = rk->pp.p2p_sent;
@@ -557,7 +557,6 @@ static void rank_main(Run* run, int d, int r, int stage) {
     }
     comm_barrier(&rr.world, "start");
     bool lead = rr.world.rank == 0;
-    double tokens = (double)a->B * a->T * run->accum * run->Dg;  // per step, all replicas
     StepStats total = {};  // the sums over the timed steps
     int last_saved = run->resuming ? run->start_step : -1;
     for (int step = run->start_step; step < a->max_steps; step++) {
@@ -580,8 +579,8 @@ static void rank_main(Run* run, int d, int r, int stage) {
         ring_bytes(st.comm_moved, run->P, sent);
         double dp_total = ring_bytes(st.dp_moved, run->Dg, dp_sent);
         if (lead)
-            logger_step(&run->log, step + 1, st.loss, rr.last_val, st.lr, st.seconds, tokens, st.comm_seconds, sent, st.dp_seconds,
-                        dp_total, st.pp_seconds, 4 * st.pp_sent);
+            logger_step(&run->log, step + 1, st.loss, rr.last_val, st.lr, st.seconds, step_tokens(run), st.comm_seconds, sent,
+                        st.dp_seconds, dp_total, st.pp_seconds, 4 * st.pp_sent);
         if (lead && (print_step(a, step) || step == run->start_step)) print_step_line(run, step, &st, sent, dp_total);
         if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
             checkpoint_save(&run->ckpt, run->init.data(), &rr.m, &rr.rk, &rr.world, &rr.train, step + 1);

@@ -386,9 +386,7 @@ static void print_setup(const Run* run) {
 // model FLOPs of one step: 6 per parameter per token (forward + backward) plus attention's 12 L T C
 static double step_flops(const Run* run) {
     const GPTConfig* c = &run->cfg;
-    const Args* a = &run->args;
-    double tokens = (double)a->B * a->T * run->accum * run->Dg;
-    return (6.0 * gpt_num_params(c) + 12.0 * c->L * a->T * c->C) * tokens;
+    return (6.0 * gpt_num_params(c) + 12.0 * c->L * run->args.T * c->C) * step_tokens(run);
 }
 
 // the model FLOPs utilisation of `seconds` per step over every GPU in use (0: not on a GPU we know)
@@ -409,7 +407,6 @@ static void print_val_line(const Run* run, float vl, const char* note) {
 // bytes this rank sent over its TP group (by kind) and its DP group in the step, as a ring sends them
 static void print_step_line(const Run* run, int step, const StepStats* st, const double sent[COMM_KINDS], double dp_total) {
     const Args* a = &run->args;
-    double tokens = (double)a->B * a->T * run->accum * run->Dg;
     char util[32] = "", comm[128] = "", dp[48] = "", pp[64] = "";
     if (run->peak_flops > 0) snprintf(util, sizeof(util), " | MFU %.1f%%", 100.0 * mfu(run, st->seconds));
     if (run->P > 1) comm_summary(comm, sizeof(comm), st->comm_seconds, sent);
@@ -417,7 +414,7 @@ static void print_step_line(const Run* run, int step, const StepStats* st, const
     // pipeline: stage 0's wait for stage 1 (its bubble) and the bytes it sent it
     if (run->S > 1) snprintf(pp, sizeof(pp), " | pp wait %.1f ms, %.2f MB", st->pp_seconds * 1e3, st->pp_sent * 4 / 1e6);
     printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s%s%s%s\n", step + 1, a->max_steps, st->loss,
-           st->lr, st->norm, st->seconds * 1e3, tokens / st->seconds, util, comm, dp, pp);
+           st->lr, st->norm, st->seconds * 1e3, step_tokens(run) / st->seconds, util, comm, dp, pp);
     fflush(stdout);
 }
 
@@ -425,12 +422,11 @@ static void print_step_line(const Run* run, int step, const StepStats* st, const
 // time in the collectives, and on a GPU the memory in use.
 static void print_average_line(const Run* run, const StepStats* total, int n, const char* replicas_note) {
     const Args* a = &run->args;
-    double tokens = (double)a->B * a->T * run->accum * run->Dg;
     char util[32] = "", comm[64] = "", dp[64] = "";
     if (run->peak_flops > 0) snprintf(util, sizeof(util), ", MFU %.1f%%", 100.0 * mfu(run, total->seconds / n));
     if (run->P > 1) snprintf(comm, sizeof(comm), ", %.1f ms per step in collectives", total->comm_seconds / n * 1e3);
     if (run->Dg > 1) snprintf(dp, sizeof(dp), ", %.1f ms in DP collectives", total->dp_seconds / n * 1e3);
-    printf("average %.1f ms per step, %.0f tok/s%s%s%s (steps %d..%d)\n", total->seconds / n * 1e3, tokens * n / total->seconds,
+    printf("average %.1f ms per step, %.0f tok/s%s%s%s (steps %d..%d)\n", total->seconds / n * 1e3, step_tokens(run) * n / total->seconds,
            util, comm, dp, run->start_step + 2, a->max_steps);
     if (run->device == DEV_CUDA) {
         size_t free_b = 0, total_b = 0;

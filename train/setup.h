@@ -591,6 +591,9 @@ static void grid_setup(Run* run) {
     if (a->total_batch) run->accum = (int)std::min(a->total_batch / micro_tokens, 1L << 30);
 }
 
+// the tokens of one optimizer step: B x T in each of the accum micro-batches of every replica
+static double step_tokens(const Run* run) { return (double)run->args.B * run->args.T * run->accum * run->Dg; }
+
 // the GPU of thread (d, r) (of pipeline stage `stage`) of this process: the processes on one machine take
 // consecutive blocks of its GPUs, and a replica's stages consecutive blocks of P
 static int rank_gpu(const Run* run, int d, int r, int stage = 0) {
