@@ -87,6 +87,22 @@ static void test_dp_cli() {
         }
     check(lines == 24 && off == 0, "tok/s of the same runs' %d step lines is 128 tokens (B x T x replicas x micro-steps) over the "
           "printed ms: %d disagree", lines, off);
+    // and the line after the last step: the mean over steps 2..8 (the first step is not timed), 128 tokens a step
+    int averages = 0;
+    off = 0;
+    for (const std::string* out : {&out1, &out2, &out3}) {
+        size_t at = out->find("average ");
+        float ms, toks;
+        int first, last;
+        if (at == std::string::npos || sscanf(out->c_str() + at, "average %f ms per step, %f tok/s", &ms, &toks) != 2 || ms < 0.2f)
+            continue;
+        size_t steps = out->find("(steps ", at);
+        averages++;
+        off += toks < 128e3 / (ms + 0.05) - 0.5 || toks > 128e3 / (ms - 0.05) + 0.5 || steps == std::string::npos ||
+               sscanf(out->c_str() + steps, "(steps %d..%d)", &first, &last) != 2 || first != 2 || last != 8;
+    }
+    check(averages == 3 && off == 0, "the average lines of the same runs: 128 tokens a step over the mean ms, over steps 2..8: "
+          "%d of %d disagree", off, averages);
     // Ctrl-C stops every replica after the same step, saves, exits 0; the run continues on another grid
     std::string d = tmpdir() + "/dpsig";
     bool started;
