@@ -217,8 +217,9 @@ static void test_logs() {
     struct { int P, sp; } runs[] = {{2, 0}, {4, 0}, {2, 1}};
     for (auto& k : runs) {
         std::string dir = d + std::to_string(k.P) + (k.sp ? "sp" : "");
+        std::string out;
         int rc = run_cmd("-e L2C64H4 -b 4 -t 32 -x 7 -v 3 -g 0 -l 1e-3 -u 3 -q 0.1 --threads 1 --tp " + std::to_string(k.P) +
-                         " --sp " + std::to_string(k.sp) + " -o " + dir, nullptr, nullptr);
+                         " --sp " + std::to_string(k.sp) + " -o " + dir, &out, nullptr);
         auto rows = read_csv(dir + "/log.csv");
         std::vector<std::string> header = {"step", "loss", "val_loss", "lr", "ms", "tok_per_s", "comm_ms", "comm_bytes",
                                            "allreduce_bytes", "reducescatter_bytes", "allgather_bytes", "dp_ms", "dp_bytes", "pp_ms",
@@ -248,6 +249,16 @@ static void test_logs() {
                  "step (%.0f) against the formula, by kind, and 0 over DP: largest difference", k.P, k.sp, total);
         check_le(ok ? lr_off : INFINITY, 1e-6, "--tp %d --sp %d: log.csv's lr column against llm.c's warmup and cosine schedule "
                  "(-l 1e-3 -u 3 -q 0.1 -x 7): largest relative difference", k.P, k.sp);
+        if (k.sp) {  // the step line's bytes by kind, in MB to 2 places, are log.csv's columns
+            float ar = -1, rs = -1, ag = -1;
+            size_t at = out.find("MB (AR ");
+            if (at != std::string::npos) sscanf(out.c_str() + at, "MB (AR %f, RS %f, AG %f)", &ar, &rs, &ag);
+            double off = ok ? std::max({fabs(ar - atof(rows[1][8].c_str()) / 1e6), fabs(rs - atof(rows[1][9].c_str()) / 1e6),
+                                        fabs(ag - atof(rows[1][10].c_str()) / 1e6)})
+                            : INFINITY;
+            check_le(off, 0.005, "--tp %d --sp 1: the step line's MB by kind (AR %.2f, RS %.2f, AG %.2f) against log.csv's "
+                     "all-reduce, reduce-scatter and all-gather bytes: largest difference", k.P, ar, rs, ag);
+        }
     }
     std::string out;
     int rc = run_cmd("-e L2C64H4 -b 4 -t 32 --sweep 1 --sweep-steps 3 --threads 1 -o " + d + "sweep", &out, nullptr);
@@ -260,9 +271,12 @@ static void test_logs() {
             if (P * D <= cores) want.push_back({P, D});
     std::vector<std::pair<int, int>> got, got_pp;
     double bytes_off = 0;  // the TP, DP and PP megabytes sent per step against the formulas
+    int rate_off = 0;      // rows whose tok/s is not B x T x D tokens over their ms per step (printed to 0.001 and 0.1)
     for (size_t i = 1; i < rows.size(); i++) {
         if (rows[i].size() < 19) break;  // (16 since sweep.csv ends with predicted_ms_per_step, 19 since S, pp_wait_share, pp_mb_per_step)
         int P = atoi(rows[i][0].c_str()), D = atoi(rows[i][1].c_str()), S = atoi(rows[i][16].c_str());
+        const double ms = atof(rows[i][3].c_str()), tps = atof(rows[i][4].c_str()), tokens = 1e3 * B * T * D;
+        rate_off += !(ms > 0.01) || tps < tokens / (ms + 0.0005) - 0.05 || tps > tokens / (ms - 0.0005) + 0.05;
         if (S > 1) {  // a pipeline: (P, D) with S stages; its bytes to the next stage: 1 micro-batch of B x T x C floats forward
             got_pp.push_back({P * D, S});
             bytes_off = worse(bytes_off, fabs(atof(rows[i][18].c_str()) - 4.0 * B * T * cfg.C / 1e6));
@@ -284,6 +298,8 @@ static void test_logs() {
           "--sweep 1: then the pipelines, first (P 1, D 1, S 2) (%zu pipeline rows)", got_pp.size());
     check_le(got.empty() ? INFINITY : bytes_off, 1e-4, "--sweep 1: TP (in all and by kind) and DP MB sent per step against the formulas, "
              "largest difference");
+    check(!got.empty() && rate_off == 0, "--sweep 1: each row's tok/s is -b x -t x its replicas over its ms per step: %d of %zu rows disagree",
+          rate_off, got.size() + got_pp.size());
     if (system("python3 -c 'import matplotlib' 2>/dev/null") != 0) {
         printf("  skip plot: matplotlib is not installed (pip install matplotlib); CI installs it\n");
         return;
@@ -481,6 +497,8 @@ static void test_run_dir() {
     std::vector<float> ref = model_params(ckpt_path((d + "/a").c_str(), "model", 12)), got = model_params(ckpt_path((d + "/b").c_str(), "model", 12));
     check(rc == 0 && rc2 == 0 && !ref.empty() && got == ref && out.find("step   12/12") != std::string::npos,
           "-y 1 -o DIR alone continues a run from step 6 to its -x 12, bit-identical to the run that was not stopped (exit %d, %d)%s", rc, rc2, err.c_str());
+    check(out.find(" (steps 8..12)\n") != std::string::npos, "its average line is over the steps it timed, 8..12 (its first, 7, is not): %s",
+          first_line_with(out, "average ").c_str());
     // the embedded corpus, too
     std::string emb = "-e L1C32H2 -b 2 -t 32 -x 8 -n 4 -v 4 -m 2 -g 0 --tp 2 --threads 1 -o ";
     rc = run_cmd(emb + d + "/c", nullptr, nullptr);
