@@ -100,19 +100,26 @@ static void test_pool() {
               "a rank with %d thread%s: %d distinct threads ran a chunk, %d had FTZ|DAZ set in their MXCSR, "
               "%d flushed a denormal product to zero", nt, nt > 1 ? "s" : "", r.threads, r.mode_on, r.flushed);
     }
-    // an idle pool sleeps: after a job, its workers spin CPU_POOL_SPIN_US at most, then take no CPU
+    // an idle pool sleeps: after a job, its workers spin CPU_POOL_SPIN_US (50 us) at most, then take no CPU.
+    // The 50 ms after a job (the least of 3 jobs, so that a stray interruption does not count) hold the
+    // spins of the 3 workers, 0.15 ms of CPU; a spin 20 times as long would take 3 ms.
     {
-        double used = 0;
+        double used = 0, after_job = INFINITY;
         std::thread rank([&]() {
             cpu_pool_start(4);
             std::vector<float> v(1 << 16);
-            cpu_for((long)v.size(), [&](long i) { v[i] = (float)i; });
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            for (int job = 0; job < 3; job++) {
+                cpu_for((long)v.size(), [&](long i) { v[i] = (float)i; });
+                double c0 = perf_cpu_seconds();
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                after_job = std::min(after_job, perf_cpu_seconds() - c0);
+            }
             double c0 = perf_cpu_seconds();
             std::this_thread::sleep_for(std::chrono::milliseconds(200));
             used = perf_cpu_seconds() - c0;
         });
         rank.join();
+        check_le(after_job, 0.001, "CPU seconds taken by a rank of 4 threads in the 50 ms after a job (its 3 workers' spins, then sleep)");
         check_le(used, 0.02, "CPU seconds taken by a rank of 4 threads in 0.2 s of idleness (its 3 workers asleep)");
     }
     // the ops: bit-identical at 1, 2, 3 and 5 threads
