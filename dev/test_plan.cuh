@@ -265,16 +265,19 @@ static void test_plan_boxes() {
     check(!f1 && fh, "d48 bf16 B=8 T=1024: one 24 GB RTX 4090 %s, one 141 GB H200 %s", f1 ? "fits (wrong)" : "does not fit",
           fh ? "fits" : "does not fit (wrong)");
 
-    // --plan's recommendation, from its own tables: after every table of grids, the fastest grid that fits
-    // (or none fits, when none does). Models that fit one GPU, that need TP to fit (d36 on 24 GB: the
+    // --plan's tables and recommendation: every row's tok/s the tokens of its replicas over its ms per step, and
+    // after every table the fastest grid that fits (or none fits, when none does). This machine (--plan 1,
+    // its measured costs), and boxes with models that fit one GPU, that need TP to fit (d36 on 24 GB: the
     // fastest grid, TP=1 with 4 replicas, does not fit), and that fit no grid.
-    struct Case { const char* box; const char* model; };
-    const Case cases[] = {{"h200", "d12"}, {"a100pcie", "d12"}, {"4090x4", "d24"}, {"4090x4", "d36"}, {"4090x4", "d48"}, {"h100x2", "d36"}};
-    int tables = 0, wrong = 0, unfit_fastest = 0, none = 0;
+    struct Case { const char* box; const char* model; int B, T; };
+    const Case cases[] = {{"1", "L2C64H4", 4, 32}, {"h200", "d12", 8, 1024}, {"a100pcie", "d12", 8, 1024}, {"4090x4", "d24", 8, 1024},
+                          {"4090x4", "d36", 8, 1024}, {"4090x4", "d48", 8, 1024}, {"h100x2", "d36", 8, 1024}};
+    int tables = 0, wrong = 0, unfit_fastest = 0, none = 0, rows = 0, rate_off = 0;
     std::string first_wrong;
     for (const Case& cs : cases) {
         std::string out;
-        int rc = run_cmd(std::string("--plan ") + cs.box + " -e " + cs.model + " -b 8 -t 1024", &out, nullptr);
+        int rc = run_cmd(std::string("--plan ") + cs.box + " -e " + cs.model + " -b " + std::to_string(cs.B) + " -t " + std::to_string(cs.T),
+                         &out, nullptr);
         std::istringstream lines(out);
         std::string line;
         bool in_table = false;
@@ -291,6 +294,9 @@ static void test_plan_boxes() {
             double ms, tps;
             char fits[8];
             if (sscanf(line.c_str(), "%d %d %lf %lf", &P, &D, &ms, &tps) == 4 && sscanf(line.c_str() + line.rfind(' '), "%7s", fits) == 1) {
+                const double tokens = 1e3 * cs.B * cs.T * D;  // a step's tokens, per ms to per s (ms printed to 0.01, tok/s to 1)
+                rows++;
+                rate_off += tps < tokens / (ms + 0.005) - 0.5 || tps > tokens / (ms - 0.005) + 0.5;
                 fastest = std::max(fastest, tps);
                 if (!strcmp(fits, "yes") && tps > best) best = tps, best_P = P, best_D = D;
                 continue;
@@ -307,7 +313,9 @@ static void test_plan_boxes() {
                               std::to_string(best_D) + ", said: " + line;
         }
     }
-    check(wrong == 0 && tables == 12 && unfit_fastest > 0 && none > 0,
+    check(rows > 60 && rate_off == 0, "--plan's tables: tok/s of each of %d rows is -b x -t x its replicas over its ms per step: %d disagree",
+          rows, rate_off);
+    check(wrong == 0 && tables == 13 && unfit_fastest > 0 && none > 0,
           "--plan's recommendation is the fastest grid that fits, in %d tables (%d whose fastest grid does not fit, %d where none fits): %d wrong%s%s",
           tables, unfit_fastest, none, wrong, first_wrong.empty() ? "" : ": ", first_wrong.c_str());
 }
