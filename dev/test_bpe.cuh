@@ -392,24 +392,32 @@ static void test_export() {
     check(rc == 1 && out.find("not GPT-2") != std::string::npos && std::count(out.begin(), out.end(), '\n') == 1,
           "import.py of a BERT directory: %s", bpe_line(out).c_str());
     // damaged folders: a config.json that is not an object, nested 100,000 deep, or with a size that is
-    // not an integer; a truncated model.safetensors: one line each, never a traceback
-    struct { const char* what; std::string config; long cut; const char* says; } broken[] = {
-        {"a config.json that is a list", "[1, 2]", 0, "not an object"},
-        {"a config.json nested 100,000 deep", std::string(100000, '[') + std::string(100000, ']'), 0, "recursion"},
-        {"n_embd given as a string", "", 0, "n_embd is '64', not a positive integer"},
-        {"a model.safetensors cut in half", "", 2, "truncated or damaged"},
+    // not an integer; a truncated model.safetensors: one line each, never a traceback. And GPT-2s that
+    // tp's layers would compute wrongly (another GELU, layernorm epsilon, MLP width or attention scaling):
+    // refused by name, not imported into a model that samples nonsense. (add: a key put last in x1's own
+    // config.json, where it overrides the one there; cut: the weights cut to 1/cut.)
+    struct { const char* what; std::string config, add; long cut; const char* says; } broken[] = {
+        {"a config.json that is a list", "[1, 2]", "", 0, "not an object"},
+        {"a config.json nested 100,000 deep", std::string(100000, '[') + std::string(100000, ']'), "", 0, "recursion"},
+        {"n_embd given as a string", "", "\"n_embd\": \"64\"", 0, "n_embd is '64', not a positive integer"},
+        {"the exact GELU (activation_function gelu)", "", "\"activation_function\": \"gelu\"", 0, "activation_function is gelu"},
+        {"a ReLU MLP", "", "\"activation_function\": \"relu\"", 0, "activation_function is relu"},
+        {"layer_norm_epsilon 1e-6", "", "\"layer_norm_epsilon\": 1e-6", 0, "layer_norm_epsilon is 1e-06"},
+        {"an MLP of 3 x n_embd", "", "\"n_inner\": 192", 0, "n_inner is 192"},
+        {"attention scaled by the inverse layer index", "", "\"scale_attn_by_inverse_layer_idx\": true", 0, "attention scaling"},
+        {"attention not scaled", "", "\"scale_attn_weights\": false", 0, "attention scaling"},
+        {"a model.safetensors cut in half", "", "", 2, "truncated or damaged"},
     };
     for (auto& b : broken) {
         std::string dir = d + "/broken";
         bpe_sh("rm -rf " + dir + " && cp -r " + d + "/x1 " + dir, nullptr);
-        if (!b.config.empty() || b.cut == 0) {
+        if (b.cut == 0) {
             std::string conf = b.config;
-            if (conf.empty()) {  // x1's own config with n_embd quoted
+            if (conf.empty()) {
                 std::vector<char> c0 = slurp_bytes(d + "/x1/config.json");
                 conf.assign(c0.begin(), c0.end());
-                std::string key = "\"n_embd\": 64";
-                size_t at = conf.find(key);
-                if (at != std::string::npos) conf.replace(at, key.size(), "\"n_embd\": \"64\"");
+                size_t last = conf.rfind('}');
+                if (last != std::string::npos) conf.insert(last, ", " + b.add);
             }
             write_bytes(dir + "/config.json", conf);
         } else {
