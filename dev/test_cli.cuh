@@ -78,6 +78,12 @@ static bool write_bytes(const std::string& path, const std::string& bytes) {
     return f && fclose(f) == 0 && ok;
 }
 
+// whether a printed rate (tok/s, printed to tps_step) is `tokens` over a printed time (ms, printed to ms_step),
+// as far as the printing's rounding lets one tell
+static bool printed_rate_agrees(double tps, double tokens, double ms, double ms_step, double tps_step) {
+    return ms > ms_step && tps >= 1e3 * tokens / (ms + ms_step / 2) - tps_step / 2 && tps <= 1e3 * tokens / (ms - ms_step / 2) + tps_step / 2;
+}
+
 // starts ./tp in the background with stdout and stderr in files; returns its pid
 static pid_t spawn_tp(const std::string& args, const std::string& out) {
     pid_t pid = fork();

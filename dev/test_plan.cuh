@@ -73,12 +73,13 @@ static void test_plan_model() {
     run->P = 2;
     run->peak_flops = 1e15;
     const double over = step_flops(run) / (brute_rank_flops(&run->cfg, 4, 1024, 1) * 3 * 2) - 1;
-    check(over >= 0 && over < 0.01, "step_flops at d12, B 4, T 1024, 3 micro-batches, 2 replicas: %.2f%% over the recipe's count of their FLOPs (bound 0 to 1%%)", 100 * over);
+    check(over >= 0 && over < 0.01, "step_flops at d12, B 4, T 1024, 3 micro-batches, 2 replicas: %.2f%% over the recipe's count "
+          "of their FLOPs (bound 0 to 1%%)", 100 * over);
     std::string mfus;
     bool mfu_ok = true;
-    for (int ngpu : {8, 4, 2}) {
+    for (int ngpu : {8, 4, 2}) {  // a step of 1 s
         run->ngpu = ngpu;
-        const double want = step_flops(run) / 1.0 / (1e15 * std::min(4, ngpu));  // a step of 1 s
+        const double want = step_flops(run) / (1e15 * std::min(4, ngpu));
         mfus += " " + std::to_string(ngpu) + " GPUs: " + std::to_string(mfu(run, 1.0));
         mfu_ok = mfu_ok && fabs(mfu(run, 1.0) - want) <= 1e-12 * want;
     }
@@ -294,9 +295,8 @@ static void test_plan_boxes() {
             double ms, tps;
             char fits[8];
             if (sscanf(line.c_str(), "%d %d %lf %lf", &P, &D, &ms, &tps) == 4 && sscanf(line.c_str() + line.rfind(' '), "%7s", fits) == 1) {
-                const double tokens = 1e3 * cs.B * cs.T * D;  // a step's tokens, per ms to per s (ms printed to 0.01, tok/s to 1)
                 rows++;
-                rate_off += tps < tokens / (ms + 0.005) - 0.5 || tps > tokens / (ms - 0.005) + 0.5;
+                rate_off += !printed_rate_agrees(tps, (double)cs.B * cs.T * D, ms, 0.01, 1);
                 fastest = std::max(fastest, tps);
                 if (!strcmp(fits, "yes") && tps > best) best = tps, best_P = P, best_D = D;
                 continue;

@@ -83,7 +83,7 @@ static void test_dp_cli() {
             float norm, ms, toks;
             if (sscanf(out->c_str() + at, "| norm %f | %f ms | %f tok/s", &norm, &ms, &toks) != 3 || ms < 0.2f) continue;
             lines++;
-            off += toks < 128e3 / (ms + 0.05) - 0.5 || toks > 128e3 / (ms - 0.05) + 0.5;
+            off += !printed_rate_agrees(toks, 128, ms, 0.1, 1);
         }
     check(lines == 24 && off == 0, "tok/s of the same runs' %d step lines is 128 tokens (B x T x replicas x micro-steps) over the "
           "printed ms: %d disagree", lines, off);
@@ -98,7 +98,7 @@ static void test_dp_cli() {
             continue;
         size_t steps = out->find("(steps ", at);
         averages++;
-        off += toks < 128e3 / (ms + 0.05) - 0.5 || toks > 128e3 / (ms - 0.05) + 0.5 || steps == std::string::npos ||
+        off += !printed_rate_agrees(toks, 128, ms, 0.1, 1) || steps == std::string::npos ||
                sscanf(out->c_str() + steps, "(steps %d..%d)", &first, &last) != 2 || first != 2 || last != 8;
     }
     check(averages == 3 && off == 0, "the average lines of the same runs: 128 tokens a step over the mean ms, over steps 2..8: "

@@ -275,8 +275,7 @@ static void test_logs() {
     for (size_t i = 1; i < rows.size(); i++) {
         if (rows[i].size() < 19) break;  // (16 since sweep.csv ends with predicted_ms_per_step, 19 since S, pp_wait_share, pp_mb_per_step)
         int P = atoi(rows[i][0].c_str()), D = atoi(rows[i][1].c_str()), S = atoi(rows[i][16].c_str());
-        const double ms = atof(rows[i][3].c_str()), tps = atof(rows[i][4].c_str()), tokens = 1e3 * B * T * D;
-        rate_off += !(ms > 0.01) || tps < tokens / (ms + 0.0005) - 0.05 || tps > tokens / (ms - 0.0005) + 0.05;
+        rate_off += !printed_rate_agrees(atof(rows[i][4].c_str()), (double)B * T * D, atof(rows[i][3].c_str()), 0.001, 0.1);
         if (S > 1) {  // a pipeline: (P, D) with S stages; its bytes to the next stage: 1 micro-batch of B x T x C floats forward
             got_pp.push_back({P * D, S});
             bytes_off = worse(bytes_off, fabs(atof(rows[i][18].c_str()) - 4.0 * B * T * cfg.C / 1e6));
