@@ -410,7 +410,8 @@ static void test_export() {
     };
     for (auto& b : broken) {
         std::string dir = d + "/broken";
-        bpe_sh("rm -rf " + dir + " && cp -r " + d + "/x1 " + dir, nullptr);
+        // (and the .bin: one that a case wrote wrongly would fail every case after it)
+        bpe_sh("rm -rf " + dir + " " + dir + ".bin && cp -r " + d + "/x1 " + dir, nullptr);
         if (b.cut == 0) {
             std::string conf = b.config;
             if (conf.empty()) {
