@@ -102,7 +102,8 @@ static void test_pool() {
     }
     // an idle pool sleeps: after a job, its workers spin CPU_POOL_SPIN_US (50 us) at most, then take no CPU.
     // The 50 ms after a job (the least of 3 jobs, so that a stray interruption does not count) hold the
-    // spins of the 3 workers, 0.15 ms of CPU; a spin 20 times as long would take 3 ms.
+    // spins of the 3 workers, 0.15 ms of CPU; a spin 20 times as long would take 3 ms. (Under ThreadSanitizer,
+    // whose locks and wake-ups cost more, the same measured 1.2 ms: a sanitizer build is held to 10 ms.)
     {
         double used = 0, after_job = INFINITY;
         std::thread rank([&]() {
@@ -119,7 +120,8 @@ static void test_pool() {
             used = perf_cpu_seconds() - c0;
         });
         rank.join();
-        check_le(after_job, 0.001, "CPU seconds taken by a rank of 4 threads in the 50 ms after a job (its 3 workers' spins, then sleep)");
+        check_le(after_job, getenv("TP_BIN") ? 0.01 : 0.002,
+                 "CPU seconds taken by a rank of 4 threads in the 50 ms after a job (its 3 workers' spins, then sleep)");
         check_le(used, 0.02, "CPU seconds taken by a rank of 4 threads in 0.2 s of idleness (its 3 workers asleep)");
     }
     // the ops: bit-identical at 1, 2, 3 and 5 threads
