@@ -1447,7 +1447,7 @@ static const TestGroup g_groups[] = {
     {"owndata", test_own_data, "own text: the vocab from the data, tokens checked at startup, the data line, --bpe offline"},
     {"memory", test_memory, "a run that cannot fit is refused at once; the estimate against a measured run; the table's formula"},
     {"rundir", test_run_dir, "-y 1 alone continues a run (the flags it saves), a used -o is refused, log.csv after kill -9, -o a/b/c"},
-    {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, Ctrl-C in evaluations and samples"},
+    {"samplecli", test_sample_cli, "-x 0 samples at any --tp, control bytes escaped, whole UTF-8 characters streamed, Ctrl-C in evaluations and samples"},
     {"checksums", test_checksums, "checkpoint checksums: each kind of damage found, the fallback to the newest that verifies, refusal"},
     {"folders", test_run_folders, "orphan files, -y 1 on a missing folder, one run per folder (lock), stale .tmp files"},
     {"messages", test_honest_messages, "a failed save, a peer's death under mpirun, --version, -i alone, a default -t that adapts"},

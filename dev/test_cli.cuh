@@ -304,6 +304,36 @@ static void test_sample_cli() {
     printf("samples: -x 0 samples a checkpoint at any --tp, control bytes escaped, Ctrl-C in an evaluation or a sample\n");
     std::string d = tmpdir() + "/samplecli";
     mkdir(d.c_str(), 0755);
+    // streamed text (stream_text, as tokens' bytes arrive): after each piece it has printed exactly the bytes
+    // so far up to the last whole UTF-8 character, so no character is split between two writes (escape_text
+    // would show the halves as \xNN); 1- to 4-byte characters fed 1, 2 and 3 bytes at a time
+    {
+        const std::string text = "a \xc3\xa9\xe2\x82\xac\xf0\x9f\x99\x82 z\xf0\x9f\x99\x83\xc3\xbc \xe2\x82\xac\xe2\x82\xac \xf0\x9f\x99\x82";
+        const std::string path = d + "/stream.txt";
+        int pieces = 0, off = 0;
+        for (size_t step : {1, 2, 3}) {
+            fflush(stdout);
+            int saved = dup(1), fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (saved < 0 || fd < 0 || dup2(fd, 1) < 0) { off++; break; }
+            std::string pending;
+            for (size_t at = 0; at < text.size(); at += step) {
+                stream_text(&pending, text.substr(at, step));
+                struct stat st;
+                size_t fed = std::min(text.size(), at + step), whole = fed;  // the last character boundary at or before fed
+                while (whole > 0 && whole < text.size() && ((unsigned char)text[whole] & 0xc0) == 0x80) whole--;
+                pieces++;
+                off += fstat(fd, &st) != 0 || (size_t)st.st_size != whole;
+            }
+            fflush(stdout);
+            dup2(saved, 1);
+            close(saved);
+            close(fd);
+            std::vector<char> got = slurp_bytes(path);
+            off += std::string(got.begin(), got.end()) != text;
+        }
+        check(pieces > 0 && off == 0, "streamed text: after each of %d pieces (a byte, 2 or 3 at a time) exactly the whole UTF-8 "
+              "characters so far are printed, and at the end the text: %d disagree", pieces, off);
+    }
     GPTConfig cfg = make_config(2, 4, 64, 256, 64);
     std::vector<float> w = init_weights(&cfg, 13);
     for (auto& x : w) x *= 4.0f;
