@@ -314,7 +314,12 @@ static void test_sample_cli() {
         for (size_t step : {1, 2, 3}) {
             fflush(stdout);
             int saved = dup(1), fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            if (saved < 0 || fd < 0 || dup2(fd, 1) < 0) { off++; break; }
+            if (saved < 0 || fd < 0 || dup2(fd, 1) < 0) {  // stdout stays where it was
+                if (saved >= 0) close(saved);
+                if (fd >= 0) close(fd);
+                off++;
+                break;
+            }
             std::string pending;
             for (size_t at = 0; at < text.size(); at += step) {
                 stream_text(&pending, text.substr(at, step));
