@@ -1049,7 +1049,7 @@ static void run_grid(const GPTConfig* cfg, const std::vector<float>& init, int P
                     out->dp_moved[k] = st.dp_moved[k];
                 }
                 out->moments = rr.m.nslice;
-                out->pp_sent = st.pp_sent;
+                out->pp_sent = st.pp_bytes / sizeof(float);
             }
         }
         gpt_gather_masters(&rr.m, &rr.rk);  // (ZeRO-1 in bf16: every replica takes part)

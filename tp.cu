@@ -108,7 +108,7 @@ struct StepStats {
     double pp_seconds;    // waiting on the other pipeline stages (the bubble): for a neighbour's activations or
                           // gradient, and in the step's sums over the stages (the norm, the tied wte), where a
                           // stage that finished its micro-batches first waits for the others
-    double pp_sent;       // floats sent to the neighbouring stages
+    double pp_bytes;      // bytes sent to the neighbouring stages (the residual stream: fp32 in either dtype)
 };
 
 #include "train/pipeline.h"
@@ -434,7 +434,7 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
     gpt_update(m, rk, &rk->tp, &opt);
     if (rk->S == 1) loss += gpt_read_loss(m, rk);
     st.pp_seconds = rk->pp.p2p_seconds + rk->pp.seconds + rk->emb.seconds - pp0;
-    st.pp_sent = rk->pp.p2p_sent - pp_sent0;
+    st.pp_bytes = sizeof(float) * (rk->pp.p2p_sent - pp_sent0);
     st.norm = gpt_read_norm(m, rk);
     st.loss = replicas_mean(run, rr, (float)(loss / run->accum), &st.stop, "step loss");
     st.seconds = comm_now() - t0;
@@ -580,7 +580,7 @@ static void rank_main(Run* run, int d, int r, int stage) {
         double dp_total = ring_bytes(st.dp_moved, run->Dg, dp_sent);
         if (lead)
             logger_step(&run->log, step + 1, st.loss, rr.last_val, st.lr, st.seconds, step_tokens(run), st.comm_seconds, sent,
-                        st.dp_seconds, dp_total, st.pp_seconds, 4 * st.pp_sent);
+                        st.dp_seconds, dp_total, st.pp_seconds, st.pp_bytes);
         if (lead && (print_step(a, step) || step == run->start_step)) print_step_line(run, step, &st, sent, dp_total);
         if (a->outdir && a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) {
             checkpoint_save(&run->ckpt, run->init.data(), &rr.m, &rr.rk, &rr.world, &rr.train, step + 1);

@@ -412,7 +412,7 @@ static void print_step_line(const Run* run, int step, const StepStats* st, const
     if (run->P > 1) comm_summary(comm, sizeof(comm), st->comm_seconds, sent);
     if (run->Dg > 1) snprintf(dp, sizeof(dp), " | dp %.1f ms, %.2f MB", st->dp_seconds * 1e3, dp_total / 1e6);
     // pipeline: stage 0's wait for stage 1 (its bubble) and the bytes it sent it
-    if (run->S > 1) snprintf(pp, sizeof(pp), " | pp wait %.1f ms, %.2f MB", st->pp_seconds * 1e3, st->pp_sent * 4 / 1e6);
+    if (run->S > 1) snprintf(pp, sizeof(pp), " | pp wait %.1f ms, %.2f MB", st->pp_seconds * 1e3, st->pp_bytes / 1e6);
     printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s%s%s%s\n", step + 1, a->max_steps, st->loss,
            st->lr, st->norm, st->seconds * 1e3, step_tokens(run) / st->seconds, util, comm, dp, pp);
     fflush(stdout);

@@ -31,7 +31,7 @@ static void sweep_rank(Run* run, int d, int r, int stage, SweepTime* out) {
             for (int k = 0; k < COMM_KINDS; k++) out->sent_kind[k] += sent[k];
             out->dp_sent += ring_bytes(st.dp_moved, run->Dg, sent);
             out->pp_seconds += st.pp_seconds;
-            out->pp_sent += 4 * st.pp_sent;
+            out->pp_sent += st.pp_bytes;
             out->steps++;
         }
     }
