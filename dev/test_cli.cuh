@@ -266,6 +266,11 @@ static void test_bad_input() {
         {"non-numeric value", "-b eight", "takes an integer, not 'eight'", true},
         {"non-numeric value, --flag=value", "--tp=two", "takes an integer, not 'two'", true},
         {"non-numeric float", "-l fast", "takes a number, not 'fast'", true},
+        // strtod reads these as numbers; NaN passes every range check (each comparison with it is false)
+        {"NaN as a float", "-l nan", "takes a number, not 'nan'", true},
+        {"infinity as a float", "--clip inf", "takes a number, not 'inf'", true},
+        {"float trailing junk", "-l 1e-3x", "takes a number, not '1e-3x'", true},
+        {"integer trailing junk", "-x 12abc", "takes an integer, not '12abc'", true},
         {"out-of-range value", "-q 2", "out of range", true},
         {"bad device", "--device tpu", "takes auto, cpu or cuda", true},
         {"-i without -j", "-i " + d + "/ok.bin", "give both -i and -j", true},
@@ -390,7 +395,40 @@ static void test_sample_cli() {
 }
 
 static void test_flags_ux() {
-    printf("flags: --flag=value, wording at --tp 1, the CUDA fallback line\n");
+    printf("flags: --flag=value, wording at --tp 1, the CUDA fallback line, saved numbers read back to the bit\n");
+    // A state file saves every flag as text (flag_text, exact) and a resume reads it back (flag_set): each
+    // number must come back as the same bits, or a resumed run would not be the run it continues. A float
+    // needs 9 significant digits for that (8 lose some), a double 17. Values spread over each flag's range
+    // on a log scale, and its ends.
+    {
+        Rng rng = {2026};
+        int flags = 0, values = 0, differ = 0;
+        std::string first;
+        for (const FlagSpec& f : g_flags) {
+            if (f.type != FLAG_FLOAT && f.type != FLAG_DOUBLE) continue;
+            flags++;
+            double lo = std::max(f.lo, 1e-12), hi = f.hi;
+            for (int i = 0; i < 3000; i++) {
+                double x = i == 0 ? f.lo : i == 1 ? hi : exp(log(lo) + rng_uniform(&rng) * (log(hi) - log(lo)));
+                Args a = Args(), b = Args();
+                if (f.type == FLAG_FLOAT) {
+                    float v = (float)x;
+                    if (v > hi) v = std::nextafter(v, 0.0f);  // a float at the range's end, inside it
+                    *(float*)((char*)&a + f.offset) = v;
+                } else {
+                    *(double*)((char*)&a + f.offset) = x;
+                }
+                std::string text = flag_text(&a, &f, true);
+                flag_set(&b, &f, text.c_str());
+                size_t n = f.type == FLAG_FLOAT ? sizeof(float) : sizeof(double);
+                bool same = memcmp((char*)&a + f.offset, (char*)&b + f.offset, n) == 0;
+                values++;
+                if (!same && differ++ == 0) first = std::string(f.name) + " " + text;
+            }
+        }
+        check(flags >= 10 && differ == 0, "every float and double flag (%d) saved as text and read back: %d values, %d not the same bits%s%s",
+              flags, values, differ, differ ? ", first " : "", first.c_str());
+    }
     std::string out1, out2, err;
     std::string base = "-e L1C32H2 -b 2 -t 32 -x 3 -v 2 -m 1 -g 0 --threads 1";
     int rc1 = run_cmd(base + " --tp 2 --seed 5 --clip 0.5", &out1, nullptr);

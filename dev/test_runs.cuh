@@ -148,6 +148,16 @@ static void test_hangs() {
         float x[4] = {1, 2, 3, 4};
         comm_allreduce(c, x, c->rank == 0 ? 4 : 3, COMM_SUM, "attproj fwd", 0);
     });
+    // the same place in another layer: the ranks are a layer apart, as when one of them skipped a layer's
+    // collectives (the layer is part of what must match, not only the label and the count)
+    expect_comm_abort("ranks at different layers", "collective mismatch", [&](Comm* c) {
+        float x[4] = {1, 2, 3, 4};
+        comm_allreduce(c, x, 4, COMM_SUM, "attproj fwd", c->rank == 0 ? 2 : 3);
+    });
+    expect_comm_abort("a sum against a max", "collective mismatch", [&](Comm* c) {
+        float x[4] = {1, 2, 3, 4};
+        comm_allreduce(c, x, 4, c->rank == 0 ? COMM_SUM : COMM_MAX, "loss max", -1);
+    });
     expect_comm_abort("rank 1 skips a collective", "waited", [&](Comm* c) {
         float x[4] = {1, 2, 3, 4};
         if (c->rank == 0) comm_allreduce(c, x, 4, COMM_SUM, "qkv bwd", 3);
