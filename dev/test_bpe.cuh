@@ -126,6 +126,30 @@ static void test_bpe() {
           first_bad.empty() ? "" : ", first: ", first_bad.c_str());
     check(rc == 0 && bad_text == 0 && cut > 0 && multi > 0, "decoding gives the texts back (%d differ), with %ld tokens that end "
           "inside a UTF-8 character and %ld that join whole multi-byte characters", bad_text, cut, multi);
+    // the pre-tokenizer alone (bpe_words) against the library's, word by word: every contraction, cased and
+    // not, in every position (a vocab of 512 seldom merges across a contraction, so the ids above can agree
+    // where the words do not), and random strings
+    {
+        rc = bpe_sh("python3 dev/test_bpe.py words " + d + "/words.json 400", &out);
+        std::vector<char> wj = slurp_bytes(d + "/words.json");
+        Json words;
+        if (rc == 0) {
+            JsonParser p = {wj.data(), wj.size(), 0, "words.json"};
+            json_value(&p, &words);
+        }
+        long nwords = 0;
+        int bad = 0;
+        std::string first;
+        for (const Json& c : words.items) {
+            std::vector<std::pair<size_t, size_t>> want, got = bpe_words(c.items[0].str);
+            for (const Json& w : c.items[1].items) want.emplace_back((size_t)w.items[0].num, (size_t)w.items[1].num);
+            nwords += (long)want.size();
+            if (got != want && bad++ == 0) first = c.items[0].str.substr(0, 40);
+        }
+        check(rc == 0 && words.items.size() > 500 && bad == 0, "GPT-2's pre-tokenizer splits %zu texts (%ld words; the contractions "
+              "'s 't 're 've 'm 'll 'd in every position, upper case and near misses, random strings) into the library's words: %d "
+              "differ%s%s", words.items.size(), nwords, bad, first.empty() ? "" : ", first: ", escape_text(first).c_str());
+    }
     // the pre-tokenizer's \p{L} and \p{N} (data/unicode.h's ranges, searched by uni_letter and uni_number) at
     // every code point, against Python's unicodedata where it has the Unicode the tables were made from
     rc = bpe_sh("python3 dev/test_bpe.py unicode " + d + "/unicode.bin", &out);

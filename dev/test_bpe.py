@@ -2,6 +2,8 @@
 """The Python side of dev/test_bpe.cuh's tests (Hugging Face tokenizers and numpy as the reference).
 
     python3 dev/test_bpe.py ids TOKENIZER TEXT OUT.json N   [text, ids] pairs: TEXT's lines, TEXT whole, N random strings
+    python3 dev/test_bpe.py words OUT.json N                           [text, words] pairs: the pre-tokenizer's words (byte
+                                                                       ranges) of N random strings and of every contraction
     python3 dev/test_bpe.py split TOKENIZER TEXT TRAIN.bin VAL.bin   whether the token files are TEXT's tokens, split
     python3 dev/test_bpe.py legacy TOKENIZER OUT.json                  TOKENIZER as older files (GPT-2's own) write it
     python3 dev/test_bpe.py hub HF_DIR OUT_DIR                         HF_DIR laid out as the Hub's gpt2 folder is
@@ -57,6 +59,16 @@ def repeat_texts(text):
     return [pre + p * k for p in pieces for k in range(2, 8) for pre in ("", " ")]
 
 
+def contraction_texts():
+    """each of the regex's seven contractions and its upper case (not one: the regex is case-sensitive) at the
+    start, after a letter, a space, a quote and another contraction, before letters, doubled, and the near
+    misses ('x, 'l, 'v, 'r)"""
+    out = []
+    for c in ["s", "t", "re", "ve", "m", "ll", "d", "S", "T", "RE", "VE", "M", "LL", "D", "x", "l", "v", "r"]:
+        out += [f"'{c}", f"I'{c}", f"I'{c} go", f" '{c}", f"''{c}", f"'{c}'{c}", f"'{c}{c}", f"x'{c}y", f"é'{c}", f"1'{c}2"]
+    return out
+
+
 def to_bf16(x):
     """float32 -> bf16 bits (uint16), rounded to nearest even"""
     w = np.ascontiguousarray(x, dtype="<f4").reshape(-1).view(np.uint32).astype(np.uint64)
@@ -75,6 +87,16 @@ def main():
         with open(sys.argv[4], "w", encoding="utf-8") as f:
             json.dump(cases, f)
         print(f"ok {len(cases)} texts, {sum(len(c[1]) for c in cases)} tokens")
+    elif cmd == "words":
+        from tokenizers import pre_tokenizers
+        pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        cases = []
+        for t in contraction_texts() + random_texts(int(sys.argv[3]), 11):
+            # the library's offsets count characters; tp's count bytes
+            cases.append([t, [[len(t[:a].encode()), len(t[:b].encode())] for _, (a, b) in pre.pre_tokenize_str(t)]])
+        with open(sys.argv[2], "w", encoding="utf-8") as f:
+            json.dump(cases, f)
+        print(f"ok {len(cases)} texts, {sum(len(c[1]) for c in cases)} words")
     elif cmd == "split":
         train, val = read_tokens(sys.argv[4]), read_tokens(sys.argv[5])
         eot = tok.token_to_id("<|endoftext|>")

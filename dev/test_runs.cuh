@@ -91,6 +91,24 @@ static void test_interrupts() {
         int rc = run_cmd(base + "-x " + std::to_string(steps[0] + 2) + " -y 1 -o " + d + "/run", &out2, nullptr);
         check(rc == 0 && out2.find("resuming from") != std::string::npos, "the interrupted run resumes (exit %d)", rc);
     }
+    // a second Ctrl-C quits at once, mid-step, without waiting for the step to end (steps of 0.2 s or more
+    // here; the second signal comes 20 ms after the first): the process ends by SIGINT itself
+    {
+        pid = spawn_tp("-e L4C256H4 -b 8 -t 256 -v 0 -g 0 --threads 1 --tp 1 -x 1000000", d + "/twice.txt");
+        bool running = wait_for_text(d + "/twice.txt", "step    2/", 120);
+        kill(pid, SIGINT);
+        usleep(20000);
+        double t0 = comm_now();
+        kill(pid, SIGINT);
+        waitpid(pid, &status, 0);
+        double took = comm_now() - t0;
+        std::vector<char> t = slurp_bytes(d + "/twice.txt");
+        std::string twice(t.begin(), t.end());
+        check(running && WIFSIGNALED(status) && WTERMSIG(status) == SIGINT && took < 2.0 &&
+              twice.find("Ctrl-C again quits at once") != std::string::npos && twice.find("interrupted after step") == std::string::npos,
+              "a second SIGINT ends the run at once: %s %d after %.2f s, mid-step", WIFSIGNALED(status) ? "signal" : "exit status",
+              WIFSIGNALED(status) ? WTERMSIG(status) : WIFEXITED(status) ? WEXITSTATUS(status) : -1, took);
+    }
     // kill -9 at three moments while checkpoints are written every step: what is left always resumes
     std::string big = "-e L2C256H4 -b 1 -t 16 -v 0 -g 0 --threads 1 --tp 2 -n 1 --keep 2 ";
     for (int k = 0; k < 3; k++) {
