@@ -183,6 +183,9 @@ static void test_bpe() {
     rc = bpe_sh("python3 dev/test_bpe.py split " + tok + " " + d + "/story.txt " + d + "/data/story_bpe512_train.bin " + d +
                 "/data/story_bpe512_val.bin", &out);
     check(rc == 0 && out.rfind("ok", 0) == 0, "the train/val split changes no token: %s", bpe_line(out).c_str());
+    rc = bpe_sh("python3 dev/test_bpe.py chunks " + tok + " " + d + "/story.txt", &out);
+    check(rc == 0 && out.rfind("ok", 0) == 0, "a big text encoded in pieces (cut where GPT-2's pre-tokenizer cuts) has the whole "
+          "text's words and tokens: %s", bpe_line(out).c_str());
     // bad inputs: one line, the fix, exit 1
     FILE* f = fopen((d + "/empty.txt").c_str(), "wb");
     fclose(f);

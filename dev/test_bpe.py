@@ -5,6 +5,8 @@
     python3 dev/test_bpe.py words OUT.json N                           [text, words] pairs: the pre-tokenizer's words (byte
                                                                        ranges) of N random strings and of every contraction
     python3 dev/test_bpe.py split TOKENIZER TEXT TRAIN.bin VAL.bin   whether the token files are TEXT's tokens, split
+    python3 dev/test_bpe.py chunks TOKENIZER TEXT                      whether prepare.py's pieces of TEXT (and of it with
+                                                                       spaces before its newlines) encode to its tokens
     python3 dev/test_bpe.py legacy TOKENIZER OUT.json                  TOKENIZER as older files (GPT-2's own) write it
     python3 dev/test_bpe.py hub HF_DIR OUT_DIR                         HF_DIR laid out as the Hub's gpt2 folder is
     python3 dev/test_bpe.py shards|torchzip|torchlegacy|torchshards|evil HF_DIR OUT_DIR
@@ -77,7 +79,7 @@ def to_bf16(x):
 
 def main():
     cmd = sys.argv[1]
-    if cmd in ("ids", "split"):
+    if cmd in ("ids", "split", "chunks"):
         from tokenizers import Tokenizer
         tok = Tokenizer.from_file(sys.argv[2])
         text = open(sys.argv[3], encoding="utf-8", newline="").read()
@@ -97,6 +99,28 @@ def main():
         with open(sys.argv[2], "w", encoding="utf-8") as f:
             json.dump(cases, f)
         print(f"ok {len(cases)} texts, {sum(len(c[1]) for c in cases)} words")
+    elif cmd == "chunks":
+        # prepare.py encodes a big text in pieces of about 1 MB cut only where the pre-tokenizer cuts; pieces of
+        # 40 to 3000 characters here, so the text has hundreds of cuts, and lines that end in every kind of space
+        # (which the regex joins to the newline: no cut may fall after them)
+        import prepare
+        from tokenizers import pre_tokenizers
+        pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        words = lambda t: [w for w, _ in pre.pre_tokenize_str(t)]  # the ids can agree where these do not
+        ends = [" ", "  ", "\t", "\r", "\u00a0", "\u3000", "\u2003", "\u0085", "\x0b", ""]
+        lines = text.split("\n")
+        spaced = "\n".join(l + ends[i % len(ends)] + ("\n" if i % 7 == 0 else "") for i, l in enumerate(lines))
+        bad, cuts = [], 0
+        for name, t in (("the text", text), ("the text with spaces before its newlines", spaced)):
+            whole, whole_words = tok.encode(t).ids, words(t)
+            for size in (40, 333, 3000):
+                pieces = list(prepare.chunks(t, size))
+                cuts += len(pieces) - 1
+                ids = [i for p in pieces for i in tok.encode(p).ids]
+                if "".join(pieces) != t or ids != whole or [w for p in pieces for w in words(p)] != whole_words:
+                    bad.append(f"{name} in pieces of {size}")
+        print(f"FAIL {', '.join(bad)}: not the whole text's words and tokens" if bad else
+              f"ok the pieces have the whole text's words and tokens ({cuts} cuts, at 3 piece sizes, 2 texts)")
     elif cmd == "split":
         train, val = read_tokens(sys.argv[4]), read_tokens(sys.argv[5])
         eot = tok.token_to_id("<|endoftext|>")
