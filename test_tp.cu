@@ -871,6 +871,22 @@ static void test_loader() {
     check(firsts == expect, "sequential: batch k starts at token k*B*T, shard 0 then shard 1, then wraps to shard 0");
     check(shifted, "targets are the inputs shifted by one (B*T+1 tokens read per batch)");
     loader_free(&dl);
+    // a file of exactly 5*B*T tokens has 4 batches, not 5: the fifth would need a target past its end
+    {
+        std::vector<int> s40(40);
+        for (int i = 0; i < 40; i++) s40[i] = 3000 + i;
+        write_tokens(d + "/exact.bin", s40);
+        loader_init(&dl, "train", (d + "/exact.bin").c_str(), nullptr, B, T, 65536, false, 1, 0, 1);
+        long n = dl.nsamples;
+        std::vector<int> got;
+        for (int k = 0; k < 9 && n == 4; k++) {
+            loader_next(&dl);
+            got.push_back(dl.inputs[0] - 3000);
+        }
+        check(n == 4 && got == std::vector<int>({0, 8, 16, 24, 0, 8, 16, 24, 0}),
+              "a file of exactly 5 x B*T tokens: %ld batches an epoch (4: each reads B*T+1), wrapping round after the fourth", n);
+        loader_free(&dl);
+    }
     // shuffled: an epoch visits every sample once, in an order that is not the sequential one
     loader_init(&dl, "train", (d + "/shard_000.bin").c_str(), nullptr, B, T, 65536, true, 1, 0, 1);
     std::vector<int> seen;

@@ -526,6 +526,18 @@ static void test_run_dir() {
           "-y 1 -o DIR alone continues a run from step 6 to its -x 12, bit-identical to the run that was not stopped (exit %d, %d)%s", rc, rc2, err.c_str());
     check(out.find(" (steps 8..12)\n") != std::string::npos, "its average line is over the steps it timed, 8..12 (its first, 7, is not): %s",
           first_line_with(out, "average ").c_str());
+    // a checkpoint is a pair: a state file whose model file is gone is not one, so -y 1 goes on from the last
+    // whole pair (step 6 of 6 and 12) and ends where the unstopped run did
+    {
+        copy_step(d + "/a", d + "/half", 6);
+        copy_step(d + "/a", d + "/half", 12);
+        remove(ckpt_path((d + "/half").c_str(), "model", 12).c_str());
+        rc = run_cmd("-y 1 -o " + d + "/half --threads 1", &out, &err);
+        got = model_params(ckpt_path((d + "/half").c_str(), "model", 12));
+        check(rc == 0 && out.find("resuming from " + d + "/half/model_00000006.bin at step 6") != std::string::npos && got == ref,
+              "a state file without its model file (step 12) is passed over: -y 1 resumes from step 6 and rewrites step 12 "
+              "bit-identical (exit %d)%s", rc, err.c_str());
+    }
     // the embedded corpus, too
     std::string emb = "-e L1C32H2 -b 2 -t 32 -x 8 -n 4 -v 4 -m 2 -g 0 --tp 2 --threads 1 -o ";
     rc = run_cmd(emb + d + "/c", nullptr, nullptr);
