@@ -344,6 +344,16 @@ static void test_sample_cli() {
         check(pieces > 0 && off == 0, "streamed text: after each of %d pieces (a byte, 2 or 3 at a time) exactly the whole UTF-8 "
               "characters so far are printed, and at the end the text: %d disagree", pieces, off);
     }
+    // -s 2 over 5 steps: a sample after steps 2 and 4 and one at the end, none before the first step (llm.c's
+    // cadence: step > 0)
+    {
+        std::string out;
+        int rc = run_cmd("-e L1C32H2 -b 2 -t 32 -x 5 -v 0 -g 8 -s 2 --threads 1", &out, nullptr);
+        std::string when;
+        for (size_t at = out.find("sample after "); at != std::string::npos; at = out.find("sample after ", at + 1))
+            when += (when.empty() ? "" : ",") + std::to_string(atoi(out.c_str() + at + 13));
+        check(rc == 0 && when == "2,4,5", "-s 2 -x 5: samples after steps %s (2, 4 and the end; none at step 0)", when.c_str());
+    }
     GPTConfig cfg = make_config(2, 4, 64, 256, 64);
     std::vector<float> w = init_weights(&cfg, 13);
     for (auto& x : w) x *= 4.0f;
