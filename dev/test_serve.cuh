@@ -358,6 +358,25 @@ static void test_serve_cli() {
         check(rc == 0 && rc2 == 0 && !samples(out).empty() && samples(crlf) == samples(out),
               "--prompts with CRLF line ends: the same 3 samples as with LF (exit %d)", rc2);
     }
+    // the sample's stats line: its decode rate against its ms per token (one row, byte-level: no end-of-text, so
+    // every decode step makes one token: tokens/s x ms per token = 1000), and the KV cache's MB per rank and at
+    // TP=1 against 2 x L x rows x NH/P x Tmax x hs floats
+    {
+        std::string s1;
+        int rc3 = run_cmd("-e L2C256H4 -x 0 -g 8 -t 1024 --threads 1 --tp 2 --prompt 'The cat'", &s1, &err);
+        std::string dl = first_line_with(s1, "more tokens per row in "), kl = first_line_with(s1, "KV cache: ");
+        double rate = 0, ms = 0, mb = 0, mb1 = 0;
+        size_t at = dl.find(" s: ");
+        if (at != std::string::npos) sscanf(dl.c_str() + at + 4, "%lf tokens/s, %lf ms per token", &rate, &ms);
+        at = kl.find("), ");
+        if (kl.size() > 10) mb = atof(kl.c_str() + 10);
+        if (at != std::string::npos) mb1 = atof(kl.c_str() + at + 3);
+        double slack = 0.05 / std::max(rate, 1e-9) + 0.005 / std::max(ms, 1e-9) + 1e-3;  // the printing's rounding
+        double want = 2.0 * 2 * 1 * (4 / 2) * 1024 * 64 * 4 / 1e6;
+        check(rc3 == 0 && fabs(rate * ms / 1000 - 1) <= slack && fabs(mb - want) <= 0.051 && fabs(mb1 - 2 * want) <= 0.051,
+              "a sample's line: %.1f tokens/s x %.2f ms per token = %.4f (1 within %.4f); KV cache %.1f MB per rank, %.1f at TP=1 "
+              "(%.2f and %.2f by the formula)", rate, ms, rate * ms / 1000, slack, mb, mb1, want, 2 * want);
+    }
     rc = run_cmd("-e L2C32H2 -x 0 --sweep 1 -b 4 -t 32 --sweep-steps 5 --threads 1", &out, &err);
     int lines = 0;
     for (const char* pb : {"\n   1    1 ", "\n   1    4 ", "\n   2    2 ", "\n   2    4 "}) lines += out.find(pb) != std::string::npos;
