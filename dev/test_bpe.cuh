@@ -215,6 +215,18 @@ static void test_bpe() {
     check(rc == 0 && out.find("vocab 512 (padded 512; from tokenizer " + tok + ", found next to -i)") != std::string::npos &&
           out.find("---\nThe café") != std::string::npos, "tp takes the vocab from the tokenizer next to -i and samples text after a "
           "BPE prompt (exit %d): %s", rc, first_line_with_vocab(out).c_str());
+    // a name with "_train" in it twice (prepare.py's NAME_train.bin for NAME = my_train_notes): the tokenizer is
+    // NAME_tokenizer.json, cut at the last "_train"
+    {
+        std::string n = d + "/named/my_train_notes";
+        mkdir((d + "/named").c_str(), 0755);
+        bpe_sh("cp " + d + "/data/story_bpe512_train.bin " + n + "_train.bin && cp " + d + "/data/story_bpe512_val.bin " + n +
+               "_val.bin && cp " + tok + " " + n + "_tokenizer.json", nullptr);
+        rc = run_cmd("-i " + n + "_train.bin -j " + n + "_val.bin" + tiny, &out, &err);
+        check(rc == 0 && out.find("from tokenizer " + n + "_tokenizer.json, found next to -i)") != std::string::npos,
+              "-i my_train_notes_train.bin: the tokenizer my_train_notes_tokenizer.json found beside it (exit %d): %s", rc,
+              first_line_with_vocab(out).c_str());
+    }
     std::vector<int> ids = random_tokens(3000, 700, 3);
     write_tokens(d + "/big_ids.bin", ids);
     rc = run_cmd("-i " + d + "/big_ids.bin -j " + d + "/big_ids.bin --tokenizer " + tok + tiny, &out, &err);
