@@ -287,6 +287,10 @@ static void test_chat_pipe() {
         ChatChild c = chat_spawn(base + " -g 300");
         bool started = chat_wait(&c, 0, "> ", 60);
         size_t at = c.text.size();
+        // an empty line is no prompt: nothing is generated or said, the next prompt is awaited
+        chat_send(&c, "\n");
+        bool empty_ok = chat_wait(&c, at, "> ", 20) && c.text.substr(at) == "> ";
+        at = c.text.size();
         chat_send(&c, "Hello\n");
         bool first = chat_wait(&c, at, "[300 tokens]", 60) && chat_wait(&c, at, "\n> ", 10);
         bool slid = c.text.find("the cache slid", at) != std::string::npos;  // 5 + 300 tokens through 64 positions
@@ -316,10 +320,11 @@ static void test_chat_pipe() {
         exit0 &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
         // its startup says what it does (it once said "the run in (null) is finished" without -o)
         bool said = text.find("no training (--chat 1)") != std::string::npos && text.find("(null)") == std::string::npos;
-        bool ok = started && first && slid && streamed && stopped && ended && exit0 && said;
-        check(ok, "--chat 1 --tp %d through a pipe: an answer of 300 tokens (the cache slid), end of input ends it; an endless answer "
-              "streamed and stopped by Ctrl-C, a prompt awaited, end of input (started %d first %d slid %d streamed %d stopped %d "
-              "ended %d exit 0 %d, the startup line %d)", P, started, first, slid, streamed, stopped, ended, exit0, said);
+        bool ok = started && empty_ok && first && slid && streamed && stopped && ended && exit0 && said;
+        check(ok, "--chat 1 --tp %d through a pipe: an empty line passed over, an answer of 300 tokens (the cache slid), end of input "
+              "ends it; an endless answer streamed and stopped by Ctrl-C, a prompt awaited, end of input (started %d empty line %d "
+              "first %d slid %d streamed %d stopped %d ended %d exit 0 %d, the startup line %d)", P, started, empty_ok, first, slid,
+              streamed, stopped, ended, exit0, said);
         if (!ok) printf("%s\n%s\n", text.substr(0, 3000).c_str(), c.text.substr(0, 3000).c_str());
     }
 }
