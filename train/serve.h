@@ -251,13 +251,14 @@ static void stream_text(std::string* pending, const std::string& piece) {
 }
 
 // world rank 0 reads a line and posts it; the other ranks of the replica wait for it here, not in a
-// collective (a person may take longer to type than --timeout allows a collective to wait)
+// collective (a person may take longer to type than --timeout allows a collective to wait). Every line is
+// kept: a line that generates nothing (empty, or not encodable) lets rank 0 post the next one before
+// another rank has read the first, and each rank must still see every line, in order, once.
 struct ChatBoard {
     std::mutex mu;
     std::condition_variable cv;
-    long posted = 0;
-    std::string line;
-    bool eof = false;
+    std::vector<std::string> lines;  // line i: the i-th posted
+    bool eof = false;                // posted after the last line
 };
 static ChatBoard g_chat;
 
@@ -311,15 +312,14 @@ static void chat(Run* run, RankRun* rr) {
             eof = !chat_read_line(&text);
             chat_rearm_signal();  // a Ctrl-C at the prompt stops nothing
             std::lock_guard<std::mutex> lk(g_chat.mu);
-            g_chat.line = text;
-            g_chat.eof = eof;
-            g_chat.posted++;
+            if (eof) g_chat.eof = true;
+            else g_chat.lines.push_back(text);
             g_chat.cv.notify_all();
         } else {
             std::unique_lock<std::mutex> lk(g_chat.mu);
-            g_chat.cv.wait(lk, [&] { return g_chat.posted > seen; });
-            text = g_chat.line;
-            eof = g_chat.eof;
+            g_chat.cv.wait(lk, [&] { return (long)g_chat.lines.size() > seen || g_chat.eof; });
+            eof = (long)g_chat.lines.size() == seen;  // (then g_chat.eof: every line before it was read)
+            if (!eof) text = g_chat.lines[seen];
         }
         seen++;
         if (eof) break;
