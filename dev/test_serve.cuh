@@ -283,7 +283,8 @@ static void test_chat_pipe() {
     std::vector<float> w = init_weights(&cfg, 13);
     model_write((d + "/model.bin").c_str(), &cfg, w.data());
     for (int P : {1, 2}) {
-        std::string base = "-e " + d + "/model.bin --chat 1 -t 64 --temperature 1 --threads 1 --tp " + std::to_string(P);
+        // (--timeout 30: ranks that fell out of step fail within it rather than the default 600 s)
+        std::string base = "-e " + d + "/model.bin --chat 1 -t 64 --temperature 1 --threads 1 --timeout 30 --tp " + std::to_string(P);
         ChatChild c = chat_spawn(base + " -g 300");
         bool started = chat_wait(&c, 0, "> ", 60);
         size_t at = c.text.size();
@@ -291,9 +292,15 @@ static void test_chat_pipe() {
         chat_send(&c, "\n");
         bool empty_ok = chat_wait(&c, at, "> ", 20) && c.text.substr(at) == "> ";
         at = c.text.size();
-        chat_send(&c, "Hello\n");
+        // 300 more empty lines and the prompt in one write: rank 0 reads them faster than another rank takes
+        // them, and each rank must still see each line once (a board of one line let rank 1 read "Hello" twice
+        // and answer it where rank 0 answered "Hi": a collective mismatch, every time)
+        chat_send(&c, std::string(300, '\n') + "Hello\n");
         bool first = chat_wait(&c, at, "[300 tokens]", 60) && chat_wait(&c, at, "\n> ", 10);
         bool slid = c.text.find("the cache slid", at) != std::string::npos;  // 5 + 300 tokens through 64 positions
+        at = c.text.size();
+        chat_send(&c, "Hi\n");
+        first &= chat_wait(&c, at, "[300 tokens]", 60) && chat_wait(&c, at, "\n> ", 10);
         at = c.text.size();
         close(c.in);  // end of input
         bool ended = chat_wait(&c, at, "end of input", 20);
@@ -321,7 +328,7 @@ static void test_chat_pipe() {
         // its startup says what it does (it once said "the run in (null) is finished" without -o)
         bool said = text.find("no training (--chat 1)") != std::string::npos && text.find("(null)") == std::string::npos;
         bool ok = started && empty_ok && first && slid && streamed && stopped && ended && exit0 && said;
-        check(ok, "--chat 1 --tp %d through a pipe: an empty line passed over, an answer of 300 tokens (the cache slid), end of input "
+        check(ok, "--chat 1 --tp %d through a pipe: an empty line passed over, then 300 more with the prompt in one write, answers of 300 tokens to it (the cache slid) and to a shorter one, end of input "
               "ends it; an endless answer streamed and stopped by Ctrl-C, a prompt awaited, end of input (started %d empty line %d "
               "first %d slid %d streamed %d stopped %d ended %d exit 0 %d, the startup line %d)", P, started, empty_ok, first, slid,
               streamed, stopped, ended, exit0, said);
