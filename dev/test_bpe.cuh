@@ -253,11 +253,10 @@ static void test_bpe() {
           "llm.c's tokenizer.bin of the same BPE decodes the samples (exit %d)%s", rc, bpe_line(err).c_str());
 }
 
-// the text between the sample's --- lines
+// the text of the run's first sample
 static std::string bpe_sample(const std::string& out) {
-    size_t a = out.find("---\n");
-    size_t b = a == std::string::npos ? a : out.find("\n---", a + 4);
-    return b == std::string::npos ? "" : out.substr(a + 4, b - a - 4);
+    std::vector<std::string> s = sample_texts(out);
+    return s.empty() ? "" : s[0];
 }
 
 static void test_bpe_run() {

@@ -143,6 +143,20 @@ static std::string first_line_with(const std::string& text, const char* key) {
     return text.substr(b, e == std::string::npos ? std::string::npos : e - b);
 }
 
+// the texts between consecutive --- rule lines of a run's output, in order: its samples where they are
+// printed together (a batch shares the rules between its rows: ---, row 0, ---, row 1, ---), and first
+// always the first sample
+static std::vector<std::string> sample_texts(const std::string& out) {
+    std::vector<std::string> texts;
+    for (size_t a = out.find("---\n"); a != std::string::npos;) {
+        size_t b = out.find("\n---", a + 4);
+        if (b == std::string::npos) break;
+        texts.push_back(out.substr(a + 4, b - a - 4));
+        a = b + 1;
+    }
+    return texts;
+}
+
 static void test_cli_parity_run() {
     printf("command line: the llm.c-parity command gives the same losses at --tp 1, 2, 4\n");
     std::string d = tmpdir();

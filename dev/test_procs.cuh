@@ -426,9 +426,8 @@ static void test_mpi_pp() {
     std::vector<float> ref_w = model_params(ckpt_path(ref_dir.c_str(), "model", 10));
     std::vector<char> ref_state = slurp_bytes(ckpt_path(ref_dir.c_str(), "state", 10));
     auto sample_of = [](const std::string& o) {
-        size_t a = o.find("\n---\n");
-        size_t b = a == std::string::npos ? a : o.find("\n---", a + 5);
-        return b == std::string::npos ? std::string() : o.substr(a, b - a);
+        std::vector<std::string> s = sample_texts(o);
+        return s.empty() ? std::string() : s[0];
     };
     check(rc == 0 && ref.size() == 10 && !ref_w.empty() && !sample_of(ref_out).empty(),
           "one process, --tp 2 --pp 2 -b 2 -d 256 (4 micro-batches): exit %d, %zu step losses, a sample", rc, ref.size());

@@ -352,22 +352,12 @@ static void test_serve_cli() {
           out.find("KV cache:") != std::string::npos, "--prompts with 3 prompts: 3 samples, the prefill and decode timings, the KV cache line (exit %d, %zu rules)", rc, rows);
     // the same prompts in a file with Windows line ends: the same samples (a \r kept would be a token of each prompt)
     {
-        auto samples = [](const std::string& o) {  // the text between each pair of --- rules
-            std::string all;
-            for (size_t p = o.find("---\n"); p != std::string::npos;) {
-                size_t e = o.find("\n---\n", p + 4);
-                if (e == std::string::npos) break;
-                all += o.substr(p + 4, e - p - 4) + "|";
-                p = o.find("---\n", e + 5);
-            }
-            return all;
-        };
         f = fopen((d + "/prompts_crlf.txt").c_str(), "w");
         fprintf(f, "The cat\r\n\r\nA much longer prompt than the first one\r\nX\r\n");
         fclose(f);
         std::string crlf;
         int rc2 = run_cmd("-e L2C32H2 -x 0 -g 20 -t 32 --threads 1 --tp 2 --prompts " + d + "/prompts_crlf.txt", &crlf, &err);
-        check(rc == 0 && rc2 == 0 && !samples(out).empty() && samples(crlf) == samples(out),
+        check(rc == 0 && rc2 == 0 && sample_texts(out).size() == 3 && sample_texts(crlf) == sample_texts(out),
               "--prompts with CRLF line ends: the same 3 samples as with LF (exit %d)", rc2);
     }
     // the sample's stats line: its decode rate against its ms per token (one row, byte-level: no end-of-text, so
