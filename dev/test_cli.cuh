@@ -418,6 +418,42 @@ static void test_sample_cli() {
     }
 }
 
+// Whether a default as the docs write it ("6e-3", "fused", "0: B x T x replicas") is the flag's default in
+// Args (its text, d). A number is compared as a number (6e-3 is the float 0.006), an enum as its word. A
+// default the docs describe in words (the vocab's "from the data ...") or a flag whose default is unset (a
+// path, -e's descriptor) has nothing to compare: *compared says whether it was.
+static bool doc_default_agrees(const FlagSpec* f, const Args* d, const std::string& doc, bool* compared) {
+    *compared = false;
+    std::string want = flag_text(d, f, false);
+    if (f->type == FLAG_STR || f->type == FLAG_PATH) return true;  // unset by default: the docs say what that means
+    bool number = f->type == FLAG_INT || f->type == FLAG_LONG || f->type == FLAG_FLOAT || f->type == FLAG_DOUBLE;
+    if (number) {
+        char* end = nullptr;
+        double x = strtod(doc.c_str(), &end);
+        if (end == doc.c_str()) return true;  // described in words
+        *compared = true;
+        double y = strtod(want.c_str(), nullptr);
+        return fabs(x - y) <= 1e-6 * fabs(y);
+    }
+    *compared = true;
+    return doc.compare(0, want.size(), want) == 0 && (doc.size() == want.size() || !isalnum((unsigned char)doc[want.size()]));
+}
+
+// The flags a line of ./tp --help names at its start ("  --beta1 B1  --beta2 B2     AdamW betas"): each flag
+// and the word after it (its value), until a word that is neither
+static std::vector<std::string> help_entry_flags(const std::string& line) {
+    std::vector<std::string> names;
+    std::istringstream words(line);
+    std::string w;
+    bool value_next = false;
+    while (words >> w) {
+        if (w[0] == '-' && w.size() > 1) names.push_back(w), value_next = true;
+        else if (value_next) value_next = false;
+        else break;
+    }
+    return names;
+}
+
 static void test_flags_ux() {
     printf("flags: --flag=value, wording at --tp 1, the CUDA fallback line, saved numbers read back to the bit\n");
     // A state file saves every flag as text (flag_text, exact) and a resume reads it back (flag_set): each
@@ -452,6 +488,105 @@ static void test_flags_ux() {
         }
         check(flags >= 10 && differ == 0, "every float and double flag (%d) saved as text and read back: %d values, %d not the same bits%s%s",
               flags, values, differ, differ ? ", first " : "", first.c_str());
+    }
+    // ./tp --help and the README's table of flags against the flag table: every flag there, and every
+    // default they state the parser's own (the defaults from parse_args with no flags)
+    {
+        Args d;
+        char prog[] = "tp";
+        char* argv0[] = {prog, nullptr};
+        parse_args(1, argv0, &d);
+        std::string help, herr;
+        int rc = run_cmd("--help", &help, &herr);
+        // the entries: a line "  -x ..." and the lines under it, indented further
+        std::map<std::string, std::string> help_default;  // flag -> the default its entry states
+        std::set<std::string> help_names;
+        std::vector<std::string> lines;
+        for (std::istringstream in(help); std::getline(in, lines.emplace_back());) {}
+        for (size_t i = 0; i < lines.size(); i++) {
+            if (lines[i].compare(0, 3, "  -") != 0) continue;
+            std::string entry = lines[i];
+            for (size_t j = i + 1; j < lines.size() && lines[j].compare(0, 3, "   ") == 0; j++) entry += " " + lines[j];
+            std::vector<std::string> names = help_entry_flags(lines[i]);
+            help_names.insert(names.begin(), names.end());
+            size_t at = entry.find("(default ");
+            if (at == std::string::npos) continue;
+            std::string text = entry.substr(at + 9, entry.find(')', at) - at - 9);
+            for (size_t k = 0; k < names.size(); k++) {  // "0.9, 0.95": one a flag, in order
+                size_t from = 0;
+                for (size_t skip = 0; skip < k && from != std::string::npos; skip++) from = text.find(", ", from) + 2;
+                if (from != std::string::npos && from <= text.size()) help_default[names[k]] = text.substr(from);
+            }
+        }
+        // the README's table: | `-b`, `-t` | meaning | 8, 128 |
+        std::string readme;
+        if (FILE* f = fopen("README.md", "r")) {
+            char buf[4096];
+            size_t n;
+            while ((n = fread(buf, 1, sizeof(buf), f)) > 0) readme.append(buf, n);
+            fclose(f);
+        }
+        std::map<std::string, std::string> readme_default;
+        std::set<std::string> readme_names;
+        size_t table = readme.find("| flag | meaning | default |");
+        for (size_t at = table; at != std::string::npos && at < readme.size() && readme[at] == '|';) {
+            size_t eol = readme.find('\n', at);
+            std::string row = readme.substr(at, eol == std::string::npos ? std::string::npos : eol - at);
+            at = eol == std::string::npos ? eol : eol + 1;
+            size_t c1 = row.find('|', 1), c3 = row.rfind('|', row.size() - 2);
+            if (c1 == std::string::npos || c3 == std::string::npos || c3 <= c1) continue;
+            std::vector<std::string> names;
+            for (size_t b = row.find('`'); b != std::string::npos && b < c1; b = row.find('`', row.find('`', b + 1) + 1)) {
+                std::string item = row.substr(b + 1, row.find('`', b + 1) - b - 1);
+                if (item.size() > 1 && item[0] == '-') names.push_back(item.substr(0, item.find(' ')));
+            }
+            for (size_t b = row.find('`'); b != std::string::npos; b = row.find('`', row.find('`', b + 1) + 1)) {
+                std::string item = row.substr(b + 1, row.find('`', b + 1) - b - 1);
+                if (item.size() > 1 && item[0] == '-') readme_names.insert(item.substr(0, item.find(' ')));
+            }
+            std::string text = row.substr(c3 + 1);
+            text = text.substr(0, text.rfind('|'));
+            while (!text.empty() && text[0] == ' ') text.erase(0, 1);
+            while (!text.empty() && text.back() == ' ') text.pop_back();
+            std::vector<std::string> values;
+            for (size_t from = 0; from <= text.size();) {
+                size_t comma = text.find(", ", from);
+                std::string v = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+                if (v.size() > 1 && v[0] == '`' && v.back() == '`') v = v.substr(1, v.size() - 2);  // `words`
+                values.push_back(v);
+                if (comma == std::string::npos) break;
+                from = comma + 2;
+            }
+            if (values.size() == names.size())
+                for (size_t k = 0; k < names.size(); k++) readme_default[names[k]] = values[k];
+        }
+        int missing_help = 0, missing_readme = 0, compared = 0, differ = 0;
+        std::string what;
+        for (const FlagSpec& f : g_flags) {
+            // a flag named in an entry of --help (the --plan entry's --plan-flops ... count as named in it)
+            bool in_help = help_names.count(f.name) || (strncmp(f.name, "--plan-", 7) == 0 && help.find(std::string(f.name) + " ") != std::string::npos);
+            if (!in_help && missing_help++ == 0) what += std::string(", not in --help: ") + f.name;
+            if (!readme_names.count(f.name)) what += std::string(missing_readme++ ? " " : ", not in the README's table: ") + f.name;
+            for (int doc = 0; doc < 2; doc++) {
+                const std::map<std::string, std::string>& m = doc ? readme_default : help_default;
+                auto it = m.find(f.name);
+                if (it == m.end()) continue;
+                bool was = false;
+                bool ok = doc_default_agrees(&f, &d, it->second, &was);
+                compared += was;
+                if (!ok && differ++ == 0)
+                    what += std::string(", ") + (doc ? "the README" : "--help") + " says " + f.name + " " + it->second + ", the parser " + flag_text(&d, &f, false);
+            }
+        }
+        // and nothing listed that the parser does not take
+        int unknown = 0;
+        for (const std::set<std::string>* s : {&help_names, &readme_names})
+            for (const std::string& n : *s)
+                if (!flag_find(n.c_str()) && n != "--help" && n != "-h" && n != "--version" && unknown++ == 0) what += ", no such flag: " + n;
+        check(rc == 0 && herr.empty() && table != std::string::npos && help_names.size() >= (size_t)NUM_FLAGS - 5 && missing_help == 0 &&
+              missing_readme == 0 && unknown == 0 && compared >= 50 && differ == 0,
+              "./tp --help (exit %d) and the README's flag table name all %d flags and no other; %d defaults they state are the "
+              "parser's, %d not%s", rc, NUM_FLAGS, compared, differ, what.c_str());
     }
     std::string out1, out2, err;
     std::string base = "-e L1C32H2 -b 2 -t 32 -x 3 -v 2 -m 1 -g 0 --threads 1";
