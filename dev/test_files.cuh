@@ -125,6 +125,7 @@ static void test_checksums() {
         {"flipped bytes in the model (one weight becomes huge)", "model", 1024 + 4 * 100 + 3, 1, 0x7f, false},
         {"the model truncated by 4 KB", "model", 0, 0, 0, true},
         {"AdamW's m and v damaged in the state", "state", 100000, 8, 0xff, false},
+        {"the state file's header damaged (its magic)", "state", 0, 8, 0xff, false},
     };
     int k = 0;
     for (auto& c : kinds) {
@@ -220,6 +221,11 @@ static void test_run_folders() {
     rc = run_cmd(base + "-x 2 -o " + lo, &out, &err);
     check(rc == 1 && err.find("(log.csv)") != std::string::npos && slurp_bytes(lo + "/log.csv") == log,
           "a new run where only log.csv is: exit %d, refused: %s", rc, f_first_line(err).c_str());
+    // -y 1 there: a run killed before its first checkpoint leaves that; nothing to continue, and the line says so
+    rc = run_cmd(base + "-y 1 -x 2 -o " + lo, &out, &err);
+    check(rc == 1 && f_lines(err) == 1 && err.find("holds log.csv but no checkpoint to continue from") != std::string::npos &&
+          err.find("--fresh 1 instead of -y 1") != std::string::npos && slurp_bytes(lo + "/log.csv") == log && ckpt_steps(lo.c_str()).empty(),
+          "-y 1 where only log.csv is: exit %d, refused, untouched: %s", rc, f_first_line(err).c_str());
     rc = run_cmd(base + "-x 2 --fresh 1 -o " + o, &out, &err);
     check(rc == 0 && !f_exists(o + "/model_00000004.bin") && ckpt_steps(o.c_str()) == std::vector<int>({2}),
           "--fresh 1 clears them and starts over (exit %d): %s", rc, f_line_with(out, "--fresh 1").c_str());

@@ -957,6 +957,33 @@ static void test_resume_epoch() {
         check(same && differ == 0, "resumed at step %2d (%s): %zu printed losses, %ld differing; step-30 weights %s", p.step, p.where,
               loss.size(), differ, same ? "bit-identical" : "DIFFER");
     }
+    // The saved place in the data (shard order, sample order, position) means nothing in data of another
+    // shape: a resume given another count of shards, or (shuffled) a current shard of another size, is
+    // refused, naming both counts, and leaves the run as it was. (-i may name the same data moved elsewhere.)
+    write_tokens(d + "/other_000.bin", random_tokens(7 * 32 + 1, 256, 50));
+    write_tokens(d + "/other_001.bin", random_tokens(5 * 32 + 1, 256, 51));
+    struct { std::string train; const char* why; const char* what; } others[] = {
+        {d + "/other_*.bin", "the train data has 2 shards, but the run was saved with 3", "2 shards for 3"},
+        {d + "/other_000.bin", "the train data has 1 shard, but the run was saved with 3", "1 shard for 3"},
+    };
+    for (auto& o : others) {
+        std::string dir = d + "/other";
+        f_sh("rm -rf " + dir);
+        copy_step(d + "/a", dir, 7);
+        std::string err;
+        rc = run_cmd("-i '" + o.train + "' -x 30 -n 100 -y 1 -o " + dir, &out, &err);
+        check(rc == 1 && f_lines(err) == 1 && err.find(o.why) != std::string::npos && err.find("resume it with its own data (-i)") != std::string::npos &&
+              ckpt_steps(dir.c_str()) == std::vector<int>({7}), "resume on other train data (%s): exit %d, refused: %s", o.what, rc,
+              f_first_line(err).c_str());
+    }
+    // three shards, the current one (shard 1 of the saved order at step 7) of another size
+    std::string dir = d + "/resized", err;
+    copy_step(d + "/a", dir, 7);
+    for (int s = 0; s < 3; s++) write_tokens(d + "/resized_00" + std::to_string(s) + ".bin", random_tokens(6 * 32 + 1, 256, 60 + s));
+    rc = run_cmd("-i '" + d + "/resized_*.bin' -x 30 -n 100 -y 1 -o " + dir, &out, &err);
+    check(rc == 1 && f_lines(err) == 1 && err.find("samples in its current shard, but the run was saved with") != std::string::npos &&
+          ckpt_steps(dir.c_str()) == std::vector<int>({7}), "resume on three shards of other sizes: exit %d, refused: %s", rc,
+          f_first_line(err).c_str());
 }
 
 // ----------------------------------------------------------------------------

@@ -412,8 +412,8 @@ static void loader_restore(DataLoader* d, const TrainState* s) {
     const StateHeader* h = &s->h;
     global_batch_check(h, d->B, d->T, d->replicas, d->micro_steps);
     if (h->nshards != (int64_t)d->shard_order.size() || h->shard_pos >= h->nshards)
-        fatal("the train data has %zu shards, but the run was saved with %lld: resume it with its own data (-i)", d->shard_order.size(),
-              (long long)h->nshards);
+        fatal("the train data has %zu shard%s, but the run was saved with %lld: resume it with its own data (-i)", d->shard_order.size(),
+              d->shard_order.size() == 1 ? "" : "s", (long long)h->nshards);
     d->shard_order = s->shard_order;
     d->shard_pos = (int)h->shard_pos;
     loader_load_shard(d);  // opens the shard (and draws a permutation that the next lines replace)
