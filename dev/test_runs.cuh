@@ -288,6 +288,41 @@ static void test_logs() {
                      "all-reduce, reduce-scatter and all-gather bytes: largest difference", k.P, ar, rs, ag);
         }
     }
+    // The startup line "communication per step: ..." states each collective's floats by a formula and what a
+    // rank sends: its numbers against the formulas written out here, and its MB against what the step lines
+    // measured. All four forms of the line: all-reduce only (TP), SP in fp32, SP in bf16 (the gathers' bf16
+    // values move two to a 4-byte word), and with -d (A micro-steps: A times each).
+    {
+        long L = 2, C = 64, BTC = (long)B * T * C;
+        struct { const char* args; int sp, bf16, A; } lines[] = {
+            {"--tp 2 --dtype fp32", 0, 0, 1}, {"--tp 2 --sp 1 --dtype fp32", 1, 0, 1},
+            {"--tp 2 --sp 1 --dtype bf16", 1, 1, 1}, {"--tp 2 --sp 1 --dtype bf16 -d 256", 1, 1, 2}, {"--tp 2 --dtype fp32 -d 256", 0, 0, 2}};
+        for (auto& k : lines) {
+            std::string out;
+            int rc = run_cmd("-e L2C64H4 -b 4 -t 32 -x 2 -v 0 -g 0 --threads 1 " + std::string(k.args), &out, nullptr);
+            std::vector<double> want;  // the line's numbers in its order
+            // each micro-step all-reduces its 3*B*T loss terms (and without SP its partial sums); once a step the
+            // norm (1) and, with SP, the replicated tensors' gradients (wpe's T*C, the layernorms', the biases')
+            double ar = k.A * 3.0 * B * T + 1 + (k.sp ? T * C + 4 * L * C + 2 * C : 0);
+            if (!k.sp) want = {k.A * (4 * L + 2.0) * BTC + ar};
+            else if (!k.bf16) want = {k.A * (4 * L + 2.0) * BTC, k.A * (6 * L + 2.0) * BTC, ar};
+            else want = {k.A * (4 * L + 2.0) * BTC, k.A * ((6 * L + 1) * BTC / 2.0 + BTC), ar};
+            size_t at = out.find("communication per step");
+            std::string para = at == std::string::npos ? "" : out.substr(at, out.find("\ndata: ", at) - at);
+            std::vector<double> got;
+            for (size_t e = para.find("= "); e != std::string::npos; e = para.find("= ", e + 2))
+                if (e < 2 || para.compare(e - 2, 2, "A ") != 0) got.push_back(atof(para.c_str() + e + 2));  // not "(A = 2 micro-steps)"
+            float said = -1, step1 = -2, step2 = -3;
+            size_t s = para.find("sends ");
+            if (s != std::string::npos) said = strtof(para.c_str() + s + 6, nullptr);
+            std::vector<float> mb = grep_floats(out, " ms, ");  // "comm 1.1 ms, 5.26 MB" on each step line
+            if (mb.size() == 2) step1 = mb[0], step2 = mb[1];
+            bool a_said = (k.A > 1) == (para.find("(A = 2 micro-steps)") != std::string::npos);
+            check(rc == 0 && got == want && said == step1 && said == step2 && a_said,
+                  "%s: the line's %zu floats are the formulas' (%.0f ...), its %.2f MB a rank sends what the steps measured (%.2f, %.2f)",
+                  k.args, got.size(), got.empty() ? 0.0 : got[0], said, step1, step2);
+        }
+    }
     std::string out;
     int rc = run_cmd("-e L2C64H4 -b 4 -t 32 --sweep 1 --sweep-steps 3 --threads 1 -o " + d + "sweep", &out, nullptr);
     auto rows = read_csv(d + "sweep/sweep.csv");
