@@ -358,6 +358,50 @@ static void test_sample_cli() {
         check(pieces > 0 && off == 0, "streamed text: after each of %d pieces (a byte, 2 or 3 at a time) exactly the whole UTF-8 "
               "characters so far are printed, and at the end the text: %d disagree", pieces, off);
     }
+    // escape_text, the last step before the terminal: every code point in UTF-8 is printed as it is, except
+    // the control characters (C0 but newline and tab, DEL, C1) and the UTF-16 surrogates, which are not
+    // characters; those, and every byte of an encoding that is not valid UTF-8 (overlong forms, past U+10FFFF,
+    // a stray continuation byte, a sequence cut short), become \xNN, one a byte
+    {
+        auto utf8 = [](uint32_t cp, int len) {  // cp in len bytes (overlong when longer than it needs)
+            std::string s;
+            if (len == 1) return std::string(1, (char)cp);
+            static const unsigned char lead[5] = {0, 0, 0xc0, 0xe0, 0xf0};
+            s += (char)(lead[len] | (cp >> (6 * (len - 1))));
+            for (int k = len - 2; k >= 0; k--) s += (char)(0x80 | ((cp >> (6 * k)) & 0x3f));
+            return s;
+        };
+        auto escaped = [](const std::string& s) {
+            std::string e;
+            char hex[8];
+            for (unsigned char b : s) snprintf(hex, sizeof(hex), "\\x%02x", b), e += hex;
+            return e;
+        };
+        long tried = 0, wrong = 0;
+        std::string first;
+        auto expect = [&](const std::string& in, const std::string& want) {
+            tried++;
+            if (escape_text(in) != want && wrong++ == 0) first = escaped(in) + " -> " + escape_text(in);
+        };
+        for (uint32_t cp = 0; cp <= 0x10ffff; cp++) {
+            std::string c = utf8(cp, cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4);
+            bool control = (cp < 0x20 && cp != '\n' && cp != '\t') || cp == 0x7f || (cp >= 0x80 && cp < 0xa0);
+            bool surrogate = cp >= 0xd800 && cp < 0xe000;
+            expect("a" + c + "z", "a" + (control || surrogate ? escaped(c) : c) + "z");
+            if (cp < 0x80 && cp > 0) expect(utf8(cp, 2), escaped(utf8(cp, 2)));      // overlong in 2 bytes
+            if (cp < 0x800) expect(utf8(cp, 3), escaped(utf8(cp, 3)));               // in 3
+            if (cp < 0x10000 && cp % 7 == 0) expect(utf8(cp, 4), escaped(utf8(cp, 4)));  // in 4
+        }
+        for (uint32_t cp = 0x110000; cp < 0x140000; cp += 13) expect(utf8(cp, 4), escaped(utf8(cp, 4)));  // past U+10FFFF
+        for (int b = 0x80; b < 0x100; b++) expect(std::string(1, (char)b) + "a", escaped(std::string(1, (char)b)) + "a");  // alone
+        for (uint32_t cp : {0xe9u, 0x20acu, 0x1f642u}) {  // cut short before an ASCII letter
+            std::string c = utf8(cp, cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4);
+            for (size_t cut = 1; cut < c.size(); cut++) expect(c.substr(0, cut) + "a", escaped(c.substr(0, cut)) + "a");
+        }
+        check(tried > 1000000 && wrong == 0, "escape_text: every code point (C0, DEL, C1 and surrogates escaped, the rest as they are), "
+              "overlong forms, past U+10FFFF, stray and cut-short bytes: %ld strings, %ld wrong%s%s", tried, wrong,
+              wrong ? ", first " : "", first.c_str());
+    }
     // -s 2 over 5 steps: a sample after steps 2 and 4 and one at the end, none before the first step (llm.c's
     // cadence: step > 0)
     {
