@@ -65,7 +65,8 @@ static void tokenizer_read(Tokenizer* tk, const char* path) {
     // a damaged count is refused before it is allocated
     struct stat st;
     long room = fstat(fileno(f), &st) == 0 ? ((long)st.st_size - 1024) / 2 : 0;
-    if (h[2] == 0 || (long)h[2] > room)
+    if (h[2] == 0) fatal("tokenizer %s says it has no tokens: the file is damaged", path);
+    if ((long)h[2] > room)
         fatal("tokenizer %s says it has %u tokens, which its %ld bytes cannot hold: the file is damaged", path, h[2], room * 2 + 1024);
     int n = (int)h[2];
     tk->eot = h[1] == 2 ? (int)h[3] : n > 50256 ? 50256 : -1;  // version 1 has no field: GPT-2's id, if it has that many

@@ -442,6 +442,31 @@ static void test_words() {
                 check(written && rc == 1 && f_lines(err) == 1 && (err.find("damaged") != std::string::npos || err.find("truncated") != std::string::npos),
                       "a tokenizer file with %s %d: exit %d, %s", field == 2 ? "token count" : "end-of-text id", (int)bad, rc, f_first_line(err).c_str());
             }
+        // a file that is not one tp reads, or is cut or damaged among its pieces: refused in one line that says which
+        {
+            struct { const char* what; uint32_t magic, version; long cut; int empty_piece; const char* says; } files[] = {
+                {"magic 20240329", 20240329, 2, -1, -1, "magic 20240328"},
+                {"version 0", 20240328, 0, -1, -1, "has version 0; tp reads versions 1 and 2"},
+                {"version 3", 20240328, 3, -1, -1, "has version 3; tp reads versions 1 and 2"},
+                {"a piece of length 0 (token 700)", 20240328, 2, -1, 700, "truncated or corrupt at token 700"},
+                {"the pieces cut short", 20240328, 2, 200000, -1, "is truncated at token"},  // (the count fits the bytes left)
+            };
+            for (auto& t : files) {
+                std::string broken = bytes;
+                uint32_t hv[4] = {t.magic, t.version, 50257, 50256};
+                memcpy(&broken[0], hv, sizeof(hv));
+                if (t.empty_piece >= 0) {  // its length byte set to 0
+                    size_t at = 1024;
+                    for (int i = 0; i < t.empty_piece; i++) at += 1 + (unsigned char)broken[at];
+                    broken[at] = 0;
+                }
+                if (t.cut >= 0) broken.resize(t.cut);
+                written = write_bytes(d + "/broken.bin", broken);
+                rc = run_cmd("-e " + d + "/g.bin --tokenizer " + d + "/broken.bin -x 0 -g 4 --threads 1", &out, &err);
+                check(written && rc == 1 && f_lines(err) == 1 && err.find(t.says) != std::string::npos, "a tokenizer file with %s: exit %d, %s",
+                      t.what, rc, f_first_line(err).c_str());
+            }
+        }
         // without an end-of-text id (-1) a sample starts from the tokenizer's newline, as if the file named it
         // (not from id -1, which the vocab-parallel embedding would silently turn into a zero vector)
         std::string sample[2];
