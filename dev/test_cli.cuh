@@ -214,6 +214,7 @@ static void test_bad_input() {
     write_tokens(d + "/ok.bin", ok_tokens);
     write_tokens(d + "/magic.bin", ok_tokens, 12345);
     write_tokens(d + "/version.bin", ok_tokens, 20240520, 2);
+    write_tokens(d + "/version0.bin", ok_tokens, 20240520, 0);
     write_tokens(d + "/trunc.bin", ok_tokens, 20240520, 1, 5000);  // header claims more than the file has
     write_tokens(d + "/short.bin", std::vector<int>(100, 1));
     std::vector<int> big = ok_tokens;
@@ -251,6 +252,7 @@ static void test_bad_input() {
         {"truncated token file", "-i " + d + "/trunc.bin -j " + d + "/ok.bin -e " + m + run, "truncated or corrupt"},
         {"wrong-magic token file", "-i " + d + "/magic.bin -j " + d + "/ok.bin -e " + m + run, "not an llm.c token file"},
         {"wrong-version token file", "-i " + d + "/ok.bin -j " + d + "/version.bin -e " + m + run, "version 2"},
+        {"version-0 token file", "-i " + d + "/version0.bin -j " + d + "/ok.bin -e " + m + run, "has version 0; tp reads version 1"},
         {"directory as token file", "-i " + d + "/dir.bin -j " + d + "/ok.bin -e " + m + run, "is a directory"},
         {"token id >= vocab", "-i " + d + "/bigid.bin -j " + d + "/ok.bin -e " + m + " -b 4 -t 32 --shuffle 0 -x 20 -v 0 -g 0", "token id 300"},
         {"token id == vocab", "-i " + d + "/eqid.bin -j " + d + "/ok.bin -e " + m + " -b 4 -t 32 --shuffle 0 -x 20 -v 0 -g 0",
