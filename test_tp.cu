@@ -1238,8 +1238,8 @@ static void test_sampling() {
                 rank_init(&rk, g, r, DEV_CPU, 0, 1);
                 GPT m;
                 gpt_build(&m, &rk, &cfg, init.data(), 0);
-                std::vector<int> out = generate(&m, &rk, prompt, 40, 32, 1.0f, 0, 5);
-                std::vector<int> top = generate(&m, &rk, prompt, 20, 32, 1.0f, 8, 6);
+                std::vector<int> out = generate(&m, &rk, prompt, 40, 32, 1.0f, 0, 5, -1);
+                std::vector<int> top = generate(&m, &rk, prompt, 20, 32, 1.0f, 8, 6, -1);
                 out.insert(out.end(), top.begin(), top.end());
                 if (r == P - 1) got[P] = out;  // the last rank: every rank must agree, not only rank 0
                 gpt_free(&m, &rk);
@@ -1261,7 +1261,7 @@ static void test_sampling() {
             rank_init(&rk, g, r, DEV_CPU, 0, 1);
             GPT m;
             gpt_build(&m, &rk, &pc, pw.data(), 0);
-            drawn[r] = generate(&m, &rk, {1}, 300, 32, 1.0f, 0, 7);
+            drawn[r] = generate(&m, &rk, {1}, 300, 32, 1.0f, 0, 7, -1);
             for (auto& row : generate_batch(&m, &rk, {{1}, {2, 3}}, 300, 32, 1.0f, 0, 8, -1)) drawn[r].insert(drawn[r].end(), row.begin(), row.end());
             gpt_free(&m, &rk);
         });

@@ -131,13 +131,22 @@ static void test_kv_greedy_vs_sampler() {
     std::vector<float> init = serve_weights(&cfg);
     std::vector<int> prompt = random_tokens(9, cfg.V, 5);
     for (int P : {1, 2, 4}) {
-        std::vector<int> old_t, new_t;
+        std::vector<int> old_t, new_t, old_e, new_e;
+        int eot = -1;
         serve_ranks(&cfg, init, P, false, [&](Rank* rk, GPT* m) {
-            std::vector<int> a = generate(m, rk, prompt, 100, 128, 0.0f, 0, 1);
+            std::vector<int> a = generate(m, rk, prompt, 100, 128, 0.0f, 0, 1, -1);
             std::vector<int> b = generate_batch(m, rk, {prompt}, 100, 128, 0.0f, 0, 1, -1)[0];
-            if (rk->rank == P - 1) { old_t = a; new_t = b; }
+            // with the 10th token drawn as end-of-text both stop at its first draw, and at the same place
+            int e = a[9];
+            std::vector<int> ae = generate(m, rk, prompt, 100, 128, 0.0f, 0, 1, e);
+            std::vector<int> be = generate_batch(m, rk, {prompt}, 100, 128, 0.0f, 0, 1, e)[0];
+            if (rk->rank == P - 1) { old_t = a; new_t = b; old_e = ae; new_e = be; eot = e; }
         });
         check(old_t == new_t && old_t.size() == 100, "TP=%d: 100 greedy tokens from the KV cache are today's sampler's (-t 128)", P);
+        auto first = std::find(old_t.begin(), old_t.end(), eot);
+        std::vector<int> cut(old_t.begin(), first == old_t.end() ? first : first + 1);
+        check(old_e == new_e && old_e == cut && !cut.empty() && cut.size() <= 10,
+              "TP=%d: with an end-of-text token both samplers stop at its first draw (after %zu tokens)", P, old_e.size());
     }
 }
 
@@ -350,6 +359,39 @@ static void test_serve_cli() {
     check(rc == 0 && out.find("---\nThe cat") != std::string::npos && out.find("---\nA much longer") != std::string::npos &&
           out.find("---\nX") != std::string::npos && out.find("prefill") != std::string::npos && out.find("tokens/s") != std::string::npos &&
           out.find("KV cache:") != std::string::npos, "--prompts with 3 prompts: 3 samples, the prefill and decode timings, the KV cache line (exit %d, %zu rules)", rc, rows);
+    // --prompts ends each row at the tokenizer's end-of-text token, from the KV cache (--kv 1) and from the
+    // whole forward (--kv 0) alike. A byte-level model whose final layernorm has weight 0 and bias b makes
+    // every position's logits b . wte[v]; wte[10] = 5b makes token 10 (the tokenizer's end-of-text here,
+    // the newline) the greedy draw at once: each row is its prompt and one newline, not 20 of them.
+    {
+        GPTConfig ec = make_config(1, 2, 32, 256, 64);
+        std::vector<float> w = init_weights(&ec, 21);
+        long C = ec.C, n = (long)w.size();
+        Rng r = {77};
+        for (long c = 0; c < C; c++) {
+            w[n - 2 * C + c] = 0.0f;                    // lnfw
+            w[n - C + c] = 2.0f * rng_uniform(&r) - 1;  // lnfb
+            w[10 * C + c] = 5.0f * w[n - C + c];        // wte's row 10
+        }
+        model_write((d + "/eot.bin").c_str(), &ec, w.data());
+        Tokenizer bytes_eot;
+        for (int i = 0; i < 256; i++) bytes_eot.pieces.push_back(std::string(1, (char)i));
+        bytes_eot.eot = 10;
+        tokenizer_write_bin(&bytes_eot, (d + "/eot_tokenizer.bin").c_str());
+        std::vector<std::string> got[2];
+        std::string gen[2];
+        for (int kv = 0; kv < 2; kv++) {
+            std::string o;
+            int r2 = run_cmd("-e " + d + "/eot.bin --tokenizer " + d + "/eot_tokenizer.bin -x 0 -g 20 -t 32 --temperature 0 --threads 1 "
+                             "--tp 2 --kv " + std::to_string(kv) + " --prompts " + d + "/prompts.txt", &o, &err);
+            got[kv] = sample_texts(o);
+            gen[kv] = r2 == 0 ? first_line_with(o, kv ? "prefill " : "the whole forward") : "exit " + std::to_string(r2) + ": " + err;
+            if (o.find("(interrupted)") != std::string::npos) got[kv].clear();
+        }
+        std::vector<std::string> want = {"The cat\n", "A much longer prompt than the first one\n", "X\n"};
+        check(got[0] == want && got[1] == want, "--prompts with an end-of-text token drawn at once: each of the 3 rows ends at it, "
+              "--kv 0 as --kv 1 (%zu and %zu rows as expected): %s", got[0].size(), got[1].size(), gen[0].c_str());
+    }
     // the same prompts in a file with Windows line ends: the same samples (a \r kept would be a token of each prompt)
     {
         f = fopen((d + "/prompts_crlf.txt").c_str(), "w");

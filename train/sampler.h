@@ -39,12 +39,13 @@ static int sample_token(const float* logits, int V, float temperature, int topk,
     return best;
 }
 
-// Autoregressive generation: n tokens after prompt. Each step runs the model on the last T tokens
-// (batch 1) and samples from the logits of the last position. Every rank of the group calls it.
+// Autoregressive generation: n tokens after prompt, or fewer when the token eot is drawn (it ends the
+// sample, as generate_batch's rows end; -1: none). Each step runs the model on the last T tokens (batch 1)
+// and samples from the logits of the last position. Every rank of the group calls it.
 // stop, if given, is asked before each token (by every rank: it must answer the same on all of them);
 // true ends the sample early, with the tokens drawn so far.
 static std::vector<int> generate(GPT* m, Rank* rk, const std::vector<int>& prompt, int n, int T, float temperature,
-                                 int topk, uint64_t seed, const std::function<bool()>& stop = nullptr) {
+                                 int topk, uint64_t seed, int eot, const std::function<bool()>& stop = nullptr) {
     std::vector<int> out = prompt, window(T, 0);
     std::vector<float> logits(m->cfg.Vp);
     Rng rng = {seed};
@@ -54,6 +55,7 @@ static std::vector<int> generate(GPT* m, Rank* rk, const std::vector<int>& promp
         gpt_forward(m, rk, window.data(), nullptr, 1, T, false);  // causal: the padding after len changes nothing
         gpt_logits_row(m, rk, 0, len - 1, logits.data());
         out.push_back(sample_token(logits.data(), m->cfg.V, temperature, topk, &rng));
+        if (out.back() == eot) break;
     }
     return std::vector<int>(out.begin() + prompt.size(), out.end());
 }

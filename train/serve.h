@@ -446,12 +446,13 @@ static void print_sample(Run* run, RankRun* rr, int step) {
     auto stop = [&]() { return sample_stop_requested(run, &rr->rk); };
     GenStats st = {};
     double t0 = comm_now();
+    int eot = batch ? stop_token(run) : -1;  // the rows of --prompts end at the end-of-text token; a sample runs -g tokens
     if (a->kv)
         out = generate_batch(&rr->m, &rr->rk, prompts, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed,
-                             batch ? stop_token(run) : -1, stop, nullptr, &st);
+                             eot, stop, nullptr, &st);
     else
         for (const auto& p : prompts)
-            out.push_back(generate(&rr->m, &rr->rk, p, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed, stop));
+            out.push_back(generate(&rr->m, &rr->rk, p, a->gen_tokens, a->T, a->temperature, a->topk, (uint64_t)a->sample_seed, eot, stop));
     double seconds = comm_now() - t0;
     if (rr->world.rank != 0) return;
     g_phase.store(PHASE_STEP);
@@ -467,7 +468,8 @@ static void print_sample(Run* run, RankRun* rr, int step) {
     printf("---\n");
     for (size_t b = 0; b < out.size(); b++) {
         print_tokens(out[b], &run->tokenizer, run->cfg.V, batch ? run->prompt_texts[b].c_str() : a->prompt);
-        bool cut = a->kv ? st.interrupted : (int)out[b].size() < a->gen_tokens;
+        bool ended = !out[b].empty() && out[b].back() == eot;
+        bool cut = a->kv ? st.interrupted : (int)out[b].size() < a->gen_tokens && !ended;
         printf("\n---%s\n", cut ? " (interrupted)" : "");
     }
     fflush(stdout);
