@@ -427,6 +427,20 @@ static void test_own_data() {
           "the data line lists the 3 files a glob matched, %ld tokens, %ld samples per epoch", tokens, samples);
     check(out.find("warning: train and val share " + d + "/shard_1.bin") != std::string::npos, "train and val sharing a file: %s",
           first_line_with(out, "warning").c_str());
+    // a glob of 11 shards: the first 6 listed, then one line for the 5 others (a glob of 8 lists all 8)
+    for (int n : {11, 8}) {
+        std::string dir = d + "/many" + std::to_string(n);
+        mkdir(dir.c_str(), 0755);
+        for (int i = 0; i < n; i++) write_tokens(dir + "/s_" + std::to_string(10 + i) + ".bin", random_tokens(600 + i, 256, 30 + i));
+        rc = run_cmd("-i '" + dir + "/s_*.bin' -j " + d + "/shard_1.bin -e L1C16H2 -b 4 -t 32 -x 1 -v 0 -g 0 --threads 1", &out, &err);
+        int listed = 0;
+        for (int i = 0; i < n; i++)
+            listed += out.find(dir + "/s_" + std::to_string(10 + i) + ".bin: " + std::to_string(600 + i) + " tokens") != std::string::npos;
+        bool more = out.find("... and 5 more\n") != std::string::npos, none = out.find("... and") == std::string::npos;
+        check(rc == 0 && out.find("matched " + std::to_string(n) + " files") != std::string::npos &&
+              (n == 11 ? listed == 6 && more : listed == 8 && none),
+              "a glob of %d shards: %d listed by name and tokens%s (exit %d)", n, listed, more ? ", then '... and 5 more'" : "", rc);
+    }
     // tokenizer and prompt: a byte tokenizer with a vocab-256 model and a prompt works; with a GPT-2-sized
     // model the error points at --vocab 256; a GPT-2-vocab model refuses a byte prompt and says why
     std::string tiny = " -e L1C16H2 -b 2 -t 16 -x 1 -v 0 -g 20 --threads 1 -i " + d + "/data/story_train.bin -j " + d + "/data/story_val.bin";
