@@ -178,6 +178,35 @@ static void test_cli_parity_run() {
             check(shape, "--tp 1: exit %d, %zu step losses, %zu val losses%s%s", rc, tr.size(), va.size(), err.empty() ? "" : ": ", err.c_str());
             continue;
         }
+        // the shard plan it printed: each tensor's full and per-rank shape as Megatron's recipe splits it (the
+        // vocab rows of wte, q, k, v's rows by head, fc's rows and fcproj's and attproj's input columns), the
+        // rest replicated; written out here for this model (L 2, C 32, 4 heads, vocab 256, max T 64)
+        {
+            struct { const char* name; const char* full; std::string local; } plan[] = {
+                {"wte", "(256, 32)", format("(%d, 32)", 256 / P)}, {"wpe", "(64, 32)", "(64, 32)"},
+                {"ln1w", "(2, 32)", "(2, 32)"}, {"ln1b", "(2, 32)", "(2, 32)"},
+                {"qkvw", "(2, 96, 32)", format("(2, %d, 32)", 96 / P)}, {"qkvb", "(2, 96)", format("(2, %d)", 96 / P)},
+                {"attprojw", "(2, 32, 32)", format("(2, 32, %d)", 32 / P)}, {"attprojb", "(2, 32)", "(2, 32)"},
+                {"ln2w", "(2, 32)", "(2, 32)"}, {"ln2b", "(2, 32)", "(2, 32)"},
+                {"fcw", "(2, 128, 32)", format("(2, %d, 32)", 128 / P)}, {"fcb", "(2, 128)", format("(2, %d)", 128 / P)},
+                {"fcprojw", "(2, 32, 128)", format("(2, 32, %d)", 128 / P)}, {"fcprojb", "(2, 32)", "(2, 32)"},
+                {"lnfw", "(32)", "(32)"}, {"lnfb", "(32)", "(32)"}};
+            int right = 0;
+            std::string wrong;
+            size_t at = out.find(format("shard plan (rank r of %d):\n", P));
+            for (auto& t : plan) {
+                std::string line = at == std::string::npos ? "" : first_line_with(out.substr(at), format("  %-9s ", t.name).c_str());
+                std::vector<std::string> shapes;
+                for (size_t o = line.find('('); o != std::string::npos; o = line.find('(', o + 1)) shapes.push_back(line.substr(o, line.find(')', o) - o + 1));
+                bool replicated = t.local == t.full;
+                bool ok = shapes.size() >= 2 && shapes[0] == t.full && shapes[1] == t.local &&
+                          (line.find("replicated") != std::string::npos) == replicated;
+                right += ok;
+                if (!ok && wrong.empty()) wrong = std::string(", first wrong: ") + t.name + ": '" + line + "'";
+            }
+            check(right == 16, "--tp %d: the shard plan's 16 tensors, full and per-rank shapes as the recipe splits them, "
+                  "'replicated' where they are whole: %d right%s", P, right, wrong.c_str());
+        }
         double w = 0;
         for (size_t k = 0; k < tr.size() && k < ref_train.size(); k++) w = worse(w, (double)fabs(tr[k] - ref_train[k]));
         for (size_t k = 0; k < va.size() && k < ref_val.size(); k++) w = worse(w, (double)fabs(va[k] - ref_val[k]));
