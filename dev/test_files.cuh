@@ -442,6 +442,10 @@ static void test_words() {
                 check(written && rc == 1 && f_lines(err) == 1 && (err.find("damaged") != std::string::npos || err.find("truncated") != std::string::npos),
                       "a tokenizer file with %s %d: exit %d, %s", field == 2 ? "token count" : "end-of-text id", (int)bad, rc, f_first_line(err).c_str());
             }
+        // llm.c's tokenizer files only decode: a --prompt with one is refused, pointing at a tokenizer.json
+        rc = run_cmd("-e " + d + "/g.bin --tokenizer " + v1 + " -x 0 -g 4 --threads 1 --prompt hi", &out, &err);
+        check(rc == 1 && f_lines(err) == 1 && err.find("(llm.c's format) only decodes") != std::string::npos &&
+              err.find("tokenizer.json") != std::string::npos, "--prompt with llm.c's tokenizer file: exit %d, %s", rc, f_first_line(err).c_str());
         // a file that is not one tp reads, or is cut or damaged among its pieces: refused in one line that says which
         {
             struct { const char* what; uint32_t magic, version; long cut; int empty_piece; const char* says; } files[] = {
