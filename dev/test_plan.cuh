@@ -476,6 +476,30 @@ static void test_plan_pp() {
     k.split_s = 0.010; k.rest_s = 0.002; k.update_s = 0.001; k.slow = 1; k.tp_lat = 1e-5; k.tp_busbw = 1e11; k.dp_lat = 1e-5; k.dp_busbw = 1e10;
     PlanStep a = plan_step(&c, &sh, 2, 2, &k), b = plan_pp_step(&c, &sh, 2, 2, 1, &k, 1e-5, 1e11);
     check(memcmp(&a.total_s, &b.total_s, sizeof(double)) == 0, "plan_pp_step at S 1 is plan_step: %.6f ms", 1e3 * a.total_s);
+    // its point-to-point terms, as the comment above defines them: at S = 2 each stage sends the boundary
+    // tensor (B T C values) once a micro-batch, so a step waits for A + 1 hops ((A - 1) at the slower
+    // stage's pace, one in each stage's sum) and the tied wte's all-reduce (Vp C / P values): the step grows
+    // by (A + 2) latencies, and by (A + 1) e B T C + e Vp C / P bytes over the bandwidth
+    {
+        double worst_lat = 0, worst_bw = 0;
+        for (int P : {1, 2, 4})
+            for (int A : {1, 2, 4, 8}) {
+                PlanShape s2 = sh;
+                s2.A = A;
+                double base = plan_pp_step(&c, &s2, P, 1, 2, &k, 0, 1e30).total_s;
+                double lat = plan_pp_step(&c, &s2, P, 1, 2, &k, 1e-4, 1e30).total_s - base;
+                double bw = plan_pp_step(&c, &s2, P, 1, 2, &k, 0, 1e9).total_s - base;
+                double want_bw = ((A + 1.0) * s2.e * s2.B * s2.T * c.C + (double)s2.e * c.Vp * c.C / P) / 1e9;
+                worst_lat = std::max(worst_lat, fabs(lat / ((A + 2) * 1e-4) - 1));
+                worst_bw = std::max(worst_bw, fabs(bw / want_bw - 1));
+            }
+        // (the measured costs are medians of repeated timings: the middle one, or the mean of the middle two)
+        check(plan_median({3, 1, 2}) == 2 && plan_median({4, 1, 3, 2}) == 2.5 && plan_median({5}) == 5 && plan_median({}) == 0,
+              "plan_median: {3, 1, 2} -> 2, {4, 1, 3, 2} -> 2.5, {5} -> 5, none -> 0");
+        check_le(std::max(worst_lat, worst_bw), 1e-9, "plan_pp_step at S 2 (P 1, 2, 4; A 1, 2, 4, 8): the step grows by (A + 2) hop "
+                 "latencies and by (A + 1) B T C + Vp C / P values over the bandwidth; worst relative difference (latency %.2g, bytes %.2g)",
+                 worst_lat, worst_bw);
+    }
     double worst = 0, uneven_lo = INFINITY, uneven_hi = 0;
     long cases = 0;
     Rng rng = {17};
