@@ -272,6 +272,10 @@ static void test_bad_input() {
     patch("ck_trunc.bin", -1, 0, 1024 + 100);
     patch("ck_short.bin", -1, 0, 10);
     patch("ck_header.bin", 24, 0, -1);  // C = 0
+    // tokenizer.json files tp cannot encode with: another model type, BPE that is not GPT-2's byte-level kind
+    write_bytes(d + "/wp.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}");
+    write_bytes(d + "/ws.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+                                "\"pre_tokenizer\": {\"type\": \"Whitespace\"}}");
     std::string data = " -i " + d + "/ok.bin -j " + d + "/ok.bin";
     std::string run = " -b 2 -t 16 -x 1 -v 0 -g 0 --threads 1";
     // flag: a bad command line, answered by the error line and a hint line (./tp --help), nothing on stdout
@@ -331,6 +335,11 @@ static void test_bad_input() {
         {"-d not a multiple of B x T x D", "-e " + m + data + run + " --dp 2 -d 100", "is not a multiple"},
         {"--tp 3 --dp 2 (heads)", "-e " + m + data + " --tp 3 --dp 2" + run, "valid --tp values are 1, 2"},
         {"--tp 2 --dp 40 (ranks)", "-e " + m + data + " --tp 2 --dp 40" + run, "more than the 64"},
+        {"--plan custom without its figures", "--plan custom --plan-flops 100", "--plan custom needs --plan-flops"},
+        {"--plan of an unknown box", "--plan h500", "--plan h500: not a box tp knows"},
+        {"--plan with a missing -e", "--plan h100 -e " + d + "/nope.bin", "neither a readable checkpoint file nor a descriptor"},
+        {"a WordPiece tokenizer.json", "-x 0 -g 4 --tokenizer " + d + "/wp.json", "is not a BPE tokenizer.json (model.type \"WordPiece\")"},
+        {"BPE without the byte-level kind", "-x 0 -g 4 --tokenizer " + d + "/ws.json", "not GPT-2's byte-level kind (pre-tokenizer \"Whitespace\")"},
     };
     for (auto& c : cases) {
         std::string out, err;
@@ -457,6 +466,17 @@ static void test_sample_cli() {
         same &= rc == 0 && sample == first && sample.size() > 60 && out.find("step") == std::string::npos;
     }
     check(same, "-x 0 -e model.bin prints the same sample at --tp 1, 2, 4 and trains nothing");
+    // a model of GPT-2's vocab and no tokenizer to decode with: the sample is its token ids, each in the vocab
+    {
+        std::string o;
+        int r = run_cmd("-e L1C16H2 --vocab 50257 -x 0 -g 6 --threads 1", &o, nullptr);
+        std::vector<std::string> t = sample_texts(o);
+        std::istringstream in(t.empty() ? "x" : t[0]);
+        int n = 0, bad = t.empty() || t[0].find_first_not_of("0123456789 ") != std::string::npos;
+        for (long id; in >> id; n++) bad += id < 0 || id >= 50257;
+        check(r == 0 && n == 6 && bad == 0, "--vocab 50257 without a tokenizer: the sample is %d token ids in the vocab (exit %d): %s", n, r,
+              t.empty() ? "(none)" : t[0].c_str());
+    }
     std::string out, err;
     int rc = run_cmd("-e L1C32H2 -b 2 -t 32 -x 3 -v 0 -g 10 --threads 1 -o " + d + "/done", nullptr, nullptr);
     rc = run_cmd("-y 1 --threads 1 -o " + d + "/done", &out, &err);
