@@ -343,6 +343,15 @@ static void test_chat_pipe() {
               streamed, stopped, ended, exit0, said);
         if (!ok) printf("%s\n%s\n", text.substr(0, 3000).c_str(), c.text.substr(0, 3000).c_str());
     }
+    // a line that cannot be encoded (a word outside the embedded corpus's) is answered by one line saying why,
+    // and the chat goes on to the next
+    std::string out, run = d + "/words";
+    int rc = run_cmd("-e L1C32H2 -b 2 -t 32 -x 1 -v 0 -g 0 --threads 1 -o " + run, nullptr, nullptr);
+    rc = rc ? rc : run_sh("(printf 'The zebra\\nThe dog\\n' | " + tp_bin() + " -y 1 -o " + run + " --chat 1 -g 5 --threads 1)", &out);
+    size_t why = out.find("tp: \"zebra\" (at byte 4) is not a word of the embedded corpus"), answer = out.find("[5 tokens]");
+    check(rc == 0 && why != std::string::npos && answer != std::string::npos && why < answer && out.find("end of input") != std::string::npos,
+          "--chat 1: a word outside the corpus answered by one line, then the next prompt's answer (exit %d): %s", rc,
+          first_line_with(out, "zebra").c_str());
 }
 
 // --prompts FILE from the command line: one sample per line, and the decode sweep's table
