@@ -87,6 +87,34 @@ static std::string first_line_with_vocab(const std::string& text) {
 
 static void test_bpe() {
     printf("bpe: prepare.py --vocab N, the C++ encoder against Hugging Face tokenizers, the split, bad inputs\n");
+    // the JSON reader's strings: every escape JSON has, \u in lower and upper case hex, surrogate pairs (a
+    // tokenizer.json written by Python's json escapes every non-ASCII character so)
+    {
+        struct { const char* json; const char* bytes; } cases[] = {
+            {"\"a\\u00C9b\"", "a\xc3\x89" "b"}, {"\"\\u00e9\\u00E9\"", "\xc3\xa9\xc3\xa9"},
+            {"\"\\u0041\\u00DF\\u20AC\\u20ac\"", "A\xc3\x9f\xe2\x82\xac\xe2\x82\xac"},
+            {"\"\\uD83D\\uDE00 \\ud83d\\ude00\"", "\xf0\x9f\x98\x80 \xf0\x9f\x98\x80"},
+            {"\"\\\" \\\\ \\/ \\b \\f \\n \\r \\t\"", "\" \\ / \b \f \n \r \t"},
+            {"\"\\u0120the \\u010a\"", "\xc4\xa0the \xc4\x8a"},  // GPT-2's byte-level space and newline
+        };
+        // in a child process: a reader that refuses a valid escape ends its process (json_fail), not the suite's
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            int wrong = 0;
+            for (auto& c : cases) {
+                JsonParser p = {c.json, strlen(c.json), 0, "test"};
+                std::string got = json_string(&p);
+                if (got != c.bytes || p.i != p.n) printf("  (wrong: %s)\n", c.json), wrong++;
+            }
+            fflush(stdout);
+            _exit(wrong ? 2 : 0);
+        }
+        int status = -1;
+        if (pid > 0) waitpid(pid, &status, 0);
+        check(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the JSON reader's strings: 6 with every escape, \\u in both cases "
+              "of hex, surrogate pairs (exit %d: 0 all read right, 1 one refused, 2 one read wrong)", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
     if (!bpe_python("bpe")) return;
     std::string d = tmpdir() + "/bpe", out;
     int rc = bpe_prepare(d, &out);
