@@ -446,6 +446,11 @@ static void test_words() {
         rc = run_cmd("-e " + d + "/g.bin --tokenizer " + v1 + " -x 0 -g 4 --threads 1 --prompt hi", &out, &err);
         check(rc == 1 && f_lines(err) == 1 && err.find("(llm.c's format) only decodes") != std::string::npos &&
               err.find("tokenizer.json") != std::string::npos, "--prompt with llm.c's tokenizer file: exit %d, %s", rc, f_first_line(err).c_str());
+        // and GPT-2's 50257 pieces for a byte-level model: refused, the line says it prints bytes without one
+        rc = run_cmd("-e L1C16H2 --vocab 256 --tokenizer " + v1 + " -x 0 -g 4 --threads 1", &out, &err);
+        check(rc == 1 && f_lines(err) == 1 && err.find("has 50257 tokens but the model is byte-level (vocab 256)") != std::string::npos &&
+              err.find("drop --tokenizer") != std::string::npos, "GPT-2's tokenizer file for a byte-level model: exit %d, %s", rc,
+              f_first_line(err).c_str());
         // a file that is not one tp reads, or is cut or damaged among its pieces: refused in one line that says which
         {
             struct { const char* what; uint32_t magic, version; long cut; int empty_piece; const char* says; } files[] = {

@@ -272,13 +272,16 @@ static void test_plan_boxes() {
     // fastest grid, TP=1 with 4 replicas, does not fit), and that fit no grid.
     struct Case { const char* box; const char* model; int B, T; };
     const Case cases[] = {{"1", "L2C64H4", 4, 32}, {"h200", "d12", 8, 1024}, {"a100pcie", "d12", 8, 1024}, {"4090x4", "d24", 8, 1024},
-                          {"4090x4", "d36", 8, 1024}, {"4090x4", "d48", 8, 1024}, {"h100x2", "d36", 8, 1024}};
+                          {"4090x4", "d36", 8, 1024}, {"4090x4", "d48", 8, 1024}, {"h100x2", "d36", 8, 1024},
+                          {"custom --plan-flops 100 --plan-busbw 50 --plan-lat 5 --plan-mem 24 --plan-gpus 4", "d12", 8, 128}};
+    std::string custom;  // the custom box's figures, as it says them back
     int tables = 0, wrong = 0, unfit_fastest = 0, none = 0, rows = 0, rate_off = 0;
     std::string first_wrong;
     for (const Case& cs : cases) {
         std::string out;
         int rc = run_cmd(std::string("--plan ") + cs.box + " -e " + cs.model + " -b " + std::to_string(cs.B) + " -t " + std::to_string(cs.T),
                          &out, nullptr);
+        if (!strncmp(cs.box, "custom", 6)) custom = first_line_with(out, "plan for custom") + "\n" + first_line_with(out, "per GPU: ");
         std::istringstream lines(out);
         std::string line;
         bool in_table = false;
@@ -315,7 +318,10 @@ static void test_plan_boxes() {
     }
     check(rows > 60 && rate_off == 0, "--plan's tables: tok/s of each of %d rows is -b x -t x its replicas over its ms per step: %d disagree",
           rows, rate_off);
-    check(wrong == 0 && tables == 13 && unfit_fastest > 0 && none > 0,
+    check(custom.find("(4 GPUs)") != std::string::npos && custom.find("per GPU: dense TF32 100.0 / bf16 200.0 TFLOP/s") != std::string::npos &&
+          custom.find(", 24 GB,") != std::string::npos && custom.find("all-reduce busbw 50 GB/s, 5 us") != std::string::npos,
+          "--plan custom says back the figures given (100 TFLOP/s, 50 GB/s, 5 us, 24 GB, 4 GPUs): %s", custom.c_str());
+    check(wrong == 0 && tables == 15 && unfit_fastest > 0 && none > 0,
           "--plan's recommendation is the fastest grid that fits, in %d tables (%d whose fastest grid does not fit, %d where none fits): %d wrong%s%s",
           tables, unfit_fastest, none, wrong, first_wrong.empty() ? "" : ": ", first_wrong.c_str());
 }
