@@ -276,6 +276,20 @@ static void test_bad_input() {
     write_bytes(d + "/wp.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}");
     write_bytes(d + "/ws.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
                                 "\"pre_tokenizer\": {\"type\": \"Whitespace\"}}");
+    // and byte-level BPE ones whose merges are broken: one not "left right", one naming a token not in the vocab
+    auto bpe_json = [&](const std::string& name, const char* merges) {
+        std::string vocab;
+        char e[32];
+        for (int b = 0; b < 256; b++) {
+            snprintf(e, sizeof(e), "\"\\u%04x\": %d", byte_to_unicode(b), b);
+            vocab += (b ? ", " : "") + std::string(e);
+        }
+        write_bytes(d + "/" + name, "{\"model\": {\"type\": \"BPE\", \"vocab\": {" + vocab + ", \"ab\": 256}, \"merges\": [" + merges +
+                                    "]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}");
+    };
+    bpe_json("merge_ok.json", "\"a b\"");
+    bpe_json("merge_form.json", "\"a b\", \"ab\"");
+    bpe_json("merge_unknown.json", "\"a b\", \"b a\"");
     std::string data = " -i " + d + "/ok.bin -j " + d + "/ok.bin";
     std::string run = " -b 2 -t 16 -x 1 -v 0 -g 0 --threads 1";
     // flag: a bad command line, answered by the error line and a hint line (./tp --help), nothing on stdout
@@ -340,7 +354,14 @@ static void test_bad_input() {
         {"--plan with a missing -e", "--plan h100 -e " + d + "/nope.bin", "neither a readable checkpoint file nor a descriptor"},
         {"a WordPiece tokenizer.json", "-x 0 -g 4 --tokenizer " + d + "/wp.json", "is not a BPE tokenizer.json (model.type \"WordPiece\")"},
         {"BPE without the byte-level kind", "-x 0 -g 4 --tokenizer " + d + "/ws.json", "not GPT-2's byte-level kind (pre-tokenizer \"Whitespace\")"},
+        {"a merge not \"left right\"", "-x 0 -g 4 --tokenizer " + d + "/merge_form.json", "merge 1 is neither \"left right\" nor [left, right]"},
+        {"a merge of a token not in the vocab", "-x 0 -g 4 --tokenizer " + d + "/merge_unknown.json", "merge 1 (\"b\" \"a\") names a token that is not in the vocab"},
     };
+    {
+        std::string out, err;
+        int rc = run_cmd("-x 0 -g 4 --vocab 257 --tokenizer " + d + "/merge_ok.json", &out, &err);
+        check(rc == 0 && err.empty(), "the same tokenizer.json with its merges whole samples (exit %d)%s", rc, err.c_str());
+    }
     for (auto& c : cases) {
         std::string out, err;
         int rc = run_cmd(c.args, &out, &err);

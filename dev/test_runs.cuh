@@ -362,6 +362,15 @@ static void test_logs() {
              "largest difference");
     check(!got.empty() && rate_off == 0, "--sweep 1: each row's tok/s is -b x -t x its replicas over its ms per step: %d of %zu rows disagree",
           rate_off, got.size() + got_pp.size());
+    // with --sp 1 a P that does not divide B*T gets a row saying so, and the sweep goes on to the grids after it
+    {
+        std::string o;
+        int r = run_cmd("-e L1C16H2 -b 3 -t 5 --sp 1 --tp 1 --sweep 1 --sweep-steps 3 --threads 1", &o, nullptr);
+        bool said = o.find("   2    1    1  skipped: --sp 1 needs P to divide B*T = 15") != std::string::npos;
+        bool after = said && o.find("\n   1    2    1 ", o.find("skipped: --sp 1")) != std::string::npos;
+        check(r == 0 && said && (after || cores < 2), "--sweep 1 --sp 1 with B*T = 15: P = 2 skipped in its row, (P 1, D 2) measured after it (exit %d): %s",
+              r, first_line_with(o, "skipped").c_str());
+    }
     if (system("python3 -c 'import matplotlib' 2>/dev/null") != 0) {
         printf("  skip plot: matplotlib is not installed (pip install matplotlib); CI installs it\n");
         return;
