@@ -290,8 +290,8 @@ static void test_logs() {
     }
     // The startup line "communication per step: ..." states each collective's floats by a formula and what a
     // rank sends: its numbers against the formulas written out here, and its MB against what the step lines
-    // measured. All four forms of the line: all-reduce only (TP), SP in fp32, SP in bf16 (the gathers' bf16
-    // values move two to a 4-byte word), and with -d (A micro-steps: A times each).
+    // measured. Its three forms: all-reduce only (TP), SP in fp32, SP in bf16 (the gathers' bf16 values move
+    // two to a 4-byte word); and with -d (A micro-steps), whose per-micro-step terms it counts A times.
     {
         long L = 2, C = 64, BTC = (long)B * T * C;
         struct { const char* args; int sp, bf16, A; } lines[] = {
