@@ -635,13 +635,8 @@ static void test_flags_ux() {
             }
         }
         // the README's table: | `-b`, `-t` | meaning | 8, 128 |
-        std::string readme;
-        if (FILE* f = fopen("README.md", "r")) {
-            char buf[4096];
-            size_t n;
-            while ((n = fread(buf, 1, sizeof(buf), f)) > 0) readme.append(buf, n);
-            fclose(f);
-        }
+        std::vector<char> rb = slurp_bytes("README.md");
+        std::string readme(rb.begin(), rb.end());
         std::map<std::string, std::string> readme_default;
         std::set<std::string> readme_names;
         size_t table = readme.find("| flag | meaning | default |");
@@ -769,14 +764,8 @@ static void test_build() {
 static void test_readme() {
     printf("README: the first val-loss line of \"What you see\" against the default run\n");
     if (skip_under_tsan("readme")) return;
-    FILE* f = fopen("README.md", "r");
-    std::string readme, want;
-    if (f) {
-        char buf[4096];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) readme.append(buf, n);
-        fclose(f);
-    }
+    std::vector<char> rb = slurp_bytes("README.md");
+    std::string readme(rb.begin(), rb.end()), want;
     size_t at = readme.find("## What you see");
     size_t line = at == std::string::npos ? at : readme.find("\nval loss ", at);
     if (line != std::string::npos) want = readme.substr(line + 1, readme.find('\n', line + 1) - line - 1);
