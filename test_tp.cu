@@ -1474,6 +1474,7 @@ static const TestGroup g_groups[] = {
     {"bperun", test_bpe_run, "a tiny BPE run trains and samples words; the run folder samples on its own"},
     {"export", test_export, "export.py at TP 1 and 2 identical, numpy logits = tp's, import then export bit for bit, import of shards and pytorch_model.bin, bf16, non-GPT-2"},
     {"bf16", test_bf16, "bf16: rounding to nearest even and stochastic, the GEMM against float64, vdpbf16ps = fp32 fmas, master copies at any P"},
+    {"bf16_amx", test_bf16_amx, "--bf16-gemm amx (Intel AMX): the GEMM against float64, its bits across threads, training within bf16's bounds"},
     {"bf16_train", test_bf16_train, "--dtype bf16: against fp32 over 40 steps, TP=2, 4 and SP against TP=1, replicas, the ops, resume"},
     {"bf16_ckpt", test_bf16_checkpoint, "llm.c bf16 model files (version 5): read exactly, a run from one = one from its fp32, bad ones refused"},
     {"pool", test_pool, "the CPU ranks' worker threads: FTZ|DAZ in each, asleep when idle, bit-identical at any count"},

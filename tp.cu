@@ -256,10 +256,7 @@ static void setup_ranks(Run* run) {
         for (int p = 1; p * run->D * run->Sl <= units; p++)
             if (tp_valid(c, p)) run->P = p;
     }
-    // --bf16-gemm: the path of a bf16 run's CPU matmuls (common/bf16.h; both give the same bits)
-    if (a->bf16_gemm == BF16_GEMM_DP && !bf16_dp_supported())
-        fatal("--bf16-gemm vdpbf16ps: this CPU (or a build without AVX-512) has no AVX512-BF16: use --bf16-gemm fma or auto");
-    bf16_path = a->bf16_gemm == BF16_GEMM_DP ? BF16_DP : a->bf16_gemm == BF16_GEMM_FMA ? BF16_FMA : BF16_AUTO;
+    bf16_gemm_setup(a->bf16_gemm);  // --bf16-gemm: the path of a bf16 run's CPU matmuls (common/bf16.h)
     if (a->attention && c->C / c->NH > ATT_HS_MAX)
         fatal("fused attention takes head sizes up to %d, and this model's is %d (C %d / %d heads): use --attention matmul",
               ATT_HS_MAX, c->C / c->NH, c->C, c->NH);

@@ -13,6 +13,8 @@
 // order) computes on the operands widened to fp32. So the two paths are bit-identical (the bf16 test checks
 // it on the CPU that runs it), and on operands that already hold bf16 values in fp32 words (a --dtype bf16
 // run's activations) the fp32 path is gemm_cpu on them as they lie. bf16_path below chooses between them.
+// A third path, AMX's tile unit (further down), is several times faster where the CPU has it, but rounds its
+// sums its own way, so it gives other bits and is taken only when asked for (--bf16-gemm amx).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -22,6 +24,10 @@
 #include <ctime>
 #include <vector>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include "../kernels_cpu.h"
 
 // bf16 (kernels_cpu.h, whose ops take it): the 16 bits of a bfloat16, uint16_t
@@ -234,6 +240,17 @@ static inline bool bf16_dp_supported() {
     return false;
 #endif
 }
+// tdpbf16ps can be used: the CPU has AMX-BF16 and Linux lets this process keep tile data (a process must
+// ask: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18; a kernel older than 5.16 refuses)
+static inline bool bf16_amx_supported() {
+#if defined(__AVX512F__) && defined(__linux__) && defined(__x86_64__)
+    static const bool ok = __builtin_cpu_supports("amx-bf16") && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return ok;
+#else
+    return false;
+#endif
+}
+
 static double bf16_peak_dp(long n) {
 #if defined(__AVX512F__)
     if (bf16_dp_supported()) return bf16_peak_dp_avx512(n);
@@ -242,12 +259,12 @@ static double bf16_peak_dp(long n) {
     return 0;
 }
 
-// Which path the GEMM takes. Both give the same bits, so this is a matter of speed only: vdpbf16ps does
+// Which path the GEMM takes. The first two give the same bits, so this is a matter of speed only: vdpbf16ps does
 // twice an fma's flops per lane, but not every core issues it as often (on this project's Intel hosts it
 // peaks at 86 GFLOP/s against 170 for fp32 fmas, so the fp32 path is faster there). BF16_AUTO measures
 // both peaks once (a few ms) and takes vdpbf16ps where its peak is the higher. ./tp --bf16-gemm and the
-// tests force either.
-enum Bf16Path { BF16_AUTO, BF16_DP, BF16_FMA };
+// tests force either, or BF16_AMX: the tile unit's path (gemm_bf16_amx_cpu, other bits), never auto's.
+enum Bf16Path { BF16_AUTO, BF16_DP, BF16_FMA, BF16_AMX };
 static Bf16Path bf16_path = BF16_AUTO;
 static inline bool bf16_dp_used() {
     if (!bf16_dp_supported() || bf16_path == BF16_FMA) return false;
@@ -390,6 +407,70 @@ static inline __m512i bf16_pairs_from_words(__m512i lo, __m512i hi) {
 }
 #endif
 
+// the pair j of a row of A or a column of B that starts at s, elements a stride apart (0 past K)
+template <typename T>
+static inline uint32_t bf16_pair_at(const T* s, long stride, int j, int K) {
+    return bf16_pair(bf16_bits(s[(long)(2 * j) * stride]), 2 * j + 1 < K ? bf16_bits(s[(long)(2 * j + 1) * stride]) : 0u);
+}
+
+// Bp[nb][j][c] = pair j of column n = nb*NR + c of B, for the pairs j < KP of K and zero for KP <= j < KS
+// (the panels' rows: KP for vdpbf16ps, whole blocks of 16 pairs for AMX); columns past N zero. Contiguous
+// rows of B (b_cs 1, a weight's gradient's operand) interleave two rows into a panel row of pairs, in vectors.
+template <typename TB>
+static void gemm_bf16_pack_b(uint32_t* Bp, const TB* B, long b_rs, long b_cs, int K, int N, int KS) {
+    const int NB = (N + BF16_NR - 1) / BF16_NR, KP = (K + 1) / 2;
+    auto pair_at = [K](const TB* s, long stride, int j) { return bf16_pair_at(s, stride, j, K); };
+    cpu_for(NB, [&](long nb) {
+        uint32_t* d = Bp + (size_t)nb * BF16_NR * KS;
+        for (int j = KP; j < KS; j++)
+            for (int c = 0; c < BF16_NR; c++) d[(size_t)j * BF16_NR + c] = 0;
+        const int n0 = (int)nb * BF16_NR, nc = N - n0 < BF16_NR ? N - n0 : BF16_NR;
+#if defined(__AVX512BW__)
+        // columns contiguous along k (the weight of a forward, out = inp . W^T): 16 columns by 16 pairs at a
+        // time, each column's 32 k made into 16 pair words, then transposed into panel rows. From fp32 words
+        // that is one permute of their high halves; bf16 storage has elements 2j and 2j+1 in the low and
+        // high halves of word j (little-endian), so a pair word is that word with its halves swapped.
+        if (b_rs == 1 && nc == BF16_NR) {
+            const int JV = K / 32 * 16;  // the pairs of whole blocks of 32 k
+            for (int c0 = 0; c0 < BF16_NR; c0 += 16)
+                for (int j0 = 0; j0 < JV; j0 += 16) {
+                    __m512i r[16];
+                    for (int c = 0; c < 16; c++) {
+                        const TB* col = B + (long)(n0 + c0 + c) * b_cs + 2 * j0;
+                        if (std::is_same<TB, float>::value)
+                            r[c] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)col), _mm512_loadu_si512((const void*)(col + 16)));
+                        else
+                            r[c] = _mm512_maskz_rol_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)col), 16);
+                    }
+                    transpose16_epi32(r);
+                    for (int j = 0; j < 16; j++) _mm512_storeu_si512((void*)(d + (size_t)(j0 + j) * BF16_NR + c0), r[j]);
+                }
+            for (int c = 0; c < BF16_NR; c++)  // the pairs past the last whole block
+                for (int j = JV; j < KP; j++) d[(size_t)j * BF16_NR + c] = pair_at(B + (n0 + c) * b_cs, b_rs, j);
+            return;
+        }
+#endif
+        if (b_cs == 1 && nc == BF16_NR) {
+            for (int j = 0; j < KP; j++) {
+                const TB* e = B + (long)(2 * j) * b_rs + n0;
+                const TB* o = B + (long)(2 * j + 1) * b_rs + n0;
+                uint32_t* w = d + (size_t)j * BF16_NR;
+                if (2 * j + 1 < K)
+                    for (int c = 0; c < BF16_NR; c++) w[c] = bf16_pair(bf16_bits(e[c]), bf16_bits(o[c]));
+                else
+                    for (int c = 0; c < BF16_NR; c++) w[c] = bf16_pair(bf16_bits(e[c]), 0u);
+            }
+            return;
+        }
+        for (int c = 0; c < BF16_NR; c++) {
+            if (c >= nc)
+                for (int j = 0; j < KP; j++) d[(size_t)j * BF16_NR + c] = 0;
+            else
+                for (int j = 0; j < KP; j++) d[(size_t)j * BF16_NR + c] = pair_at(B + (n0 + c) * b_cs, b_rs, j);
+        }
+    });
+}
+
 // the vdpbf16ps path, for operands in bf16 storage (TA, TB = bf16) or fp32 words holding bf16 values (= float);
 // C fp32 or bf16 storage (TC, store_c)
 template <typename TA, typename TB, typename TC>
@@ -402,10 +483,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
     if (packB.size() < (size_t)NB * BF16_NR * KP) packB.resize((size_t)NB * BF16_NR * KP);
     uint32_t* Ap = packA.data();
     uint32_t* Bp = packB.data();
-    // the pair j of a row of A or a column of B that starts at s, elements a stride apart (0 past K)
-    auto pair_at = [K](const auto* s, long stride, int j) {
-        return bf16_pair(bf16_bits(s[(long)(2 * j) * stride]), 2 * j + 1 < K ? bf16_bits(s[(long)(2 * j + 1) * stride]) : 0u);
-    };
+    auto pair_at = [K](const auto* s, long stride, int j) { return bf16_pair_at(s, stride, j, K); };
     // Ap[mb][j][r] = pair j of row m = mb*MR + r of A; rows past M zero. Two row tiles a task, so that the
     // vector paths read whole 64-byte lines (16 rows of a transpose, or 16 rows into one transpose); a last
     // whole tile alone takes them with half the lanes masked.
@@ -487,55 +565,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
             }
         }
     });
-    // Bp[nb][j][c] = pair j of column n = nb*NR + c of B; columns past N zero. Contiguous rows of B (b_cs
-    // 1, a weight's gradient's operand) interleave two rows into a panel row of pairs, in vectors.
-    cpu_for(NB, [&](long nb) {
-        uint32_t* d = Bp + (size_t)nb * BF16_NR * KP;
-        const int n0 = (int)nb * BF16_NR, nc = N - n0 < BF16_NR ? N - n0 : BF16_NR;
-#if defined(__AVX512BW__)
-        // columns contiguous along k (the weight of a forward, out = inp . W^T): 16 columns by 16 pairs at a
-        // time, each column's 32 k made into 16 pair words, then transposed into panel rows. From fp32 words
-        // that is one permute of their high halves; bf16 storage has elements 2j and 2j+1 in the low and
-        // high halves of word j (little-endian), so a pair word is that word with its halves swapped.
-        if (b_rs == 1 && nc == BF16_NR) {
-            const int JV = K / 32 * 16;  // the pairs of whole blocks of 32 k
-            for (int c0 = 0; c0 < BF16_NR; c0 += 16)
-                for (int j0 = 0; j0 < JV; j0 += 16) {
-                    __m512i r[16];
-                    for (int c = 0; c < 16; c++) {
-                        const TB* col = B + (long)(n0 + c0 + c) * b_cs + 2 * j0;
-                        if (std::is_same<TB, float>::value)
-                            r[c] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)col), _mm512_loadu_si512((const void*)(col + 16)));
-                        else
-                            r[c] = _mm512_maskz_rol_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)col), 16);
-                    }
-                    transpose16_epi32(r);
-                    for (int j = 0; j < 16; j++) _mm512_storeu_si512((void*)(d + (size_t)(j0 + j) * BF16_NR + c0), r[j]);
-                }
-            for (int c = 0; c < BF16_NR; c++)  // the pairs past the last whole block
-                for (int j = JV; j < KP; j++) d[(size_t)j * BF16_NR + c] = pair_at(B + (n0 + c) * b_cs, b_rs, j);
-            return;
-        }
-#endif
-        if (b_cs == 1 && nc == BF16_NR) {
-            for (int j = 0; j < KP; j++) {
-                const TB* e = B + (long)(2 * j) * b_rs + n0;
-                const TB* o = B + (long)(2 * j + 1) * b_rs + n0;
-                uint32_t* w = d + (size_t)j * BF16_NR;
-                if (2 * j + 1 < K)
-                    for (int c = 0; c < BF16_NR; c++) w[c] = bf16_pair(bf16_bits(e[c]), bf16_bits(o[c]));
-                else
-                    for (int c = 0; c < BF16_NR; c++) w[c] = bf16_pair(bf16_bits(e[c]), 0u);
-            }
-            return;
-        }
-        for (int c = 0; c < BF16_NR; c++) {
-            if (c >= nc)
-                for (int j = 0; j < KP; j++) d[(size_t)j * BF16_NR + c] = 0;
-            else
-                for (int j = 0; j < KP; j++) d[(size_t)j * BF16_NR + c] = pair_at(B + (n0 + c) * b_cs, b_rs, j);
-        }
-    });
+    gemm_bf16_pack_b(Bp, B, b_rs, b_cs, K, N, KP);
     int mt = BF16_MT, nt = BF16_NT;
     gemm_units_cpu(MB, NB, &mt, &nt);
     const int UM = (MB + mt - 1) / mt, UN = (NB + nt - 1) / nt;
@@ -550,6 +580,178 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
             }
     });
 }
+
+// ----------------------------------------------------------------------------
+// AMX, Intel's tile unit (Sapphire Rapids and newer): --bf16-gemm amx. One tdpbf16ps multiplies a tile of
+// A (16 rows by 32 k, as 16 pair words a row) by one of B (16 pair rows by 16 columns) into 16 x 16 fp32
+// sums: 16384 flops an instruction, several times what the fp32 GEMM does on a core.
+//
+// It does not round as the two paths above do, so it is never auto's choice and gives other bits.
+// Measured on this project's Intel host: a product added alone rounds as an fma does; two products are
+// summed and rounded first, then added (not two fmas in turn); with more products in one instruction no
+// order of fp32 roundings we tried reproduces it, and at 32 products 49% of the sums differ from the fma
+// chain's in the last bit or more. The fp32 path cannot compute its bits, so a CPU without AMX cannot
+// continue an AMX run bit for bit. What does hold (the bf16 tests check it): the same bits for any number
+// of threads and on every rerun (each sum is the same instructions in the same order), and a run's losses
+// within the bounds the other paths meet against fp32 and against TP=1.
+//
+// The blocks: a C block of 32 x 32 is 4 sum tiles (tmm0-3), over K in steps of 32: two A tiles (tmm4-5, the
+// block's two 16-row halves) and two B tiles (tmm6-7, the panel's two 16-column halves), 4 tdpbf16ps.
+// B is gemm_bf16_pack_b's panels (pair words with 2j high, 32 columns a row: a B tile is 16 rows of them
+// at a 128-byte stride); A is packed here, each tile 1 KB in a row, with its pair words the same way round.
+
+#if defined(__AVX512F__) && defined(__linux__) && defined(__x86_64__)
+#define BF16_AMX_MB 32  // rows of a C block
+// the tile configuration: palette 1, the 8 tiles all 16 rows of 64 bytes
+struct Bf16AmxConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// C (mr x nc of a 32 x 32 block, row stride ldc) = [C +] (a (JB blocks of two A tiles) . b (a panel, JB x 16
+// pair rows of NR words) [+ bias (nc)]): the 4 sum tiles stored to s, then the bias and C added in
+// gemm_cpu's order, C written through masks where the block is cut by M or N
+template <typename TC>
+__attribute__((target("amx-tile,amx-bf16"), noinline)) static void gemm_bf16_block_amx(TC* Cm, long ldc, int mr, int nc,
+                                                                                      const uint32_t* a, const uint32_t* b,
+                                                                                      int JB, const float* bias, bool accumulate) {
+    static_assert(BF16_NR == 32, "a panel is two B tiles wide");
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int jb = 0; jb < JB; jb++) {
+        const uint32_t* at = a + (size_t)jb * 512;
+        const uint32_t* bt = b + (size_t)jb * 16 * BF16_NR;
+        _tile_loadd(4, at, 64);
+        _tile_loadd(5, at + 256, 64);
+        _tile_loadd(6, bt, BF16_NR * 4);
+        _tile_loadd(7, bt + 16, BF16_NR * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    alignas(64) float s[BF16_AMX_MB][BF16_NR];
+    _tile_stored(0, &s[0][0], BF16_NR * 4);
+    _tile_stored(1, &s[0][16], BF16_NR * 4);
+    _tile_stored(2, &s[16][0], BF16_NR * 4);
+    _tile_stored(3, &s[16][16], BF16_NR * 4);
+    for (int h = 0; h < 2; h++) {
+        const int lanes = std::min(16, std::max(0, nc - 16 * h));
+        if (lanes == 0) break;
+        const __mmask16 cols = (__mmask16)((1u << lanes) - 1);
+        const __m512 bv = bias ? _mm512_maskz_loadu_ps(cols, bias + 16 * h) : _mm512_setzero_ps();
+        for (int r = 0; r < mr; r++) {
+            __m512 v = _mm512_load_ps(&s[r][16 * h]);
+            if (bias) v = _mm512_add_ps(v, bv);
+            TC* row = Cm + (size_t)r * ldc + 16 * h;
+            if (std::is_same<TC, bf16>::value) {
+                if (accumulate) {  // C widened (its bits the high half of a word) plus the sums, then rounded
+                    __m512i w = _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_maskz_loadu_epi16(cols, (const void*)row));
+                    v = _mm512_add_ps(_mm512_castsi512_ps(_mm512_maskz_slli_epi32((__mmask16)0xffff, w, 16)), v);
+                }
+                _mm256_mask_storeu_epi16((void*)row, cols, bf16_round16(v));
+            } else {
+                if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(cols, (const void*)row), v);
+                _mm512_mask_storeu_ps((void*)row, cols, v);
+            }
+        }
+    }
+}
+
+__attribute__((target("amx-tile"))) static void bf16_amx_tiles_on() {
+    static const Bf16AmxConfig config = [] {
+        Bf16AmxConfig c = {};
+        c.palette = 1;
+        for (int t = 0; t < 8; t++) {
+            c.colsb[t] = 64;
+            c.rows[t] = 16;
+        }
+        return c;
+    }();
+    _tile_loadconfig(&config);
+}
+__attribute__((target("amx-tile"))) static void bf16_amx_tiles_off() { _tile_release(); }
+
+// the AMX path (only called where bf16_amx_supported()): operands and C as gemm_bf16_dp_cpu's
+template <typename TA, typename TB, typename TC>
+static void gemm_bf16_amx_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
+                              long b_cs, TC* Cm, long ldc, bool accumulate, const float* bias) {
+    const int KP = (K + 1) / 2, JB = (KP + 15) / 16, KS = JB * 16;
+    const int MB = (M + BF16_AMX_MB - 1) / BF16_AMX_MB, NB = (N + BF16_NR - 1) / BF16_NR;
+    static thread_local std::vector<uint32_t> packA, packB;  // the calling (rank) thread's; they only grow
+    if (packA.size() < (size_t)MB * BF16_AMX_MB * KS) packA.resize((size_t)MB * BF16_AMX_MB * KS);
+    if (packB.size() < (size_t)NB * BF16_NR * KS) packB.resize((size_t)NB * BF16_NR * KS);
+    uint32_t* Ap = packA.data();
+    uint32_t* Bp = packB.data();
+    // Ap[mb][jb][h][r][w] = pair 16 jb + w of row m = 32 mb + 16 h + r of A, zero past M and past K: a half
+    // block of 16 rows at a time
+    cpu_for((long)MB * 2, [&](long half) {
+        const long m0 = half * 16;
+        auto at = [&](int r, int j) -> uint32_t& {
+            return Ap[((size_t)(half / 2) * JB * 2 + (size_t)(j / 16) * 2 + half % 2) * 256 + r * 16 + j % 16];
+        };
+        int jdone = 0;  // the pairs a vector path packed, for all 16 rows
+#if defined(__AVX512BW__)
+        if (m0 + 16 <= M && a_cs == 1) {
+            // rows contiguous along k (a forward's or an input gradient's A): each row's 32 k are one tile row
+            // of 16 pair words, one permute of fp32 words' high halves, or bf16 storage's words halves swapped
+            for (; jdone + 16 <= K / 2; jdone += 16)
+                for (int r = 0; r < 16; r++) {
+                    const TA* row = A + (m0 + r) * a_rs + 2 * jdone;
+                    __m512i w;
+                    if (std::is_same<TA, float>::value)
+                        w = bf16_pairs_from_words(_mm512_loadu_si512((const void*)row), _mm512_loadu_si512((const void*)(row + 16)));
+                    else
+                        w = _mm512_maskz_rol_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)row), 16);
+                    _mm512_storeu_si512((void*)&at(r, jdone), w);
+                }
+        } else if (m0 + 16 <= M && a_rs == 1) {
+            // rows next to each other (a weight gradient's A, dout transposed): pair j of the 16 rows from the
+            // lines at k = 2j and 2j + 1, a tile column; 16 of them transposed into the tile's rows
+            const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+            for (; jdone + 16 <= K / 2; jdone += 16) {
+                __m512i c[16];
+                for (int w = 0; w < 16; w++) {
+                    const TA* e = A + m0 + (long)(2 * (jdone + w)) * a_cs;
+                    const TA* o = e + a_cs;
+                    if (std::is_same<TA, float>::value)
+                        c[w] = _mm512_or_si512(_mm512_and_si512(_mm512_loadu_si512((const void*)e), high),
+                                               _mm512_maskz_srli_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)o), 16));
+                    else
+                        c[w] = _mm512_or_si512(
+                            _mm512_maskz_slli_epi32((__mmask16)0xffff, _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_loadu_si256((const __m256i*)(const void*)e)), 16),
+                            _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_loadu_si256((const __m256i*)(const void*)o)));
+                }
+                transpose16_epi32(c);
+                for (int r = 0; r < 16; r++) _mm512_storeu_si512((void*)&at(r, jdone), c[r]);
+            }
+        }
+#endif
+        for (int r = 0; r < 16; r++)  // the rest pair by pair: the pairs past the vectors', rows past M
+            for (int j = jdone; j < KS; j++) at(r, j) = m0 + r < M && j < KP ? bf16_pair_at(A + (m0 + r) * a_rs, a_cs, j, K) : 0u;
+    });
+    gemm_bf16_pack_b(Bp, B, b_rs, b_cs, K, N, KS);
+    int mt = 8, nt = 4;  // units of C blocks: 256 rows x 128 columns
+    gemm_units_cpu(MB, NB, &mt, &nt);
+    const int UM = (MB + mt - 1) / mt, UN = (NB + nt - 1) / nt;
+    cpu_for((long)UM * UN, [&](long u) {
+        const int mb0 = (int)(u % UM) * mt, nb0 = (int)(u / UM) * nt;
+        const int mb1 = mb0 + mt < MB ? mb0 + mt : MB, nb1 = nb0 + nt < NB ? nb0 + nt : NB;
+        bf16_amx_tiles_on();  // (the tile configuration is the thread's own)
+        for (int nb = nb0; nb < nb1; nb++)  // a B panel against the unit's row blocks
+            for (int mb = mb0; mb < mb1; mb++) {
+                const int m0 = mb * BF16_AMX_MB, n0 = nb * BF16_NR;
+                gemm_bf16_block_amx(Cm + (size_t)m0 * ldc + n0, ldc, std::min(M - m0, BF16_AMX_MB), std::min(N - n0, BF16_NR),
+                                    Ap + (size_t)mb * BF16_AMX_MB * KS, Bp + (size_t)nb * BF16_NR * KS, JB, bias ? bias + n0 : nullptr,
+                                    accumulate);
+            }
+        bf16_amx_tiles_off();
+    });
+}
+#endif
 #endif
 
 // An operand of the fp32 path as fp32, rows x cols through strides rs and cs (updated to the view's):
@@ -598,6 +800,12 @@ template <typename TA, typename TB, typename TC>
 static void gemm_bf16_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs, long b_cs,
                           TC* Cm, long ldc, bool accumulate, const float* bias) {
     if (M <= 0 || N <= 0) return;
+#if defined(__AVX512F__) && defined(__linux__) && defined(__x86_64__)
+    if (bf16_path == BF16_AMX && bf16_amx_supported()) {
+        gemm_bf16_amx_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
+        return;
+    }
+#endif
 #if defined(__AVX512F__)
     if (bf16_dp_used()) {
         gemm_bf16_dp_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);

@@ -625,8 +625,8 @@ static void bench_gemm_openblas(const char* lib) {
 // ./test_tp bench-gemm: GFLOP/s of one core at the shapes of the default model (L2C128H4, B8 T128) and of
 // d6 (L6 C384, B8 T256) at TP=1, forward and backward: the fp32 GEMM, the bf16 one on vdpbf16ps and on
 // fp32 fmas with bf16 operands, and on vdpbf16ps with fp32 words holding bf16 values (what a training
-// run's matmuls pass it: their packs are other code); thread CPU time, best of 5; as a share of the
-// core's peaks, measured first
+// run's matmuls pass it: their packs are other code), and those operands on AMX (--bf16-gemm amx, where the
+// CPU has it); thread CPU time, best of 5; as a share of the core's peaks, measured first
 static int bench_gemm_cpu() {
     const double peak_fma = bf16_peak_fma(20000000), peak_dp = bf16_peak_dp(20000000);
     struct Shape { const char* what; int M, N, K; bool a_t, b_t; };
@@ -638,10 +638,10 @@ static int bench_gemm_cpu() {
     };
     printf("one core: fp32 fma peak %.1f GFLOP/s, vdpbf16ps peak %.1f GFLOP/s (register-only loops); GEMMs in GFLOP/s\n"
            "(%% of the fp32 peak for fp32 and the fp32 path, of the vdpbf16ps peak for vdpbf16ps; the last, training's operands\n"
-           "on vdpbf16ps over the fp32 GEMM: activations in fp32 words, the weight in bf16 storage); by itself the bf16 GEMM\n"
-           "takes %s\n",
+           "on vdpbf16ps over the fp32 GEMM: activations in fp32 words, the weight in bf16 storage; then the same operands on\n"
+           "AMX, --bf16-gemm amx, and over the fp32 GEMM); by itself the bf16 GEMM takes %s\n",
            peak_fma, peak_dp, bf16_dp_used() ? "vdpbf16ps" : "the fp32 path");
-    printf("%-20s %16s %16s %16s %18s\n", "shape", "fp32", "bf16 vdpbf16ps", "bf16 fp32 path", "training's operands");
+    printf("%-20s %16s %16s %16s %18s %14s\n", "shape", "fp32", "bf16 vdpbf16ps", "bf16 fp32 path", "training's operands", "AMX");
     for (const Shape& sh : shapes) {
         const int M = sh.M, N = sh.N, K = sh.K;
         std::vector<float> Af((size_t)M * K), Bf((size_t)K * N), C((size_t)M * N);
@@ -652,26 +652,27 @@ static int bench_gemm_cpu() {
         for (size_t i = 0; i < Af.size(); i++) Aw[i] = bf16_to_float(A[i] = bf16_round(Af[i] = sinf((float)i)));
         for (size_t i = 0; i < Bf.size(); i++) Bw[i] = bf16_to_float(B[i] = bf16_round(Bf[i] = cosf((float)i)));
         const long a_rs = sh.a_t ? 1 : K, a_cs = sh.a_t ? M : 1, b_rs = sh.b_t ? 1 : N, b_cs = sh.b_t ? K : 1;
-        double best[4] = {1e9, 1e9, 1e9, 1e9};
+        double best[5] = {1e9, 1e9, 1e9, 1e9, 1e9};
         for (int rep = 0; rep < 5; rep++)
-            for (int which = 0; which < 4; which++) {
+            for (int which = 0; which < 5; which++) {
                 if ((which == 1 || which == 3) && !bf16_dp_supported()) continue;
-                bf16_path = which == 2 ? BF16_FMA : BF16_DP;
+                if (which == 4 && !bf16_amx_supported()) continue;
+                bf16_path = which == 2 ? BF16_FMA : which == 4 ? BF16_AMX : BF16_DP;
                 double t0 = bf16_thread_seconds();
                 if (which == 0) gemm_cpu(M, N, K, Af.data(), a_rs, a_cs, Bf.data(), b_rs, b_cs, C.data(), N, false, nullptr);
-                else if (which == 3 && sh.a_t) gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, Bw.data(), b_rs, b_cs, C.data(), N, false, nullptr);
-                else if (which == 3) gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, false, nullptr);
+                else if (which >= 3 && sh.a_t) gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, Bw.data(), b_rs, b_cs, C.data(), N, false, nullptr);
+                else if (which >= 3) gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, false, nullptr);
                 else gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, false, nullptr);
                 double t = bf16_thread_seconds() - t0;
                 if (t < best[which]) best[which] = t;
             }
         bf16_path = BF16_AUTO;
         double flop = 2.0 * M * N * K;
-        double g[4];
-        for (int i = 0; i < 4; i++) g[i] = best[i] < 1e9 ? flop / best[i] * 1e-9 : 0;
-        printf("%-20s %7.1f (%3.0f%%) %7.1f (%3.0f%%) %7.1f (%3.0f%%) %7.1f (%3.0f%%) %4.2fx\n", sh.what, g[0], g[0] / peak_fma * 100,
-               g[1], peak_dp > 0 ? g[1] / peak_dp * 100 : 0.0, g[2], g[2] / peak_fma * 100, g[3], peak_dp > 0 ? g[3] / peak_dp * 100 : 0.0,
-               g[0] > 0 ? g[3] / g[0] : 0.0);
+        double g[5];
+        for (int i = 0; i < 5; i++) g[i] = best[i] < 1e9 ? flop / best[i] * 1e-9 : 0;
+        printf("%-20s %7.1f (%3.0f%%) %7.1f (%3.0f%%) %7.1f (%3.0f%%) %7.1f (%3.0f%%) %4.2fx %7.1f %5.2fx\n", sh.what, g[0],
+               g[0] / peak_fma * 100, g[1], peak_dp > 0 ? g[1] / peak_dp * 100 : 0.0, g[2], g[2] / peak_fma * 100, g[3],
+               peak_dp > 0 ? g[3] / peak_dp * 100 : 0.0, g[0] > 0 ? g[3] / g[0] : 0.0, g[4], g[0] > 0 ? g[4] / g[0] : 0.0);
     }
     if (const char* lib = getenv("TP_OPENBLAS")) bench_gemm_openblas(lib);
     else printf("(TP_OPENBLAS=path/to/libopenblas.so adds the fp32 GEMM against OpenBLAS's sgemm at every shape of a step)\n");
@@ -943,6 +944,202 @@ static long bf16_weights_unlike_masters(const TpResult& res) {
         wrong += bf16_test_bits(res.wbf_last[i]) !=
                  bf16_test_bits(bf16_to_float(bf16_round_stochastic(res.masters_last[i], i, (uint32_t)res.t_last, res.bf16_seed)));
     return wrong;
+}
+
+// --bf16-gemm amx (common/bf16.h): Intel's tile unit rounds its sums its own way, so it is tested against
+// float64 within fp32 accumulation's bound, not against the other paths' bits; and for its own bits: the
+// same with 1, 2 and 3 threads and on a rerun, the same from bf16 storage as from fp32 words, and a bf16 C
+// the fp32 C's sums rounded as store_c rounds them
+static void test_bf16_amx_gemm() {
+    if (!bf16_amx_supported()) {
+        printf("  skip the AMX GEMM (--bf16-gemm amx): this CPU has no AMX-BF16, or the kernel does not let tp use it\n");
+        g_skipped++;
+        return;
+    }
+    const Bf16Path had = bf16_path;
+    bf16_path = BF16_AMX;
+    double worst = 0;
+    long compared = 0, unlike_words = 0, unlike_c16 = 0, unlike_chain = 0;
+    int cases = 0;
+    struct Shape { int M, N, K; bool a_t, b_t; };
+    std::vector<Shape> shapes = {{1024, 192, 128, false, true},  {1024, 256, 128, false, true}, {1024, 128, 256, false, true},
+                                 {1024, 128, 192, false, false}, {192, 128, 1024, true, false}, {128, 256, 1024, true, false},
+                                 {2048, 1152, 384, false, true}, {1536, 384, 2048, true, false}};
+    // ragged: a tile (16) and a block (32) and one either side, K around a tile's 32 and odd
+    for (int M : {1, 15, 16, 17, 33, 50})
+        for (int N : {1, 16, 31, 33, 70})
+            for (int K : {1, 2, 31, 32, 33, 65, 257}) shapes.push_back({M, N, K, (cases & 1) != 0, (cases++ & 2) != 0});
+    int index = 0;
+    for (const Shape& sh : shapes) {
+        const int M = sh.M, N = sh.N, K = sh.K;
+        const bool accumulate = index & 4, with_bias = index & 8;
+        uint64_t z = 500 + index++;
+        std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
+        std::vector<float> bias(N), C0((size_t)M * N);
+        for (auto& x : A) x = bf16_round(bf16_test_uniform(&z) * 4.0f);
+        for (auto& x : B) x = bf16_round(bf16_test_uniform(&z) * 4.0f);
+        for (auto& x : bias) x = bf16_test_uniform(&z);
+        for (auto& x : C0) x = bf16_test_uniform(&z);
+        const long a_rs = sh.a_t ? 1 : K, a_cs = sh.a_t ? M : 1, b_rs = sh.b_t ? 1 : N, b_cs = sh.b_t ? K : 1;
+        const float* bp = with_bias ? bias.data() : nullptr;
+        std::vector<double> ref, scale;
+        if ((long)M * N * K <= 40000000L) gemm_bf16_ref(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, &ref, &scale);
+        std::vector<float> C = C0, Cw = C0, Cchain = C0, Cfresh((size_t)M * N);
+        gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, accumulate, bp);
+        // the same values in fp32 words (a training run's activations)
+        std::vector<float> Aw(A.size()), Bw(B.size());
+        for (size_t i = 0; i < A.size(); i++) Aw[i] = bf16_to_float(A[i]);
+        for (size_t i = 0; i < B.size(); i++) Bw[i] = bf16_to_float(B[i]);
+        gemm_bf16_cpu(M, N, K, Aw.data(), a_rs, a_cs, Bw.data(), b_rs, b_cs, Cw.data(), N, accumulate, bp);
+        // C in bf16 storage: the fresh fp32 sums (plus bias) added to C widened, rounded once
+        gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cfresh.data(), N, false, bp);
+        std::vector<bf16> C16(C0.size());
+        for (size_t i = 0; i < C0.size(); i++) C16[i] = bf16_round(C0[i]);
+        std::vector<bf16> C16in = C16;
+        gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C16.data(), N, accumulate, bp);
+        bf16_path = BF16_FMA;  // the fma chain, for the count of sums AMX rounds otherwise (said, not bounded)
+        gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cchain.data(), N, accumulate, bp);
+        bf16_path = BF16_AMX;
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                const size_t i = (size_t)m * N + n;
+                if (!ref.empty()) {
+                    double want = ref[i] + (with_bias ? bias[n] : 0.0) + (accumulate ? C0[i] : 0.0);
+                    double bound = (K + 2) * ldexp(1.0, -24) * (scale[i] + fabs(want)) + ldexp(1.0, -24) * 2 * (fabs(C0[i]) + fabs(bias[n]));
+                    double err = fabs((double)C[i] - want) / (bound > 0 ? bound : 1e-30);
+                    if (!(err <= worst)) worst = err;  // a NaN becomes the worst
+                }
+                unlike_words += bf16_test_bits(C[i]) != bf16_test_bits(Cw[i]);
+                bf16 want16 = bf16_round(accumulate ? bf16_to_float(C16in[i]) + Cfresh[i] : Cfresh[i]);
+                unlike_c16 += C16[i] != want16;
+                unlike_chain += bf16_test_bits(C[i]) != bf16_test_bits(Cchain[i]);
+                compared++;
+            }
+    }
+    check(worst <= 1.0, "AMX: the bf16 GEMM against float64 at 8 model shapes and %d ragged ones (%ld elements): worst error %.3f of "
+          "fp32 accumulation's bound (K+2) 2^-24 sum |a b|", cases, compared, worst);
+    check(unlike_words == 0 && unlike_c16 == 0, "AMX: bf16 storage and fp32 words holding the same values give the same bits (%ld of "
+          "%ld differ); C in bf16 storage is the fp32 sums rounded once (%ld differ)", unlike_words, compared, unlike_c16);
+    printf("  (AMX rounds its sums otherwise than the fma chain of the other two paths: %ld of these %ld elements differ from it)\n",
+           unlike_chain, compared);
+    // the same bits with 1, 2 and 3 threads, and run again
+    {
+        const int M = 333, N = 130, K = 301;
+        std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
+        for (size_t i = 0; i < A.size(); i++) A[i] = bf16_round(sinf((float)i));
+        for (size_t i = 0; i < B.size(); i++) B[i] = bf16_round(cosf((float)i * 0.7f));
+        std::vector<float> first;
+        long differ = 0;
+        for (int t : {1, 2, 3, 1}) {
+            std::vector<float> C((size_t)M * N, 0.0f);
+            std::thread rank([&]() {
+                cpu_pool_start(t);
+                gemm_bf16_cpu(M, N, K, A.data(), K, 1, B.data(), 1, K, C.data(), N, false, nullptr);
+            });
+            rank.join();
+            if (first.empty()) first = C;
+            else differ += vectors_differ(first, C);
+        }
+        check(differ == 0, "AMX: the same bits with 1, 2 and 3 threads and on a rerun (%ld elements differ)", differ);
+    }
+    bf16_path = had;
+}
+
+// Training with --bf16-gemm amx: against fp32 and TP=P against TP=1 within the bounds the other two paths
+// meet (test_bf16_train, which says why each bound is what it is), replicated tensors and replicas
+// bit-identical, a rerun the same bits; from the command line a resume bit-exact, 1 and 2 threads the same.
+static void test_bf16_amx_train() {
+    if (!bf16_amx_supported() || g_device != DEV_CPU) {
+        printf("  skip training on AMX: %s\n", g_device != DEV_CPU ? "a CPU path" : "this CPU has no AMX-BF16 (or may not use it)");
+        g_skipped++;
+        return;
+    }
+    const Bf16Path had = bf16_path;
+    GPTConfig cfg = make_config(2, 4, 64, 256, 32);
+    int B = 4, T = 32, steps = 40;
+    std::vector<float> init = init_weights(&cfg, 7);
+    std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg.V, 99);
+    std::vector<int> phrase = random_tokens(23, cfg.V, 41), learn(data.size());
+    for (size_t i = 0; i < learn.size(); i++) learn[i] = phrase[i % 23];
+    TpResult f32, amx, chain;
+    run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &f32);
+    bf16_path = BF16_FMA;
+    run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &chain, false, 0, true, true);
+    bf16_path = BF16_AMX;
+    run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &amx, false, 0, true, true);
+    const char* name;
+    check_le(loss_gap(amx.losses, f32.losses), 0.05, "AMX: L2 NH4 C64, B%d T%d, %d steps: bf16 losses against fp32's (%.4f to %.4f), "
+             "largest difference", B, T, steps, f32.losses.front(), f32.losses.back());
+    check(vectors_differ(amx.losses, chain.losses) > 0, "AMX computes other bits than the fma chain (%ld of %zu losses differ; "
+          "largest difference %.3g)", vectors_differ(amx.losses, chain.losses), chain.losses.size(), loss_gap(amx.losses, chain.losses));
+    double ge = worst_tensor_err(&cfg, amx.grads_full, f32.grads_full, &name);
+    check_le(ge, 5e-2, "AMX: step-0 gradients, bf16 against fp32: worst tensor %s, rel err", name);
+    double we = worst_tensor_drift(&cfg, amx.params_full, f32.params_full, init, &name);
+    check_le(we, 0.25, "AMX: weights after %d steps, bf16 against fp32, per tensor against how far they moved: worst %s", steps, name);
+
+    int steps_tp = 10;
+    TpResult one, again;
+    run_tp(&cfg, init, 1, steps_tp, data, B, T, 1e-3f, 1.0f, &one, false, 0, true, true);
+    run_tp(&cfg, init, 1, steps_tp, data, B, T, 1e-3f, 1.0f, &again, false, 0, true, true);
+    long rerun = vectors_differ(one.losses, again.losses) + vectors_differ(one.grads_full, again.grads_full) +
+                 vectors_differ(one.params_full, again.params_full);
+    check(rerun == 0, "AMX: TP=1 run again: %ld losses, gradients and weights differ in bits", rerun);
+    struct { int P; bool sp; int recompute; } grids[] = {{2, false, 0}, {4, false, 0}, {2, true, 0}, {4, true, 2}};
+    for (auto& g : grids) {
+        TpResult res;
+        run_tp(&cfg, init, g.P, steps_tp, data, B, T, 1e-3f, 1.0f, &res, g.sp, g.recompute, true, true);
+        char what[48];
+        snprintf(what, sizeof(what), "AMX TP=%d%s%s", g.P, g.sp ? " SP" : "", g.recompute ? " -r 2" : "");
+        check_le(fabs(res.losses[0] - one.losses[0]) / fabs(one.losses[0]), 1e-4, "%-16s step-0 loss %.7f vs TP=1's %.7f: rel err", what,
+                 res.losses[0], one.losses[0]);
+        double lw = 0;
+        for (int k = 0; k < steps_tp; k++) lw = worse(lw, fabs((double)res.losses[k] - one.losses[k]) / fabs(one.losses[k]));
+        check_le(lw, 1e-3, "%-16s losses over %d steps against TP=1's: worst rel err", what, steps_tp);
+        double gerr = worst_tensor_err(&cfg, res.grads_full, one.grads_full, &name);
+        check_le(gerr, 1e-2, "%-16s step-0 gradients against TP=1's: worst tensor %s, rel err", what, name);
+        double drift = worst_tensor_drift(&cfg, res.params_full, one.params_full, init, &name);
+        check_le(drift, 1e-2, "%-16s weights after %d steps against TP=1's, per tensor against how far they moved: worst %s", what,
+                 steps_tp, name);
+        long mism_g, mism_p;
+        replicated_mismatch(&cfg, g.P, res, &mism_g, &mism_p);
+        check_le(mism_g + mism_p, 0, "%-16s replicated tensors differing in bits across ranks (%ld grads, %ld weights)", what, mism_g, mism_p);
+    }
+    GPTConfig small = make_config(2, 4, 32, 200, 32);
+    std::vector<float> sinit = init_weights(&small, 7);
+    std::vector<int> sdata = random_tokens(10L * 8 * 2 * 16 + 1, small.V, 99);
+    GridResult rep;
+    run_grid(&small, sinit, 2, 2, 1, 1, 10, sdata, 2, 16, &rep, false, 0, 1, PP_1F1B, DTYPE_BF16);
+    check(rep.mismatches == 0 && rep.distinct == 10, "AMX (P 2, D 2, -z 1): %ld of %ld weight checksums differ from replica 0's, "
+          "%ld distinct in 10 steps", rep.mismatches, rep.compared, rep.distinct);
+    bf16_path = had;
+
+    // the command line: said at the start; 1 and 2 threads the same; stopped and resumed with it, bit-exact
+    std::string d = tmpdir();
+    std::string base = "-e L2C64H4 -b 4 -t 32 -v 0 -g 0 --tp 2 --dtype bf16 --bf16-gemm amx ";
+    std::string out1, out2, out_half, out_res;
+    int r1 = run_cmd(base + "--threads 1 -x 6 -o " + d + "/full", &out1, nullptr);
+    int r2 = run_cmd(base + "--threads 2 -x 6", &out2, nullptr);
+    int r3 = run_cmd(base + "--threads 1 -x 3 -o " + d + "/half", &out_half, nullptr);
+    int r4 = run_cmd(base + "--threads 1 -x 6 -y 1 -o " + d + "/half", &out_res, nullptr);
+    std::vector<float> l1 = grep_floats(out1, "| loss "), l2 = grep_floats(out2, "| loss "), lr = grep_floats(out_res, "| loss ");
+    std::vector<float> tail(l1.size() == 6 ? l1.begin() + 3 : l1.end(), l1.end());
+    check(r1 == 0 && r2 == 0 && out1.find("on AMX tiles (--bf16-gemm amx") != std::string::npos && l1.size() == 6 && l1 == l2,
+          "--bf16-gemm amx from the command line: said, and the same 6 losses with 1 and 2 threads (exits %d %d)", r1, r2);
+    check(r3 == 0 && r4 == 0 && tail.size() == 3 && lr == tail &&
+              model_params(ckpt_path((d + "/full").c_str(), "model", 6)) == model_params(ckpt_path((d + "/half").c_str(), "model", 6)),
+          "--bf16-gemm amx stopped at step 3 and resumed with it: steps 4-6 and the step-6 weights bit-identical (exits %d %d)", r3, r4);
+}
+
+static void test_bf16_amx() {
+    printf("--bf16-gemm amx: Intel's tile unit (tdpbf16ps)\n");
+    if (!bf16_amx_supported()) {  // then asking for it is refused, in one line
+        std::string err;
+        int rc = run_cmd("-e L2C64H4 -b 4 -t 32 -v 0 -g 0 --dtype bf16 --bf16-gemm amx -x 2", nullptr, &err);
+        check(rc == 1 && err.find("--bf16-gemm amx: this CPU") != std::string::npos && std::count(err.begin(), err.end(), '\n') <= 2,
+              "on a CPU without AMX-BF16, --bf16-gemm amx is refused: exit %d: %s", rc, err.substr(0, err.find('\n')).c_str());
+    }
+    test_bf16_amx_gemm();
+    test_bf16_amx_train();
 }
 
 static void test_bf16_train() {
@@ -1222,7 +1419,7 @@ static void test_bf16_train() {
     check(rc6 == 1 && err.find("takes bf16, fp32 or auto, not 'fp16'") != std::string::npos && lines == 2, "--dtype fp16: exit %d: %s", rc6,
           err.substr(0, err.find('\n')).c_str());
     int rc7 = run_cmd(base + "--dtype bf16 --bf16-gemm avx -x 2", nullptr, &err);
-    check(rc7 == 1 && err.find("takes auto, vdpbf16ps or fma, not 'avx'") != std::string::npos, "--bf16-gemm avx: exit %d: %s", rc7,
+    check(rc7 == 1 && err.find("takes auto, vdpbf16ps, fma or amx, not 'avx'") != std::string::npos, "--bf16-gemm avx: exit %d: %s", rc7,
           err.substr(0, err.find('\n')).c_str());
 
     // --dtype's default (auto, given here as the harness pins fp32 otherwise): bf16 on a CPU with AVX512-BF16,

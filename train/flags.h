@@ -57,8 +57,9 @@ static void print_version() {
 enum { DTYPE_FP32 = 0, DTYPE_BF16 = 1, DTYPE_AUTO = 2 };
 // --corpus: how the embedded corpus is tokenised (data/grammar.h): its grammar's words, or bytes
 enum { CORPUS_WORDS = 0, CORPUS_BYTES = 1 };
-// --bf16-gemm: the CPU path of a bf16 run's matmuls, as common/bf16.h's Bf16Path (the same bits on each)
-enum { BF16_GEMM_AUTO = 0, BF16_GEMM_DP = 1, BF16_GEMM_FMA = 2 };
+// --bf16-gemm: the CPU path of a bf16 run's matmuls, as common/bf16.h's Bf16Path (the same bits on the first
+// three; AMX, asked for by name only, rounds its sums its own way)
+enum { BF16_GEMM_AUTO = 0, BF16_GEMM_DP = 1, BF16_GEMM_FMA = 2, BF16_GEMM_AMX = 3 };
 
 struct Args {
     const char* train;   // -i
@@ -101,7 +102,7 @@ struct Args {
     int attention;       // --attention: 1 fused (FlashAttention-2, the default), 0 matmul (the (T, T) probabilities kept)
     int corpus;          // --corpus: CORPUS_WORDS (the default) or CORPUS_BYTES, the embedded corpus's tokens
     int dtype;           // --dtype: DTYPE_FP32, DTYPE_BF16, or DTYPE_AUTO (the default) until dtype_setup decides
-    int bf16_gemm;       // --bf16-gemm: BF16_GEMM_AUTO (the default), BF16_GEMM_DP (vdpbf16ps) or BF16_GEMM_FMA
+    int bf16_gemm;       // --bf16-gemm: BF16_GEMM_AUTO (the default), BF16_GEMM_DP (vdpbf16ps), BF16_GEMM_FMA, BF16_GEMM_AMX
     int sweep;           // --sweep: time every valid (P, D) instead of training
     int sweep_steps;
     int fresh;           // --fresh 1: start over in an -o that holds another run's checkpoints
@@ -172,7 +173,8 @@ static void usage(FILE* out) {
         "              auto: an llm.c model file's own (-e), else bf16 on a CPU with AVX512-BF16 or a GPU\n"
         "              of sm_80 and newer, fp32 elsewhere                               (default auto)\n"
         "  --bf16-gemm G  the CPU's bf16 matmuls: vdpbf16ps (AVX512-BF16), fma (fp32 fmas) or auto (the\n"
-        "              faster here, measured at start); the same bits on each            (default auto)\n"
+        "              faster here, measured at start): the same bits on each; or amx (Intel AMX: several\n"
+        "              times faster, its own rounding, so other bits)                    (default auto)\n"
         "  --sweep 1   time every valid P, and every (P, D) with P x D up to the cores or GPUs, and print a\n"
         "              scaling table (-o: sweep.csv)\n"
         "  --sweep-steps N  steps per P in the sweep, the first 2 not timed     (default 8)\n"
@@ -385,7 +387,8 @@ static void flag_set(Args* a, const FlagSpec* f, const char* v) {
         if (!strcmp(v, "auto")) *(int*)field = BF16_GEMM_AUTO;
         else if (!strcmp(v, "vdpbf16ps")) *(int*)field = BF16_GEMM_DP;
         else if (!strcmp(v, "fma")) *(int*)field = BF16_GEMM_FMA;
-        else bad_flag("flag %s takes auto, vdpbf16ps or fma, not '%s'", f->name, v);
+        else if (!strcmp(v, "amx")) *(int*)field = BF16_GEMM_AMX;
+        else bad_flag("flag %s takes auto, vdpbf16ps, fma or amx, not '%s'", f->name, v);
         break;
     }
 }
@@ -412,7 +415,10 @@ static std::string flag_text(const Args* a, const FlagSpec* f, bool exact) {
     case FLAG_ATTENTION: return *(const int*)field ? "fused" : "matmul";
     case FLAG_DTYPE: return *(const int*)field == DTYPE_BF16 ? "bf16" : *(const int*)field == DTYPE_AUTO ? "auto" : "fp32";
     case FLAG_CORPUS: return *(const int*)field == CORPUS_BYTES ? "bytes" : "words";
-    case FLAG_BF16GEMM: return *(const int*)field == BF16_GEMM_DP ? "vdpbf16ps" : *(const int*)field == BF16_GEMM_FMA ? "fma" : "auto";
+    case FLAG_BF16GEMM: {
+        const int g = *(const int*)field;
+        return g == BF16_GEMM_DP ? "vdpbf16ps" : g == BF16_GEMM_FMA ? "fma" : g == BF16_GEMM_AMX ? "amx" : "auto";
+    }
     }
     return buf;
 }

@@ -99,6 +99,7 @@ static void print_memory(const Run* run) {
                "  each layer keeps its bf16 activations (ln1, atty, ln2, fch, fch_gelu) as bf16, the residuals and q, k, v in fp32%s;\n"
                "  the LM head's logits and their gradient are bf16 too (B*T*Vp/P of them: half the fp32 bytes);\n"
                "  %s\n", split && sp_wire_bf16(c, true) ? " (SP's all-gathers move them as bf16, through a B*T*C bf16 buffer)" : "", run->device == DEV_CUDA ? "the GPU's matmuls pack them to bf16 and multiply them by the weights on bf16 tensor cores, with fp32 sums"
+                         : bf16_path == BF16_AMX ? "the CPU's matmuls multiply them on AMX tiles (--bf16-gemm amx: fp32 sums, its own rounding)"
                          : bf16_dp_used() ? "the CPU's matmuls multiply them on vdpbf16ps (AVX512-BF16; --bf16-gemm)"
                                           : "the CPU's matmuls multiply them with fp32 fmas (the bits of vdpbf16ps; --bf16-gemm)");
 }

@@ -559,6 +559,16 @@ static int device_setup(Run* run) {
     return ngpu;
 }
 
+// --bf16-gemm: the path of a bf16 run's CPU matmuls (common/bf16.h), refused where this CPU lacks it
+static void bf16_gemm_setup(int gemm) {
+    if (gemm == BF16_GEMM_DP && !bf16_dp_supported())
+        fatal("--bf16-gemm vdpbf16ps: this CPU (or a build without AVX-512) has no AVX512-BF16: use --bf16-gemm fma or auto");
+    if (gemm == BF16_GEMM_AMX && !bf16_amx_supported())
+        fatal("--bf16-gemm amx: this CPU (or a build without AVX-512) has no AMX-BF16, or Linux does not let tp use it (a "
+              "kernel older than 5.16): use --bf16-gemm auto");
+    bf16_path = gemm == BF16_GEMM_DP ? BF16_DP : gemm == BF16_GEMM_FMA ? BF16_FMA : gemm == BF16_GEMM_AMX ? BF16_AMX : BF16_AUTO;
+}
+
 // --dtype auto (the default), where no llm.c model file (-e) decided it: bf16 where the hardware has bf16
 // arithmetic, a GPU of sm_80 and newer or a CPU with AVX512-BF16, fp32 elsewhere. (The bits of a bf16 run do
 // not depend on it: a CPU without AVX512-BF16 computes the same ones with fp32 fmas, only slower; README, bf16.)
