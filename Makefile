@@ -130,11 +130,12 @@ test_tp_asan: $(TESTS) $(SOURCES) build/config
 # past a buffer: the token and model files (loader, checkpoint, checksums, bf16_ckpt, resume, resume_epoch,
 # folders, rundir), the command line and its bad input (cli, bad_input, flags), text, tokenizers and prompts
 # (owndata, prepare, bpe, export, servecli, corpus and words: the embedded corpus's tokens, tokenizer.bin),
-# the KV cache's indexing (serve); and ops, every CPU kernel's loads and stores at the tile edges. 80-100 s on 2 cores (the whole suite: 350 s); the groups left out
+# the KV cache's indexing (serve); ops, every CPU kernel's loads and stores at the tile edges, and bf16_amx,
+# the AMX GEMM's packs at theirs. 80-100 s on 2 cores (the whole suite: 350 s); the groups left out
 # run the same code through other paths or at other sizes (make test runs them all), or check numbers
 # (bperun 46 s, readme 19 s) or timings (plan_sweep 19 s).
 ASAN_GROUPS ?= ops loader checkpoint checksums bf16_ckpt resume resume_epoch folders rundir cli bad_input flags \
-               owndata prepare bpe export servecli serve corpus words
+               owndata prepare bpe export servecli serve corpus words bf16_amx
 asan: tp_asan test_tp_asan
 	ASAN_OPTIONS=detect_leaks=0 TP_BIN=./tp_asan ./test_tp_asan $(ASAN_GROUPS)
 
@@ -144,12 +145,13 @@ test_tp_tsan: $(TESTS) $(SOURCES) build/config
 	$(NVCC) $(SANFLAGS) $(TSAN) -o $@ test_tp.cu $(LDLIBS)
 # TSan's groups: those whose threads share memory: the collectives and the ranks of one process (tp, sp,
 # dp), the pipeline's stages and messages (pp, pp_p2p, pp_stall), a rank that waits on the others' timeouts
-# (hangs), the worker pool, bf16's master copies written by every rank, the KV cache at TP = 2 and 4
+# (hangs), the worker pool, bf16's master copies written by every rank, the AMX GEMM's packs and tile
+# blocks on the pool's threads (bf16_amx, where the CPU has AMX), the KV cache at TP = 2 and 4
 # (serve), and a signal arriving while the ranks run (interrupts). About 135 s on 2 cores (the whole suite:
 # 17-21 minutes); the groups left out start the same threads from the command line or from files (resume,
 # rundir, dp_resume, mpi, mpi_pp, logs: 65-156 s each), or are ops (163 s), whose threads are the worker
 # pool's that pool puts under TSan; make test runs them all, make asan some.
-TSAN_GROUPS ?= collectives tp sp dp hangs pool pp_p2p pp pp_stall bf16 serve interrupts
+TSAN_GROUPS ?= collectives tp sp dp hangs pool pp_p2p pp pp_stall bf16 bf16_amx serve interrupts
 tsan: tp_tsan test_tp_tsan
 	TSAN_OPTIONS=halt_on_error=1 TP_BIN=./tp_tsan ./test_tp_tsan $(TSAN_GROUPS)
 

@@ -968,7 +968,7 @@ static void test_bf16_amx_gemm() {
     // ragged: a tile (16) and a block (32) and one either side, K around a tile's 32 and odd
     for (int M : {1, 15, 16, 17, 33, 50})
         for (int N : {1, 16, 31, 33, 70})
-            for (int K : {1, 2, 31, 32, 33, 65, 257}) shapes.push_back({M, N, K, (cases & 1) != 0, (cases++ & 2) != 0});
+            for (int K : {0, 1, 2, 31, 32, 33, 65, 257}) shapes.push_back({M, N, K, (cases & 1) != 0, (cases++ & 2) != 0});
     int index = 0;
     for (const Shape& sh : shapes) {
         const int M = sh.M, N = sh.N, K = sh.K;
