@@ -73,6 +73,15 @@ static inline float exp_fast(float x_in) {
 #define GEMM_VL 4
 #endif
 #define GEMM_NR (2 * GEMM_VL)
+// A GEMM's pack: n elements of a thread's buffer that only grows, from a 64-byte boundary, so that a panel
+// row starts a cache line (a vector's allocation is 16-byte aligned, and rows that straddle two lines made
+// the AMX tiles of common/bf16.h 1.7x slower)
+template <typename T>
+static T* pack_buffer(std::vector<T>& v, size_t n) {
+    if (v.size() < n + 64 / sizeof(T)) v.resize(n + 64 / sizeof(T));
+    return (T*)(((uintptr_t)v.data() + 63) & ~(uintptr_t)63);
+}
+
 // Blocking: a unit of work is GEMM_MT tiles of rows by GEMM_NT panels of columns (128 x 512 with
 // AVX-512). Each tile runs over the whole of K with its sums in registers and is written to C once: its B
 // panel (K x NR floats, 48-256 KB at the model's shapes) stays in L2 while the unit's row tiles go by it,
@@ -335,8 +344,7 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
     const int MB = (M + GEMM_MR - 1) / GEMM_MR, NB = (N + GEMM_NR - 1) / GEMM_NR;
     // the packed B belongs to the calling (rank) thread and only grows, so a step allocates nothing
     static thread_local std::vector<float> packB;
-    if (packB.size() < (size_t)NB * GEMM_NR * K) packB.resize((size_t)NB * GEMM_NR * K);
-    float* Bp = packB.data();
+    float* Bp = pack_buffer(packB, (size_t)NB * GEMM_NR * K);
     gemm_pack_b_cpu(Bp, B, b_rs, b_cs, K, N);
     int mt = GEMM_MT, nt = GEMM_NT;
     gemm_units_cpu(MB, NB, &mt, &nt);
@@ -355,8 +363,8 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
         // multiple of 512 bytes fall into a few L1 sets and evict the B panel
         static thread_local std::vector<float> packA;
         const bool pack_a = a_rs == 1 && a_cs != 1;
+        float* Ap = pack_a ? pack_buffer(packA, (size_t)mt * GEMM_MR * K) : nullptr;
         if (pack_a) {
-            if (packA.size() < (size_t)mt * GEMM_MR * K) packA.resize((size_t)mt * GEMM_MR * K);
             // packA[mb - mb0][k][r] = a(mb*MR + r, k), rows past M zero. Row k of the transpose is contiguous:
             // two tiles at a time take 2 MR floats of it (a 64-byte line with AVX-512) and write each tile's
             // panel in order. (k outermost, writing every tile's panel at once, stores 2 x 16 runs 4 KB apart
@@ -364,7 +372,7 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
             const int m0 = mb0 * GEMM_MR, mc = (M < mb1 * GEMM_MR ? M : mb1 * GEMM_MR) - m0;
             int i = 0;
             for (; i + 2 * GEMM_MR <= mc; i += 2 * GEMM_MR) {
-                float* d0 = packA.data() + (size_t)(i / GEMM_MR) * K * GEMM_MR;
+                float* d0 = Ap + (size_t)(i / GEMM_MR) * K * GEMM_MR;
                 float* d1 = d0 + (size_t)K * GEMM_MR;
                 const float* s = A + m0 + i;
                 for (int k = 0; k < K; k++, s += a_cs) {
@@ -373,7 +381,7 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
                 }
             }
             for (; i < mc; i += GEMM_MR) {  // a last odd tile, and the one past M
-                float* d = packA.data() + (size_t)(i / GEMM_MR) * K * GEMM_MR;
+                float* d = Ap + (size_t)(i / GEMM_MR) * K * GEMM_MR;
                 const float* s = A + m0 + i;
                 for (int k = 0; k < K; k++, s += a_cs)
                     for (int r = 0; r < GEMM_MR; r++) d[(size_t)k * GEMM_MR + r] = i + r < mc ? s[r] : 0.0f;
@@ -406,7 +414,7 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
                 if (pack_a) {
                     // (two copies of the tile: the one without the next panel's prefetches has no trace of them
                     // in its loop, which at small K cost up to 10%)
-                    const float* ap = packA.data() + (size_t)(mb - mb0) * K * GEMM_MR;
+                    const float* ap = Ap + (size_t)(mb - mb0) * K * GEMM_MR;
                     if (next.lines) gemm_tile_packed_cpu(acc, ap, b, K, next);
                     else gemm_tile_packed_cpu(acc, ap, b, K);
                 } else {

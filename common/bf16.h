@@ -407,13 +407,6 @@ static inline __m512i bf16_pairs_from_words(__m512i lo, __m512i hi) {
 }
 #endif
 
-// n words of a pack, grown as needed, from a 64-byte boundary: a panel row or tile row that straddled two
-// cache lines (a vector's allocation is 16-byte aligned) made the AMX blocks 1.7x slower
-static uint32_t* bf16_pack_buffer(std::vector<uint32_t>& v, size_t n) {
-    if (v.size() < n + 16) v.resize(n + 16);
-    return (uint32_t*)(((uintptr_t)v.data() + 63) & ~(uintptr_t)63);
-}
-
 // the pair j of a row of A or a column of B that starts at s, elements a stride apart (0 past K)
 template <typename T>
 static inline uint32_t bf16_pair_at(const T* s, long stride, int j, int K) {
@@ -486,8 +479,8 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
     const int MB = (M + BF16_MR - 1) / BF16_MR, NB = (N + BF16_NR - 1) / BF16_NR, KP = (K + 1) / 2;
     // the packed operands belong to the calling (rank) thread and only grow
     static thread_local std::vector<uint32_t> packA, packB;
-    uint32_t* Ap = bf16_pack_buffer(packA, (size_t)MB * BF16_MR * KP);
-    uint32_t* Bp = bf16_pack_buffer(packB, (size_t)NB * BF16_NR * KP);
+    uint32_t* Ap = pack_buffer(packA, (size_t)MB * BF16_MR * KP);
+    uint32_t* Bp = pack_buffer(packB, (size_t)NB * BF16_NR * KP);
     auto pair_at = [K](const auto* s, long stride, int j) { return bf16_pair_at(s, stride, j, K); };
     // Ap[mb][j][r] = pair j of row m = mb*MR + r of A; rows past M zero. Two row tiles a task, so that the
     // vector paths read whole 64-byte lines (16 rows of a transpose, or 16 rows into one transpose); a last
@@ -687,8 +680,8 @@ static void gemm_bf16_amx_cpu(int M, int N, int K, const TA* A, long a_rs, long 
     const int KP = (K + 1) / 2, JB = (KP + 15) / 16, KS = JB * 16;
     const int MB = (M + BF16_AMX_MB - 1) / BF16_AMX_MB, NB = (N + BF16_NR - 1) / BF16_NR;
     static thread_local std::vector<uint32_t> packA, packB;  // the calling (rank) thread's; they only grow
-    uint32_t* Ap = bf16_pack_buffer(packA, (size_t)MB * BF16_AMX_MB * KS);
-    uint32_t* Bp = bf16_pack_buffer(packB, (size_t)NB * BF16_NR * KS);
+    uint32_t* Ap = pack_buffer(packA, (size_t)MB * BF16_AMX_MB * KS);
+    uint32_t* Bp = pack_buffer(packB, (size_t)NB * BF16_NR * KS);
     // Ap[mb][jb][h][r][w] = pair 16 jb + w of row m = 32 mb + 16 h + r of A, zero past M and past K: a half
     // block of 16 rows at a time
     cpu_for((long)MB * 2, [&](long half) {
