@@ -1114,19 +1114,19 @@ static void test_bf16_amx_train() {
     bf16_path = had;
 
     // the command line: said at the start; 1 and 2 threads the same; stopped and resumed with it, bit-exact
-    std::string d = tmpdir();
+    std::string d = tmpdir() + "/amx";  // (amx_full, amx_half: the scratch folder is the process's, other groups use it too)
     std::string base = "-e L2C64H4 -b 4 -t 32 -v 0 -g 0 --tp 2 --dtype bf16 --bf16-gemm amx ";
     std::string out1, out2, out_half, out_res;
-    int r1 = run_cmd(base + "--threads 1 -x 6 -o " + d + "/full", &out1, nullptr);
+    int r1 = run_cmd(base + "--threads 1 -x 6 -o " + d + "_full", &out1, nullptr);
     int r2 = run_cmd(base + "--threads 2 -x 6", &out2, nullptr);
-    int r3 = run_cmd(base + "--threads 1 -x 3 -o " + d + "/half", &out_half, nullptr);
-    int r4 = run_cmd(base + "--threads 1 -x 6 -y 1 -o " + d + "/half", &out_res, nullptr);
+    int r3 = run_cmd(base + "--threads 1 -x 3 -o " + d + "_half", &out_half, nullptr);
+    int r4 = run_cmd(base + "--threads 1 -x 6 -y 1 -o " + d + "_half", &out_res, nullptr);
     std::vector<float> l1 = grep_floats(out1, "| loss "), l2 = grep_floats(out2, "| loss "), lr = grep_floats(out_res, "| loss ");
     std::vector<float> tail(l1.size() == 6 ? l1.begin() + 3 : l1.end(), l1.end());
     check(r1 == 0 && r2 == 0 && out1.find("on AMX tiles (--bf16-gemm amx") != std::string::npos && l1.size() == 6 && l1 == l2,
           "--bf16-gemm amx from the command line: said, and the same 6 losses with 1 and 2 threads (exits %d %d)", r1, r2);
     check(r3 == 0 && r4 == 0 && tail.size() == 3 && lr == tail &&
-              model_params(ckpt_path((d + "/full").c_str(), "model", 6)) == model_params(ckpt_path((d + "/half").c_str(), "model", 6)),
+              model_params(ckpt_path((d + "_full").c_str(), "model", 6)) == model_params(ckpt_path((d + "_half").c_str(), "model", 6)),
           "--bf16-gemm amx stopped at step 3 and resumed with it: steps 4-6 and the step-6 weights bit-identical (exits %d %d)", r3, r4);
 }
 
