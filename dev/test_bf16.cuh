@@ -437,6 +437,22 @@ static void test_bf16_elementwise_ops() {
           "NaN, infinities, ties, 1 and 3 threads)", differ, compared);
 }
 
+// The bf16 GEMM of one ragged shape (333 x 130 x 301, B a transpose) on a rank thread with `threads`
+// workers, on the path bf16_path names: what the checks of its bits across thread counts compare
+static std::vector<float> bf16_gemm_on_threads(int threads) {
+    const int M = 333, N = 130, K = 301;
+    std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
+    for (size_t i = 0; i < A.size(); i++) A[i] = bf16_round(sinf((float)i));
+    for (size_t i = 0; i < B.size(); i++) B[i] = bf16_round(cosf((float)i * 0.7f));
+    std::vector<float> C((size_t)M * N, 0.0f);
+    std::thread rank([&]() {
+        cpu_pool_start(threads);
+        gemm_bf16_cpu(M, N, K, A.data(), K, 1, B.data(), 1, K, C.data(), N, false, nullptr);
+    });
+    rank.join();
+    return C;
+}
+
 static void test_bf16() {
     printf("bf16: conversions, stochastic rounding, the bf16 GEMM (%s on this CPU; the GEMM takes the %s path)\n",
            bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path; no AVX512-BF16 here",
@@ -521,10 +537,6 @@ static void test_bf16() {
     }
     // the same bits at any thread count (a rank thread with 1, 2 and 3 workers) on each path
     {
-        const int M = 333, N = 130, K = 301;
-        std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
-        for (size_t i = 0; i < A.size(); i++) A[i] = bf16_round(sinf((float)i));
-        for (size_t i = 0; i < B.size(); i++) B[i] = bf16_round(cosf((float)i * 0.7f));
         const Bf16Path had = bf16_path;
         std::vector<float> first;
         bool same = true;
@@ -533,12 +545,7 @@ static void test_bf16() {
             if (path == BF16_DP && !bf16_dp_supported()) continue;
             bf16_path = path;
             for (int t = 1; t <= 3; t++) {
-                std::vector<float> C((size_t)M * N, 0.0f);
-                std::thread rank([&]() {
-                    cpu_pool_start(t);
-                    gemm_bf16_cpu(M, N, K, A.data(), K, 1, B.data(), 1, K, C.data(), N, false, nullptr);
-                });
-                rank.join();
+                std::vector<float> C = bf16_gemm_on_threads(t);
                 if (first.empty()) first = C;
                 else if (memcmp(first.data(), C.data(), C.size() * 4)) same = false;
                 runs++;
@@ -1024,25 +1031,61 @@ static void test_bf16_amx_gemm() {
            unlike_chain, compared);
     // the same bits with 1, 2 and 3 threads, and run again
     {
-        const int M = 333, N = 130, K = 301;
-        std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
-        for (size_t i = 0; i < A.size(); i++) A[i] = bf16_round(sinf((float)i));
-        for (size_t i = 0; i < B.size(); i++) B[i] = bf16_round(cosf((float)i * 0.7f));
         std::vector<float> first;
         long differ = 0;
         for (int t : {1, 2, 3, 1}) {
-            std::vector<float> C((size_t)M * N, 0.0f);
-            std::thread rank([&]() {
-                cpu_pool_start(t);
-                gemm_bf16_cpu(M, N, K, A.data(), K, 1, B.data(), 1, K, C.data(), N, false, nullptr);
-            });
-            rank.join();
+            std::vector<float> C = bf16_gemm_on_threads(t);
             if (first.empty()) first = C;
             else differ += vectors_differ(first, C);
         }
         check(differ == 0, "AMX: the same bits with 1, 2 and 3 threads and on a rerun (%ld elements differ)", differ);
     }
     bf16_path = had;
+}
+
+// The model, weights and tokens of the bf16 training checks: L2 NH4 C64, V 256, B4 T32, 40 steps; data:
+// random tokens; learn: something to learn, a random phrase of 23 tokens over and over, so that the loss
+// falls (5.5 to ~0.1)
+struct Bf16Train {
+    GPTConfig cfg;
+    int B, T, steps;
+    std::vector<float> init;
+    std::vector<int> data, learn;
+};
+static Bf16Train bf16_train_setup() {
+    Bf16Train su;
+    su.cfg = make_config(2, 4, 64, 256, 32);
+    su.B = 4, su.T = 32, su.steps = 40;
+    su.init = init_weights(&su.cfg, 7);
+    su.data = random_tokens((long)su.steps * su.B * su.T + 1, su.cfg.V, 99);
+    std::vector<int> phrase = random_tokens(23, su.cfg.V, 41);
+    su.learn.resize(su.data.size());
+    for (size_t i = 0; i < su.learn.size(); i++) su.learn[i] = phrase[i % 23];
+    return su;
+}
+
+// One bf16 grid (P ranks, SP, -r) against TP=1 in bf16 from the same weights and data: the step-0 loss, the
+// losses over the steps, the step-0 gradients and the weights after them, within the bounds test_bf16_train
+// gives its reasons for, and the replicated tensors bit-identical across ranks. The grid's run is left in
+// *res for the caller's own checks; what: its label.
+static void bf16_grid_against_tp1(const GPTConfig* cfg, const std::vector<float>& init, const std::vector<int>& data, int B, int T,
+                                  int steps, int P, bool sp, int recompute, const TpResult& one, const char* what, TpResult* res) {
+    run_tp(cfg, init, P, steps, data, B, T, 1e-3f, 1.0f, res, sp, recompute, true, true);
+    check_le(fabs(res->losses[0] - one.losses[0]) / fabs(one.losses[0]), 1e-4, "%-18s step-0 loss %.7f vs TP=1's %.7f: rel err", what,
+             res->losses[0], one.losses[0]);
+    double lw = 0;
+    for (int k = 0; k < steps; k++) lw = worse(lw, fabs((double)res->losses[k] - one.losses[k]) / fabs(one.losses[k]));
+    check_le(lw, 1e-3, "%-18s losses over %d steps against TP=1's: worst rel err", what, steps);
+    // (each worst first: its name is set by the call)
+    const char* name;
+    double gerr = worst_tensor_err(cfg, res->grads_full, one.grads_full, &name);
+    check_le(gerr, 1e-2, "%-18s step-0 gradients against TP=1's: worst tensor %s, rel err", what, name);
+    double drift = worst_tensor_drift(cfg, res->params_full, one.params_full, init, &name);
+    check_le(drift, 1e-2, "%-18s weights after %d steps against TP=1's, per tensor against how far they moved (key bias aside): worst %s",
+             what, steps, name);
+    long mism_g, mism_p;
+    replicated_mismatch(cfg, P, *res, &mism_g, &mism_p);
+    check_le(mism_g + mism_p, 0, "%-18s replicated tensors differing in bits across ranks (%ld grads, %ld weights)", what, mism_g, mism_p);
 }
 
 // Training with --bf16-gemm amx: against fp32 and TP=P against TP=1 within the bounds the other two paths
@@ -1055,12 +1098,11 @@ static void test_bf16_amx_train() {
         return;
     }
     const Bf16Path had = bf16_path;
-    GPTConfig cfg = make_config(2, 4, 64, 256, 32);
-    int B = 4, T = 32, steps = 40;
-    std::vector<float> init = init_weights(&cfg, 7);
-    std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg.V, 99);
-    std::vector<int> phrase = random_tokens(23, cfg.V, 41), learn(data.size());
-    for (size_t i = 0; i < learn.size(); i++) learn[i] = phrase[i % 23];
+    Bf16Train su = bf16_train_setup();
+    const GPTConfig cfg = su.cfg;
+    const int B = su.B, T = su.T, steps = su.steps;
+    const std::vector<float>& init = su.init;
+    const std::vector<int>&data = su.data, &learn = su.learn;
     TpResult f32, amx, chain;
     run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &f32);
     bf16_path = BF16_FMA;
@@ -1087,22 +1129,9 @@ static void test_bf16_amx_train() {
     struct { int P; bool sp; int recompute; } grids[] = {{2, false, 0}, {4, false, 0}, {2, true, 0}, {4, true, 2}};
     for (auto& g : grids) {
         TpResult res;
-        run_tp(&cfg, init, g.P, steps_tp, data, B, T, 1e-3f, 1.0f, &res, g.sp, g.recompute, true, true);
         char what[48];
         snprintf(what, sizeof(what), "AMX TP=%d%s%s", g.P, g.sp ? " SP" : "", g.recompute ? " -r 2" : "");
-        check_le(fabs(res.losses[0] - one.losses[0]) / fabs(one.losses[0]), 1e-4, "%-16s step-0 loss %.7f vs TP=1's %.7f: rel err", what,
-                 res.losses[0], one.losses[0]);
-        double lw = 0;
-        for (int k = 0; k < steps_tp; k++) lw = worse(lw, fabs((double)res.losses[k] - one.losses[k]) / fabs(one.losses[k]));
-        check_le(lw, 1e-3, "%-16s losses over %d steps against TP=1's: worst rel err", what, steps_tp);
-        double gerr = worst_tensor_err(&cfg, res.grads_full, one.grads_full, &name);
-        check_le(gerr, 1e-2, "%-16s step-0 gradients against TP=1's: worst tensor %s, rel err", what, name);
-        double drift = worst_tensor_drift(&cfg, res.params_full, one.params_full, init, &name);
-        check_le(drift, 1e-2, "%-16s weights after %d steps against TP=1's, per tensor against how far they moved: worst %s", what,
-                 steps_tp, name);
-        long mism_g, mism_p;
-        replicated_mismatch(&cfg, g.P, res, &mism_g, &mism_p);
-        check_le(mism_g + mism_p, 0, "%-16s replicated tensors differing in bits across ranks (%ld grads, %ld weights)", what, mism_g, mism_p);
+        bf16_grid_against_tp1(&cfg, init, data, B, T, steps_tp, g.P, g.sp, g.recompute, one, what, &res);
     }
     GPTConfig small = make_config(2, 4, 32, 200, 32);
     std::vector<float> sinit = init_weights(&small, 7);
@@ -1163,13 +1192,11 @@ static void test_bf16_train() {
     }
 
     // bf16 against fp32 from the same weights: llm.c's bf16 test accepts 0.05 on the loss
-    GPTConfig cfg = make_config(2, 4, 64, 256, 32);
-    int B = 4, T = 32, steps = 40;
-    std::vector<float> init = init_weights(&cfg, 7);
-    std::vector<int> data = random_tokens((long)steps * B * T + 1, cfg.V, 99);
-    // something to learn: a random phrase of 23 tokens over and over, so that the loss falls (5.5 to ~1)
-    std::vector<int> phrase = random_tokens(23, cfg.V, 41), learn(data.size());
-    for (size_t i = 0; i < learn.size(); i++) learn[i] = phrase[i % 23];
+    Bf16Train su = bf16_train_setup();
+    const GPTConfig cfg = su.cfg;
+    const int B = su.B, T = su.T, steps = su.steps;
+    const std::vector<float>& init = su.init;
+    const std::vector<int>&data = su.data, &learn = su.learn;
     TpResult f32, b16;
     run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &f32);
     run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &b16, false, 0, true, true);
@@ -1205,23 +1232,9 @@ static void test_bf16_train() {
     struct { int P; bool sp; int recompute; } grids[] = {{2, false, 0}, {4, false, 0}, {2, true, 0}, {4, true, 2}};
     for (auto& g : grids) {
         TpResult res;
-        run_tp(&cfg, init, g.P, steps_tp, data, B, T, 1e-3f, 1.0f, &res, g.sp, g.recompute, true, true);
         char what[48];
         snprintf(what, sizeof(what), "bf16 TP=%d%s%s", g.P, g.sp ? " SP" : "", g.recompute ? " -r 2" : "");
-        check_le(fabs(res.losses[0] - one.losses[0]) / fabs(one.losses[0]), 1e-4, "%-18s step-0 loss %.7f vs TP=1's %.7f: rel err", what,
-                 res.losses[0], one.losses[0]);
-        double lw = 0;
-        for (int k = 0; k < steps_tp; k++) lw = worse(lw, fabs((double)res.losses[k] - one.losses[k]) / fabs(one.losses[k]));
-        check_le(lw, 1e-3, "%-18s losses over %d steps against TP=1's: worst rel err", what, steps_tp);
-        // (each worst first: its name is set by the call)
-        double gerr = worst_tensor_err(&cfg, res.grads_full, one.grads_full, &name);
-        check_le(gerr, 1e-2, "%-18s step-0 gradients against TP=1's: worst tensor %s, rel err", what, name);
-        double drift = worst_tensor_drift(&cfg, res.params_full, one.params_full, init, &name);
-        check_le(drift, 1e-2, "%-18s weights after %d steps against TP=1's, per tensor against how far they moved (key bias aside): worst %s",
-                 what, steps_tp, name);
-        long mism_g, mism_p;
-        replicated_mismatch(&cfg, g.P, res, &mism_g, &mism_p);
-        check_le(mism_g + mism_p, 0, "%-18s replicated tensors differing in bits across ranks (%ld grads, %ld weights)", what, mism_g, mism_p);
+        bf16_grid_against_tp1(&cfg, init, data, B, T, steps_tp, g.P, g.sp, g.recompute, one, what, &res);
         check_le(bf16_weights_unlike_masters(res), 0, "%-18s the last forward's bf16 weights not the rounding of its masters at "
                  "step %d, keyed on the full index, the step and the seed", what, res.t_last);
         // the activations each layer keeps in bf16 storage (and with SP the all-gathers of bf16 values, which
