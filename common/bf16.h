@@ -587,7 +587,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
 // It does not round as the two paths above do, so it is never auto's choice and gives other bits.
 // Measured on an Intel host with AMX (README, AMX): a product added alone rounds as an fma does; two
 // products are summed and rounded first, then added (not two fmas in turn); with more products in one
-// instruction no order of fp32 roundings we tried reproduces it, and at 32 products 49% of the sums differ
+// instruction no order of fp32 roundings we tried reproduces it, and at 32 products 45% of the sums differ
 // from the fma chain's in the last bit or more. The fp32 path cannot compute its bits, so a CPU without AMX cannot
 // continue an AMX run bit for bit. What does hold (the bf16 tests check it): the same bits for any number
 // of threads and on every rerun (each sum is the same instructions in the same order), and a run's losses
