@@ -619,6 +619,10 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) static void gemm_bf16_blo
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
+    for (int r = 0; r < mr; r++) {  // C's lines, fetched while the sums run (a C of megabytes is not in L2)
+        _mm_prefetch((const char*)(Cm + (size_t)r * ldc), _MM_HINT_T0);
+        if (sizeof(TC) * BF16_NR > 64) _mm_prefetch((const char*)(Cm + (size_t)r * ldc) + 64, _MM_HINT_T0);
+    }
     for (int jb = 0; jb < JB; jb++) {
         const uint32_t* at = a + (size_t)jb * 512;
         const uint32_t* bt = b + (size_t)jb * 16 * BF16_NR;
