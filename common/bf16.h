@@ -405,6 +405,29 @@ static inline __m512i bf16_pairs_from_words(__m512i lo, __m512i hi) {
                                      35, 33, 39, 37, 43, 41, 47, 45, 51, 49, 55, 53, 59, 57, 63, 61};
     return _mm512_permutex2var_epi16(lo, _mm512_loadu_si512((const void*)idx), hi);
 }
+
+// the 16 pair words of 32 consecutive elements of K (a row of A or a column of B along k): fp32 words
+// holding bf16 values by one permute of their high halves; bf16 storage, where elements 2j and 2j+1 are
+// the low and high halves of word j (little-endian), by swapping each word's halves
+static inline __m512i bf16_pairs_of_run(const float* p) {
+    return bf16_pairs_from_words(_mm512_loadu_si512((const void*)p), _mm512_loadu_si512((const void*)(p + 16)));
+}
+static inline __m512i bf16_pairs_of_run(const bf16* p) {
+    return _mm512_maskz_rol_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)p), 16);
+}
+
+// pair j of 16 neighbouring rows (the lanes set in `rows`; 0 in the others) from the lines e (k = 2j) and
+// o (k = 2j + 1): element 2j's bits high in each word, 2j+1's low
+static inline __m512i bf16_pairs_of_lines(const float* e, const float* o, __mmask16 rows) {
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    return _mm512_or_si512(_mm512_and_si512(_mm512_maskz_loadu_epi32(rows, (const void*)e), high),
+                           _mm512_maskz_srli_epi32((__mmask16)0xffff, _mm512_maskz_loadu_epi32(rows, (const void*)o), 16));
+}
+static inline __m512i bf16_pairs_of_lines(const bf16* e, const bf16* o, __mmask16 rows) {
+    const __m512i we = _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_maskz_loadu_epi16(rows, (const void*)e));
+    const __m512i wo = _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_maskz_loadu_epi16(rows, (const void*)o));
+    return _mm512_or_si512(_mm512_maskz_slli_epi32((__mmask16)0xffff, we, 16), wo);
+}
 #endif
 
 // the pair j of a row of A or a column of B that starts at s, elements a stride apart (0 past K)
@@ -436,11 +459,7 @@ static void gemm_bf16_pack_b(uint32_t* Bp, const TB* B, long b_rs, long b_cs, in
                 for (int j0 = 0; j0 < JV; j0 += 16) {
                     __m512i r[16];
                     for (int c = 0; c < 16; c++) {
-                        const TB* col = B + (long)(n0 + c0 + c) * b_cs + 2 * j0;
-                        if (std::is_same<TB, float>::value)
-                            r[c] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)col), _mm512_loadu_si512((const void*)(col + 16)));
-                        else
-                            r[c] = _mm512_maskz_rol_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)col), 16);
+                        r[c] = bf16_pairs_of_run(B + (long)(n0 + c0 + c) * b_cs + 2 * j0);
                     }
                     transpose16_epi32(r);
                     for (int j = 0; j < 16; j++) _mm512_storeu_si512((void*)(d + (size_t)(j0 + j) * BF16_NR + c0), r[j]);
@@ -505,19 +524,9 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
         // (in bf16 storage, the LM head's dlogits: 16 halves of each line widened to words, the even line's
         // shifted up)
         if (tiles > 0 && a_rs == 1) {
-            const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
             const TA* a0 = A + mb2 * BF16_MR;
             for (int j = 0; j < K / 2; j++) {
-                __m512i w;
-                if (std::is_same<TA, float>::value) {
-                    __m512i e = _mm512_maskz_loadu_epi32(rows, (const void*)(a0 + (long)(2 * j) * a_cs));
-                    __m512i o = _mm512_maskz_loadu_epi32(rows, (const void*)(a0 + (long)(2 * j + 1) * a_cs));
-                    w = _mm512_or_si512(_mm512_and_si512(e, high), _mm512_maskz_srli_epi32((__mmask16)0xffff, o, 16));
-                } else {
-                    __m512i e = _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_maskz_loadu_epi16(rows, (const void*)(a0 + (long)(2 * j) * a_cs)));
-                    __m512i o = _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_maskz_loadu_epi16(rows, (const void*)(a0 + (long)(2 * j + 1) * a_cs)));
-                    w = _mm512_or_si512(_mm512_maskz_slli_epi32((__mmask16)0xffff, e, 16), o);
-                }
+                const __m512i w = bf16_pairs_of_lines(a0 + (long)(2 * j) * a_cs, a0 + (long)(2 * j + 1) * a_cs, rows);
                 _mm256_storeu_si256((__m256i*)(d0 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 0));
                 if (tiles == 2) _mm256_storeu_si256((__m256i*)(d1 + (size_t)j * BF16_MR), _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, 1));
             }
@@ -534,12 +543,7 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
             for (int j0 = 0; j0 < JV; j0 += 16) {
                 __m512i r[16];
                 for (int i = 0; i < 16; i++) {
-                    const TA* row = A + (mb2 * BF16_MR + i) * a_rs + 2 * j0;
-                    if (i >= tiles * BF16_MR) r[i] = _mm512_setzero_si512();
-                    else if (std::is_same<TA, float>::value)
-                        r[i] = bf16_pairs_from_words(_mm512_loadu_si512((const void*)row), _mm512_loadu_si512((const void*)(row + 16)));
-                    else
-                        r[i] = _mm512_maskz_rol_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)row), 16);
+                    r[i] = i < tiles * BF16_MR ? bf16_pairs_of_run(A + (mb2 * BF16_MR + i) * a_rs + 2 * j0) : _mm512_setzero_si512();
                 }
                 transpose16_epi32(r);
                 for (int j = 0; j < 16; j++) {
@@ -699,31 +703,16 @@ static void gemm_bf16_amx_cpu(int M, int N, int K, const TA* A, long a_rs, long 
             // rows contiguous along k (a forward's or an input gradient's A): each row's 32 k are one tile row
             // of 16 pair words, one permute of fp32 words' high halves, or bf16 storage's words halves swapped
             for (; jdone + 16 <= K / 2; jdone += 16)
-                for (int r = 0; r < 16; r++) {
-                    const TA* row = A + (m0 + r) * a_rs + 2 * jdone;
-                    __m512i w;
-                    if (std::is_same<TA, float>::value)
-                        w = bf16_pairs_from_words(_mm512_loadu_si512((const void*)row), _mm512_loadu_si512((const void*)(row + 16)));
-                    else
-                        w = _mm512_maskz_rol_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)row), 16);
-                    _mm512_storeu_si512((void*)&at(r, jdone), w);
-                }
+                for (int r = 0; r < 16; r++)
+                    _mm512_storeu_si512((void*)&at(r, jdone), bf16_pairs_of_run(A + (m0 + r) * a_rs + 2 * jdone));
         } else if (m0 + 16 <= M && a_rs == 1) {
             // rows next to each other (a weight gradient's A, dout transposed): pair j of the 16 rows from the
             // lines at k = 2j and 2j + 1, a tile column; 16 of them transposed into the tile's rows
-            const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
             for (; jdone + 16 <= K / 2; jdone += 16) {
                 __m512i c[16];
                 for (int w = 0; w < 16; w++) {
                     const TA* e = A + m0 + (long)(2 * (jdone + w)) * a_cs;
-                    const TA* o = e + a_cs;
-                    if (std::is_same<TA, float>::value)
-                        c[w] = _mm512_or_si512(_mm512_and_si512(_mm512_loadu_si512((const void*)e), high),
-                                               _mm512_maskz_srli_epi32((__mmask16)0xffff, _mm512_loadu_si512((const void*)o), 16));
-                    else
-                        c[w] = _mm512_or_si512(
-                            _mm512_maskz_slli_epi32((__mmask16)0xffff, _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_loadu_si256((const __m256i*)(const void*)e)), 16),
-                            _mm512_maskz_cvtepu16_epi32((__mmask16)0xffff, _mm256_loadu_si256((const __m256i*)(const void*)o)));
+                    c[w] = bf16_pairs_of_lines(e, e + a_cs, (__mmask16)0xffff);
                 }
                 transpose16_epi32(c);
                 for (int r = 0; r < 16; r++) _mm512_storeu_si512((void*)&at(r, jdone), c[r]);
