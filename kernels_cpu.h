@@ -371,11 +371,11 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
             // two tiles at a time take 2 MR floats of it (a 64-byte line with AVX-512) and write each tile's
             // panel in order. (k outermost, writing every tile's panel at once, stores 2 x 16 runs 4 KB apart
             // and costs the weight gradients a seventh of their time.) But 16 k at a time, every pair of tiles
-            // in turn: a pass of one pair down the whole of K reads one line a row, each row a page of its own
-            // at the model's shapes (dout's rows are OC floats apart), so the unit's next pair came back to
-            // pages the TLB and the prefetchers had let go, K times over; 16 rows at a time, the unit's lines
-            // of a row are read while its page is at hand. d6's fc weight gradient 4-7% faster (one core,
-            // alternating in one process; 8 or 32 k: less).
+            // in turn: a pass of one pair down the whole of K reads one line from each of K rows (dout's rows,
+            // OC floats apart), and the next pair came back for the neighbouring lines only 2K loads later;
+            // 16 rows at a time, the unit's lines of a row are read close together, where the hardware's
+            // prefetchers follow a page (not the TLB: the pack was as slow with 2 MB pages, README, Speed).
+            // d6's fc weight gradient 4-7% faster (one core, alternating in one process; 8 or 32 k: less).
             const int m0 = mb0 * GEMM_MR, mc = (M < mb1 * GEMM_MR ? M : mb1 * GEMM_MR) - m0, pairs = mc / (2 * GEMM_MR);
             const long acs = a_cs;  // (a local: the stores through d0 and d1 could alias the captured a_cs)
             for (int k0 = 0; k0 < K; k0 += 16)

@@ -514,8 +514,8 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
         // two lines, and pair j of each row is their high halves, split between the two tiles' panels
         // (in bf16 storage, the LM head's dlogits: 16 halves of each line widened to words, the even line's
         // shifted up). The task's twos in turn at each 16 j: they read neighbouring lines of the same rows of
-        // dout, each row a page of its own at the model's shapes, while the TLB and the prefetchers hold
-        // them (a two at a time down the whole of K came back to every page 4 times over): d6's weight
+        // dout close together (a two at a time down the whole of K came back to each row for the next line
+        // only K loads later), as gemm_cpu's pack of a transposed A does: d6's weight
         // gradients on vdpbf16ps level to 9% faster (one core, 3 runs; on the host measured, vdpbf16ps is
         // half the fma rate and its sums hide most of the pack)
         static_assert(BF16_MR == 8, "two tiles are one 16-word vector");
@@ -734,10 +734,10 @@ static void gemm_bf16_amx_cpu(int M, int N, int K, const TA* A, long a_rs, long 
         } else if (a_rs == 1) {
             // rows next to each other (a weight gradient's A, dout transposed): pair j of a half block's 16 rows
             // from the lines at k = 2j and 2j + 1, a tile column; 16 of them transposed into the tile's rows.
-            // The task's half blocks in turn at each 32 k: they read neighbouring lines of the same rows of dout,
-            // each row a page of its own at the model's shapes, while the TLB and the prefetchers hold them (a
-            // half block at a time down the whole of K came back to every page 4 times over). d6's weight
-            // gradients on AMX 5-33% faster, one core (the most where N is smallest: 192, TP 2's attproj)
+            // The task's half blocks in turn at each 32 k: they read neighbouring lines of the same rows of dout
+            // close together (a half block at a time down the whole of K came back to each row for the next
+            // line only K loads later), as gemm_cpu's pack of a transposed A does. d6's weight gradients on
+            // AMX 5-35% faster, one core (the most where N is smallest: 192, TP 2's attproj)
             for (int j = 0; j + 16 <= K / 2; j += 16)
                 for (long half = h0; half < full; half++) {
                     __m512i c[16];
