@@ -515,9 +515,9 @@ static void gemm_bf16_dp_cpu(int M, int N, int K, const TA* A, long a_rs, long a
         // (in bf16 storage, the LM head's dlogits: 16 halves of each line widened to words, the even line's
         // shifted up). The task's twos in turn at each 16 j: they read neighbouring lines of the same rows of
         // dout close together (a two at a time down the whole of K came back to each row for the next line
-        // only K loads later), as gemm_cpu's pack of a transposed A does: d6's weight
-        // gradients on vdpbf16ps level to 9% faster (one core, 3 runs; on the host measured, vdpbf16ps is
-        // half the fma rate and its sums hide most of the pack)
+        // only K loads later), as gemm_cpu's pack of a transposed A does: d6's weight gradients on vdpbf16ps
+        // level to 9% faster (one core, 3 runs; on the host measured, vdpbf16ps is half the fma rate and its
+        // sums hide most of the pack)
         static_assert(BF16_MR == 8, "two tiles are one 16-word vector");
         if (a_rs == 1)
             for (int j0 = 0; j0 < K / 2; j0 += 16)
