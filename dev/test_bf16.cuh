@@ -471,8 +471,18 @@ static void test_bf16() {
                   bf16_round(bf16_test_float(0x3f808001u)) == 0x3f81,
               "ties go to even (0x%04x, 0x%04x), above a tie up (0x%04x)", bf16_round(one_half_ulp), bf16_round(three_half),
               bf16_round(bf16_test_float(0x3f808001u)));
-        bf16 n = bf16_round(bf16_test_float(0x7fffffffu));
-        check((n & 0x7f80) == 0x7f80 && (n & 0x7f) != 0, "a NaN stays a NaN (0x%04x), not infinity", n);
+        // a NaN stays a NaN, whatever its sign and payload: also one whose payload is all in the 16 bits that
+        // bf16 drops (kept as they are, those would leave the bits of an infinity)
+        const uint32_t nans[] = {0x7fffffffu, 0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7f80ffffu, 0xffffffffu, 0x7fbf0000u};
+        int nan_kept = 0, nan_value_kept = 0;
+        for (uint32_t u : nans) {
+            bf16 n = bf16_round(bf16_test_float(u));
+            float v = bf16_value(bf16_test_float(u));
+            nan_kept += (n & 0x7f80) == 0x7f80 && (n & 0x7f) != 0;
+            nan_value_kept += v != v && (bf16_test_bits(v) & 0xffffu) == 0;
+        }
+        check(nan_kept == 7 && nan_value_kept == 7, "a NaN stays a NaN, not infinity, for 7 signs and payloads (the low 16 bits "
+              "alone among them): bf16_round %d, bf16_value %d (in the high half of its word)", nan_kept, nan_value_kept);
         // bf16's largest finite value is 0x7f7f; fp32's largest (0x7f7fffff) is past its halfway point
         check(bf16_round(bf16_test_float(0x7f7fffffu)) == 0x7f80 && bf16_round(bf16_test_float(0x7f7f7fffu)) == 0x7f7f,
               "past bf16's largest value plus half its last unit rounds to infinity, below it to the largest");
@@ -505,6 +515,42 @@ static void test_bf16() {
         }
         check(exact && repro && varies, "a bf16 value rounds to itself (%d), the same key gives the same rounding (%d), "
               "other indices others (%d)", exact, repro, varies);
+        // nothing past the finite values moves: a NaN (any payload, the all-ones one too, where adding the noise
+        // would carry into the sign) stays a NaN, an infinity that infinity; fp32's largest value goes to
+        // bf16's largest or to infinity, nothing else
+        bool specials = true;
+        for (int step = 0; step < 64; step++) {
+            for (uint32_t u : {0x7fffffffu, 0xffffffffu, 0x7f800001u, 0xff80ffffu}) {
+                bf16 n = bf16_round_stochastic(bf16_test_float(u), 1000 + step, step, 1);
+                if ((n & 0x7f80) != 0x7f80 || (n & 0x7f) == 0) specials = false;
+            }
+            if (bf16_round_stochastic(INFINITY, step, step, 1) != 0x7f80 || bf16_round_stochastic(-INFINITY, step, step, 1) != 0xff80)
+                specials = false;
+            bf16 top = bf16_round_stochastic(bf16_test_float(0x7f7fffffu), step, step, 1);
+            if (top != 0x7f7f && top != 0x7f80) specials = false;
+        }
+        check(specials, "stochastic rounding leaves NaNs (4 payloads) NaN and infinities infinite, 64 keys each");
+        // independent noise for neighbouring keys: a value halfway between two bf16 rounds up with odds 1/2,
+        // so two roundings under different keys agree half the time, and a key bit left out of the noise
+        // (an index halved, a step or seed dropped) shows as agreement near 1. Pairs of neighbours in the
+        // index (i, i + 1 and i, i + 2^20), the step and the seed, n pairs each: within 5 sigma of 1/2.
+        {
+            const float tie = bf16_test_float(0x3f808000u);
+            const long n = 100000;
+            long agree[4] = {0, 0, 0, 0};
+            for (long i = 0; i < n; i++) {
+                const bf16 a = bf16_round_stochastic(tie, (uint64_t)i, 9, 1);
+                agree[0] += a == bf16_round_stochastic(tie, (uint64_t)i ^ 1, 9, 1);
+                agree[1] += a == bf16_round_stochastic(tie, (uint64_t)i + (1u << 20), 9, 1);
+                agree[2] += a == bf16_round_stochastic(tie, (uint64_t)i, 10, 1);
+                agree[3] += a == bf16_round_stochastic(tie, (uint64_t)i, 9, 2);
+            }
+            double worst = 0;
+            for (long k : agree) worst = std::max(worst, fabs((double)k / n - 0.5) / (0.5 / sqrt((double)n)));
+            check(worst < 5.0, "stochastic rounding's noise is independent between neighbouring indices (i, i ^ 1: %.4f agree; "
+                  "i, i + 2^20: %.4f), steps (%.4f) and seeds (%.4f) of %ld ties: within %.2f sigma of 1/2 (bound 5)",
+                  (double)agree[0] / n, (double)agree[1] / n, (double)agree[2] / n, (double)agree[3] / n, n, worst);
+        }
     }
     // the GEMM against float64: the model's shapes (L2C128H4 at TP=2: N = 1024 rows, the qkv, fc and
     // fcproj forwards and their backwards) and ragged edges, every layout of A and B
@@ -1468,5 +1514,26 @@ static void test_bf16_train() {
         std::vector<float> l3 = grep_floats(out_v3, "| loss "), l3f = grep_floats(out_v3f, "| loss ");
         check(r3 == 0 && r3f == 0 && l3.size() == 2 && l3 == l3f && out_v3.find("the default here") == std::string::npos,
               "an llm.c version 3 (fp32) model file with --dtype unset: fp32's losses, bit for bit (exits %d %d)", r3, r3f);
+    }
+    // a state file whose saved flags have no --dtype (a tp from before bf16 wrote it) resumes in fp32, what
+    // it was trained in, on any hardware; a new run with --dtype unset takes the hardware's default
+    {
+        Run* resumed = new Run();
+        Run* fresh = new Run();
+        for (Run* r : {resumed, fresh}) {
+            r->args.dtype = DTYPE_AUTO;
+            r->args.timeout = 10;
+            r->device = DEV_CPU;
+        }
+        resumed->resuming = true;
+        dtype_setup(resumed);
+        dtype_setup(fresh);
+        const int want = bf16_dp_supported() ? DTYPE_BF16 : DTYPE_FP32;
+        check(resumed->args.dtype == DTYPE_FP32 && !resumed->dtype_default && fresh->args.dtype == want && fresh->dtype_default,
+              "--dtype unset: a resume whose state file saved no --dtype is fp32 (%s), a new run %s (%s)",
+              resumed->args.dtype == DTYPE_FP32 ? "fp32" : "bf16", want == DTYPE_BF16 ? "bf16" : "fp32",
+              fresh->args.dtype == DTYPE_FP32 ? "fp32" : "bf16");
+        delete resumed;
+        delete fresh;
     }
 }
