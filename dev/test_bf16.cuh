@@ -183,6 +183,57 @@ static float bf16_test_uniform(uint64_t* z) {
     return (float)((*z >> 40) / 16777216.0 - 0.5);
 }
 
+// What the packs put past an operand's end must be zeros, not whatever the buffer held: a product of a
+// pad with anything is then 0, whereas a pad of stale data gives 0 x NaN = NaN, and a pair's missing half
+// beside an infinity (odd K) gives 0 x inf = NaN. So the thread's pack buffers are first filled with NaNs
+// (a larger GEMM whose operands are all NaN), then GEMMs of odd and ragged K, both layouts of A and B,
+// whose B has an infinity in the last row of column 0 and whose A has no zero: column 0 must be
+// infinite (the sign of A's last column) and every other element within fp32 accumulation's bound of
+// float64. Returns the elements that are not, on the path bf16_path names.
+static long bf16_gemm_pads_wrong() {
+    long wrong = 0;
+    {
+        const int M = 40, N = 72, K = 600;
+        std::vector<bf16> A((size_t)M * K, 0x7fc0), B((size_t)K * N, 0x7fc0);
+        std::vector<float> C((size_t)M * N);
+        for (int layout = 0; layout < 4; layout++) {
+            const bool a_t = layout & 1, b_t = layout & 2;
+            gemm_bf16_cpu(M, N, K, A.data(), a_t ? 1 : K, a_t ? M : 1, B.data(), b_t ? 1 : N, b_t ? K : 1, C.data(), N, false, nullptr);
+        }
+    }
+    uint64_t z = 4242;
+    for (int K : {1, 3, 31, 33, 63, 97})
+        for (int layout = 0; layout < 4; layout++) {
+            const int M = 19, N = 35;
+            const bool a_t = layout & 1, b_t = layout & 2;
+            const long a_rs = a_t ? 1 : K, a_cs = a_t ? M : 1, b_rs = b_t ? 1 : N, b_cs = b_t ? K : 1;
+            std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
+            for (auto& x : A) x = bf16_round(0.25f + bf16_test_uniform(&z) + 0.5f);  // in [0.25, 1.25): no zero
+            for (int m = 0; m < M; m += 2) A[m * a_rs + (K - 1) * a_cs] ^= 0x8000;  // some of the last column negative
+            for (auto& x : B) x = bf16_round(bf16_test_uniform(&z) * 4.0f);
+            B[(K - 1) * b_rs] = 0x7f80;  // b(K-1, 0) = +inf
+            std::vector<float> C((size_t)M * N);
+            gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, false, nullptr);
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    const float c = C[(size_t)m * N + n];
+                    if (n == 0) {
+                        const bool neg = (A[m * a_rs + (K - 1) * a_cs] & 0x8000) != 0;
+                        wrong += !(std::isinf(c) && (c < 0) == neg);
+                        continue;
+                    }
+                    double want = 0, scale = 0;
+                    for (int k = 0; k < K; k++) {
+                        const double p = (double)bf16_to_float(A[m * a_rs + k * a_cs]) * bf16_to_float(B[k * b_rs + n * b_cs]);
+                        want += p;
+                        scale += fabs(p);
+                    }
+                    wrong += !(fabs(c - want) <= (K + 2) * ldexp(1.0, -24) * scale);  // a NaN is wrong
+                }
+        }
+    return wrong;
+}
+
 // The ops a bf16 run calls with the weights' copy in bf16 storage (Weight's h): matmul_forward and
 // matmul_backward, and the embedding's lookup, against the same values held in fp32 words, bit for bit,
 // at a ragged shape and at one whose weight takes the vector packs; on both GEMM paths, with 1 and 3
@@ -551,6 +602,13 @@ static void test_bf16() {
                   "i, i + 2^20: %.4f), steps (%.4f) and seeds (%.4f) of %ld ties: within %.2f sigma of 1/2 (bound 5)",
                   (double)agree[0] / n, (double)agree[1] / n, (double)agree[2] / n, (double)agree[3] / n, n, worst);
         }
+    }
+    {
+        long wrong = 0;
+        on_each_path_with_1_and_3_threads([&]() { wrong += bf16_gemm_pads_wrong(); });
+        check(wrong == 0, "the GEMM's packs pad with zeros whatever their buffers held: after a GEMM of NaNs, odd and ragged K "
+              "(1 to 97) in every layout, an infinity in B's last row: %ld elements not inf where it is, or off float64's bound "
+              "(both paths, 1 and 3 threads)", wrong);
     }
     // the GEMM against float64: the model's shapes (L2C128H4 at TP=2: N = 1024 rows, the qkv, fc and
     // fcproj forwards and their backwards) and ragged edges, every layout of A and B
@@ -1011,6 +1069,18 @@ static void test_bf16_amx_gemm() {
     }
     const Bf16Path had = bf16_path;
     bf16_path = BF16_AMX;
+    {
+        long wrong = 0;
+        for (int threads : {1, 3}) {
+            std::thread rank([&]() {
+                cpu_pool_start(threads);
+                wrong += bf16_gemm_pads_wrong();
+            });
+            rank.join();
+        }
+        check(wrong == 0, "AMX: the packs pad with zeros whatever their buffers held (a GEMM of NaNs first; odd and ragged K, "
+              "every layout, an infinity in B's last row; 1 and 3 threads): %ld elements wrong", wrong);
+    }
     double worst = 0;
     long compared = 0, unlike_words = 0, unlike_c16 = 0, unlike_chain = 0;
     int cases = 0;
