@@ -186,7 +186,7 @@ static float bf16_test_uniform(uint64_t* z) {
 // What the packs put past an operand's end must be zeros, not whatever the buffer held: a product of a
 // pad with anything is then 0, whereas a pad of stale data gives 0 x NaN = NaN, and a pair's missing half
 // beside an infinity (odd K) gives 0 x inf = NaN. So the thread's pack buffers are first filled with NaNs
-// (a larger GEMM whose operands are all NaN), then GEMMs of odd and ragged K, both layouts of A and B,
+// (a larger GEMM whose operands are all NaN), then GEMMs of odd and ragged K, A and B each in both layouts,
 // whose B has an infinity in the last row of column 0 and whose A has no zero: column 0 must be
 // infinite (the sign of A's last column) and every other element within fp32 accumulation's bound of
 // float64. Returns the elements that are not, on the path bf16_path names.
@@ -584,7 +584,7 @@ static void test_bf16() {
         // independent noise for neighbouring keys: a value halfway between two bf16 rounds up with odds 1/2,
         // so two roundings under different keys agree half the time, and a key bit left out of the noise
         // (an index halved, a step or seed dropped) shows as agreement near 1. Pairs of neighbours in the
-        // index (i, i + 1 and i, i + 2^20), the step and the seed, n pairs each: within 5 sigma of 1/2.
+        // index (i and i ^ 1, i and i + 2^20), the step and the seed, n pairs each: within 5 sigma of 1/2.
         {
             const float tie = bf16_test_float(0x3f808000u);
             const long n = 100000;
