@@ -187,9 +187,10 @@ static float bf16_test_uniform(uint64_t* z) {
 // pad with anything is then 0, whereas a pad of stale data gives 0 x NaN = NaN, and a pair's missing half
 // beside an infinity (odd K) gives 0 x inf = NaN. So the thread's pack buffers are first filled with NaNs
 // (a larger GEMM whose operands are all NaN), then GEMMs of odd and ragged K, A and B each in both layouts,
-// whose B has an infinity in the last row of column 0 and whose A has no zero: column 0 must be
-// infinite (the sign of A's last column) and every other element within fp32 accumulation's bound of
-// float64. Returns the elements that are not, on the path bf16_path names.
+// with no zero in A or B, an infinity in B's last row at column 0 and one in A's last column at row 0:
+// column 0 and row 0 must be infinite (the signs of A's last column and B's last row) and every other
+// element within fp32 accumulation's bound of float64. Returns the elements that are not, on the path
+// bf16_path names.
 static long bf16_gemm_pads_wrong() {
     long wrong = 0;
     {
@@ -210,15 +211,19 @@ static long bf16_gemm_pads_wrong() {
             std::vector<bf16> A((size_t)M * K), B((size_t)K * N);
             for (auto& x : A) x = bf16_round(0.25f + bf16_test_uniform(&z) + 0.5f);  // in [0.25, 1.25): no zero
             for (int m = 0; m < M; m += 2) A[m * a_rs + (K - 1) * a_cs] ^= 0x8000;  // some of the last column negative
-            for (auto& x : B) x = bf16_round(bf16_test_uniform(&z) * 4.0f);
+            for (auto& x : B) {
+                x = bf16_round(bf16_test_uniform(&z) * 4.0f);
+                if ((x & 0x7fff) == 0) x = 0x3f80;  // no zero
+            }
             B[(K - 1) * b_rs] = 0x7f80;  // b(K-1, 0) = +inf
+            A[(K - 1) * a_cs] = 0x7f80;  // a(0, K-1) = +inf
             std::vector<float> C((size_t)M * N);
             gemm_bf16_cpu(M, N, K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, C.data(), N, false, nullptr);
             for (int m = 0; m < M; m++)
                 for (int n = 0; n < N; n++) {
                     const float c = C[(size_t)m * N + n];
-                    if (n == 0) {
-                        const bool neg = (A[m * a_rs + (K - 1) * a_cs] & 0x8000) != 0;
+                    if (n == 0 || m == 0) {  // a(m, K-1) b(K-1, n) is infinite, the other products finite
+                        const bool neg = ((A[m * a_rs + (K - 1) * a_cs] ^ B[(K - 1) * b_rs + n * b_cs]) & 0x8000) != 0;
                         wrong += !(std::isinf(c) && (c < 0) == neg);
                         continue;
                     }
@@ -607,7 +612,8 @@ static void test_bf16() {
         long wrong = 0;
         on_each_path_with_1_and_3_threads([&]() { wrong += bf16_gemm_pads_wrong(); });
         check(wrong == 0, "the GEMM's packs pad with zeros whatever their buffers held: after a GEMM of NaNs, odd and ragged K "
-              "(1 to 97) in every layout, an infinity in B's last row: %ld elements not inf where it is, or off float64's bound "
+              "(1 to 97) in every layout, an infinity in B's last row and in A's last column: %ld elements not inf where they are, or "
+              "off float64's bound "
               "(both paths, 1 and 3 threads)", wrong);
     }
     // the GEMM against float64: the model's shapes (L2C128H4 at TP=2: N = 1024 rows, the qkv, fc and
@@ -1079,7 +1085,7 @@ static void test_bf16_amx_gemm() {
             rank.join();
         }
         check(wrong == 0, "AMX: the packs pad with zeros whatever their buffers held (a GEMM of NaNs first; odd and ragged K, "
-              "every layout, an infinity in B's last row; 1 and 3 threads): %ld elements wrong", wrong);
+              "every layout, an infinity in B's last row and in A's last column; 1 and 3 threads): %ld elements wrong", wrong);
     }
     double worst = 0;
     long compared = 0, unlike_words = 0, unlike_c16 = 0, unlike_chain = 0;
