@@ -627,7 +627,7 @@ static void test_bf16() {
                                 {1024, 128, 192, false, false}, {192, 128, 1024, true, false}, {128, 256, 1024, true, false}};
         for (const Shape& sh : shapes) bf16_gemm_case(sh.M, sh.N, sh.K, sh.a_t, sh.b_t, true, true, 11 + sh.N, &worst, &same, &mixed, &compared);
         int cases = 0;
-        for (int M : {1, 3, 8, 9, 17})
+        for (int M : {1, 3, 8, 9, 15, 17, 31})
             for (int N : {1, 5, 31, 32, 33, 70})
                 for (int K : {1, 2, 7, 64, 257, 1031}) {
                     bool a_t = cases & 1, b_t = cases & 2, acc = cases & 4, bias = (cases / 8) & 1;
