@@ -132,9 +132,9 @@ test_tp_asan: $(TESTS) $(SOURCES) build/config
 # (owndata, prepare, bpe, export, servecli, corpus and words: the embedded corpus's tokens, tokenizer.bin),
 # the KV cache's indexing (serve); ops, every CPU kernel's loads and stores at the tile edges, and bf16 and
 # bf16_amx, the bf16 GEMM's packs at theirs (vdpbf16ps, the fp32 path, AMX): a pack that reads a row past M
-# puts nothing wrong in C (those rows are not stored), so only a sanitizer sees it. 80-100 s on 2 cores (the whole suite: 350 s); the groups left out
-# run the same code through other paths or at other sizes (make test runs them all), or check numbers
-# (bperun 46 s, readme 19 s) or timings (plan_sweep 19 s).
+# puts nothing wrong in C (those rows are not stored), so only a sanitizer sees it. 80-100 s on 2 cores
+# (the whole suite: 350 s); the groups left out run the same code through other paths or at other sizes
+# (make test runs them all), or check numbers (bperun 46 s, readme 19 s) or timings (plan_sweep 19 s).
 ASAN_GROUPS ?= ops loader checkpoint checksums bf16_ckpt resume resume_epoch folders rundir cli bad_input flags \
                owndata prepare bpe export servecli serve corpus words bf16 bf16_amx
 asan: tp_asan test_tp_asan

@@ -159,21 +159,25 @@ static void test_bf16_masters() {
           full.size());
 }
 
-// body on a rank's thread with a pool of 1, then of 3 threads (a rank's thread, so that its pool is its own),
-// on each of the bf16 GEMM's paths this CPU has (vdpbf16ps where it has AVX512-BF16, and the fp32 one)
+// body on a rank's thread with a pool of 1, then of 3 threads (a rank's thread, so that its pool is its own)
+template <typename F>
+static void on_a_rank_with_1_and_3_threads(F body) {
+    for (int threads : {1, 3}) {
+        std::thread rank([&]() {
+            cpu_pool_start(threads);
+            body();
+        });
+        rank.join();
+    }
+}
+// ... on each of the bf16 GEMM's paths this CPU has (vdpbf16ps where it has AVX512-BF16, and the fp32 one)
 template <typename F>
 static void on_each_path_with_1_and_3_threads(F body) {
     const Bf16Path had = bf16_path;
     for (Bf16Path path : {BF16_DP, BF16_FMA}) {
         if (path == BF16_DP && !bf16_dp_supported()) continue;
         bf16_path = path;
-        for (int threads : {1, 3}) {
-            std::thread rank([&]() {
-                cpu_pool_start(threads);
-                body();
-            });
-            rank.join();
-        }
+        on_a_rank_with_1_and_3_threads(body);
     }
     bf16_path = had;
 }
@@ -1077,13 +1081,7 @@ static void test_bf16_amx_gemm() {
     bf16_path = BF16_AMX;
     {
         long wrong = 0;
-        for (int threads : {1, 3}) {
-            std::thread rank([&]() {
-                cpu_pool_start(threads);
-                wrong += bf16_gemm_pads_wrong();
-            });
-            rank.join();
-        }
+        on_a_rank_with_1_and_3_threads([&]() { wrong += bf16_gemm_pads_wrong(); });
         check(wrong == 0, "AMX: the packs pad with zeros whatever their buffers held (a GEMM of NaNs first; odd and ragged K, "
               "every layout, an infinity in B's last row and in A's last column; 1 and 3 threads): %ld elements wrong", wrong);
     }
