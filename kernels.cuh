@@ -24,6 +24,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <mma.h>  // the warp matrix functions (wmma): fused attention's products on the tensor cores
 
 #include "common/bf16.h"   // bf16 numbers, the same functions on the host and here
 #include "common/error.h"  // CUDA_CHECK, CUDA_LAUNCH_CHECK, CUBLAS_CHECK: one line naming the rank and the call
@@ -44,6 +45,8 @@ struct CudaCtx {
     size_t workspace_bytes;
     bool tf32;                  // matmuls on TF32 tensor cores (the default); false: full fp32, for tests
                                 // that compare backends or TP degrees tightly (cuda_set_tf32)
+    size_t tc_smem;             // the shared memory a block may have on this sm_80+ GPU (fused attention on the
+                                // tensor cores, att_tc); 0 below sm_80
     // scratch, grown on demand, only ever used on `stream` (so reusing it across ops is safe)
     float* attn;        // attention: q, k, v permuted to (B, NH, T, hs), y or their gradients, datt
     size_t attn_bytes;
@@ -93,6 +96,9 @@ static void cuda_ctx_init(CudaCtx* cx, int rank, int gpu) {
     CUBLAS_CHECK(rank, cublasSetStream(cx->cublas, cx->stream));  // before the workspace: setting a stream resets it
     CUBLAS_CHECK(rank, cublasSetMathMode(cx->cublas, CUBLAS_TF32_TENSOR_OP_MATH));
     cx->tf32 = true;
+    cudaDeviceProp prop;
+    CUDA_CHECK(rank, cudaGetDeviceProperties(&prop, gpu));
+    cx->tc_smem = prop.major >= 8 ? prop.sharedMemPerBlockOptin : 0;
     CUBLAS_CHECK(rank, cublasLtCreate(&cx->cublaslt));
     cx->workspace_bytes = 32u << 20;  // what cuBLAS recommends for Hopper
     CUDA_CHECK(rank, cudaMalloc(&cx->workspace, cx->workspace_bytes));
@@ -1206,10 +1212,11 @@ static void attention_backward_cuda(CudaCtx* cx, float* dqkv, const float* dout,
 __device__ __forceinline__ float att_ld(const float* p) { return *p; }
 __device__ __forceinline__ void att_st(float* p, float v) { *p = v; }
 
-// sm (64, 16 DK + 1) <- rows r0..r0+63 of src (row stride ld), columns 0..hs-1; zeros past T and past hs
+// sm (64, 16 DK + 1) <- rows r0..r0+63 of src (row stride ld), columns 0..hs-1; zeros past T and past hs.
+// HP: the tile's row stride in shared memory (the tensor-core kernels' is 16 DK + 4)
 template <int DK, class Tm>
-__device__ void att_load_tile(float* sm, const Tm* src, long ld, int r0, int T, int hs) {
-    const int W = 16 * DK, HP = W + 1;
+__device__ void att_load_tile(float* sm, const Tm* src, long ld, int r0, int T, int hs, int HP = 16 * DK + 1) {
+    const int W = 16 * DK;
     for (int i = threadIdx.x; i < ATT_TILE * W; i += ATT_THREADS) {
         int r = i / W, d = i - r * W;
         sm[r * HP + d] = (r0 + r < T && d < hs) ? att_ld(src + (long)(r0 + r) * ld + d) : 0.0f;
@@ -1496,6 +1503,287 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqk
     }
 }
 
+// ----------------------------------------------------------------------------
+// Fused attention on the tensor cores: the same tiles, split of the work and contract as the kernels above,
+// with each tile's matrix products (S = q k^T, dP = dout v^T, O += P v, dv += P^T dout, dk += dS^T q,
+// dq += dS k) done by warps on TF32 tensor cores (wmma, m16n16k8: sm_80 and newer) instead of by threads on
+// the CUDA cores. The fp32 kernels above reach at most half the CUDA cores' rate (8 shared-memory loads per
+// 16 FMAs), a few percent of what the tensor cores do, and at GPT-2's T = 1024 attention is a fifth of a
+// layer's FLOPs, so on the CUDA cores it would take as long as the layer's matmuls in bf16. What stays on
+// the threads: the online softmax, P = exp(S - lse) and dS = P (dP - D), elementwise over a tile in shared
+// memory (a fragment's layout is the hardware's secret, so nothing reads a fragment's elements by position).
+//
+// Numbers: the products' inputs rounded to TF32 (10 fraction bits), products summed in fp32, as cuBLAS does
+// the matmuls of a run with TF32 on (cx->tf32, the default); the softmax, its statistics and the sums over
+// tiles in fp32. With TF32 off (the tests that compare tightly) the fp32 kernels above run instead, and so
+// they do below sm_80 or where a block cannot have the shared memory these need.
+//
+// A block: 8 warps, 256 threads, as above. Shared memory (floats): q, k, v, dout and O tiles of 64 rows with
+// stride HS = 16 DK + 4 (wmma wants 16-byte multiples, and 4 more than the width spreads the rows over the
+// banks), the score tiles S/P and dP/dS 64 x 68. Forward: q, k, v, O + S = 87.0 KB at hs 64, 152.5 KB at
+// hs 128; backward: q, k, v, dout + two score tiles + lse, D = 102.5 / 166.5 KB (hs 128 on sm_80, 163 KB a
+// block, goes to the fp32 kernels). Each 16 x 16 output tile of a product is one warp's, its k loop in order:
+// no atomics, the same bits on every run.
+#define ATT_TC_PS (ATT_TILE + 4)  // the row stride of a score tile in shared memory
+namespace wmma = nvcuda::wmma;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> AttTcA;   // A (m, k) at a[m ld + k]
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> AttTcAt;  // at a[k ld + m]
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> AttTcB;   // B (k, n) at b[k ld + n]
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> AttTcBt;  // at b[n ld + k]
+typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> AttTcC;
+
+// acc (16 x 16) += A (16 x kn) . B (kn x 16) from shared memory, kn a multiple of 8: a and b point at the
+// first k, a8 and b8 are how far 8 more k move them (8 for a row-major A or column-major B, 8 ld otherwise)
+template <class FA, class FB>
+__device__ __forceinline__ void att_tc_mma(AttTcC& acc, const float* a, int lda, int a8, const float* b, int ldb, int b8, int kn) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // (never launched below sm_80: att_tc_smem)
+#else
+    FA fa;
+    FB fb;
+    for (int k = 0; k < kn; k += 8, a += a8, b += b8) {
+        wmma::load_matrix_sync(fa, a, lda);
+        wmma::load_matrix_sync(fb, b, ldb);
+        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
+        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+#endif
+}
+
+// sc (64 x 64, stride ATT_TC_PS) = x (64 rows) . y (64 rows)^T over 16 DK columns: two 16 x 16 tiles a warp.
+// diag: the tile on the diagonal, where tiles wholly above it (key block > query block) are skipped: every
+// reader masks those entries without reading them.
+template <int DK>
+__device__ __forceinline__ void att_tc_scores(float* sc, const float* x, const float* y, bool diag) {
+    constexpr int HS = 16 * DK + 4;
+    for (int t = threadIdx.x / 32; t < 16; t += ATT_THREADS / 32) {
+        const int ti = t / 4, tj = t % 4;
+        if (diag && tj > ti) continue;
+        AttTcC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        att_tc_mma<AttTcA, AttTcBt>(acc, x + ti * 16 * HS, HS, 8, y + tj * 16 * HS, HS, 8, 16 * DK);
+        wmma::store_matrix_sync(sc + ti * 16 * ATT_TC_PS + tj * 16, acc, ATT_TC_PS, wmma::mem_row_major);
+    }
+}
+
+// out, lse <- qkv, as attention_fused_forward_kernel. O is kept in shared memory (so): its rows are rescaled
+// by the threads that own them when a row's max grows, and each warp adds P v into its output tiles there.
+template <int DK>
+__global__ void __launch_bounds__(ATT_THREADS) attention_tc_forward_kernel(float* out, float* lse, const float* qkv, int T, int NH,
+                                                                          int hs, float scale) {
+    extern __shared__ __align__(128) float att_tc_sm[];
+    constexpr int HS = 16 * DK + 4, PS = ATT_TC_PS;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16, warp = threadIdx.x / 32;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - blockIdx.y;
+    const int C = NH * hs, i0 = qt * ATT_TILE;
+    const long C3 = 3L * C;
+    float *sq = att_tc_sm, *sk = sq + ATT_TILE * HS, *sv = sk + ATT_TILE * HS, *so = sv + ATT_TILE * HS, *ss = so + ATT_TILE * HS;
+    const float* base = qkv + (long)b * T * C3 + h * hs;
+    att_load_tile<DK>(sq, base, C3, i0, T, hs, HS);
+    for (int i = threadIdx.x; i < ATT_TILE * HS; i += ATT_THREADS) so[i] = 0.0f;
+    float m[4], l[4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+    for (int kt = 0; kt <= qt; kt++) {
+        const int j0 = kt * ATT_TILE;
+        __syncthreads();  // the last tile's readers of sk, sv, ss and so are done
+        att_load_tile<DK>(sk, base + C, C3, j0, T, hs, HS);
+        att_load_tile<DK>(sv, base + 2 * C, C3, j0, T, hs, HS);
+        __syncthreads();
+        att_tc_scores<DK>(ss, sq, sk, kt == qt);
+        __syncthreads();
+        // the online softmax of attention_fused_forward_kernel: thread (tx, ty) has rows ty + 16i, keys tx + 16j
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int rl = ty + 16 * i, r = i0 + rl;
+            float s[4], mx = -INFINITY;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c = j0 + tx + 16 * j;
+                s[j] = (c <= r && c < T) ? ss[rl * PS + tx + 16 * j] * scale : -INFINITY;
+                mx = fmaxf(mx, s[j]);
+            }
+            const float mnew = fmaxf(m[i], att_row_max(mx)), corr = expf(m[i] - mnew);  // (key j0 <= r: finite)
+            float sum = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                s[j] = expf(s[j] - mnew);  // 0 where masked
+                sum += s[j];
+                ss[rl * PS + tx + 16 * j] = s[j];
+            }
+            l[i] = l[i] * corr + att_row_sum(sum);
+            m[i] = mnew;
+            #pragma unroll
+            for (int k = 0; k < DK; k++) so[rl * HS + tx + 16 * k] *= corr;
+        }
+        __syncthreads();
+        // O += P v: output tile t is rows 16 (t / DK), dims 16 (t % DK); on the diagonal P is 0 past a row
+        // block's last key, so its k loop stops there
+        for (int t = warp; t < 4 * DK; t += ATT_THREADS / 32) {
+            const int ti = t / DK, td = t % DK;
+            AttTcC acc;
+            wmma::load_matrix_sync(acc, so + ti * 16 * HS + td * 16, HS, wmma::mem_row_major);
+            att_tc_mma<AttTcA, AttTcB>(acc, ss + ti * 16 * PS, PS, 8, sv + td * 16, HS, 8 * HS, kt == qt ? 16 * (ti + 1) : ATT_TILE);
+            wmma::store_matrix_sync(so + ti * 16 * HS + td * 16, acc, HS, wmma::mem_row_major);
+        }
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int rl = ty + 16 * i, r = i0 + rl;
+        if (r >= T) continue;
+        const float inv = 1.0f / l[i];
+        #pragma unroll
+        for (int k = 0; k < DK; k++) {
+            const int d = tx + 16 * k;
+            if (d < hs) out[((long)b * T + r) * C + h * hs + d] = so[rl * HS + d] * inv;
+        }
+        if (tx == 0) lse[(long)bh * T + r] = m[i] + logf(l[i]);
+    }
+}
+
+// The backward's shared part for one (query tile, key tile) pair: sp <- S = q k^T, sg <- dP = dout v^T,
+// then by the threads sp <- P = exp(S scale - lse) and sg <- dS = P (dP - D) scale (rows are queries,
+// columns keys; thread (tx, ty) has rows ty + 16i, keys tx + 16j; 0 where masked or past T)
+template <int DK>
+__device__ __forceinline__ void att_tc_probs(float* sp, float* sg, const float* sq, const float* sk, const float* sdo, const float* sv,
+                                             const float* sl, const float* sd, int i0, int j0, int T, float scale) {
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    att_tc_scores<DK>(sp, sq, sk, i0 == j0);
+    att_tc_scores<DK>(sg, sdo, sv, i0 == j0);
+    __syncthreads();
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int rl = ty + 16 * i, cl = tx + 16 * j, r = i0 + rl, c = j0 + cl;
+            const bool in = c <= r && r < T;
+            const float p = in ? expf(sp[rl * ATT_TC_PS + cl] * scale - sl[rl]) : 0.0f;
+            const float g = in ? p * (sg[rl * ATT_TC_PS + cl] - sd[rl]) * scale : 0.0f;
+            sp[rl * ATT_TC_PS + cl] = p;
+            sg[rl * ATT_TC_PS + cl] = g;
+        }
+    __syncthreads();
+}
+
+// a 64-row tile of 16 x 16 accumulators (n of them, this warp's: tile t = warp + 8 n, rows 16 (t / DK), dims
+// 16 (t % DK)) written to rows r0.. of dst (row stride ld, up to T rows, hs columns) through st (64 x HS)
+template <int DK, int NW>
+__device__ __forceinline__ void att_tc_write(float* dst, long ld, int r0, int T, int hs, float* st, AttTcC* acc) {
+    constexpr int HS = 16 * DK + 4;
+    #pragma unroll
+    for (int n = 0; n < NW; n++) {
+        const int t = threadIdx.x / 32 + (ATT_THREADS / 32) * n;
+        if (t < 4 * DK) wmma::store_matrix_sync(st + (t / DK) * 16 * HS + (t % DK) * 16, acc[n], HS, wmma::mem_row_major);
+    }
+    __syncthreads();
+    const int W = 16 * DK;
+    for (int i = threadIdx.x; i < ATT_TILE * W; i += ATT_THREADS) {
+        const int r = i / W, d = i - r * W;
+        if (r0 + r < T && d < hs) dst[(long)(r0 + r) * ld + d] = st[r * HS + d];
+    }
+}
+
+// dk, dv (in dqkv) <- key tile kt of (b, h), as attention_fused_dkdv_kernel; each warp keeps its tiles of dk
+// and dv in fragments over the whole loop (no rescaling here)
+template <int DK>
+__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                                                       const float* dsum, int T, int NH, int hs, float scale) {
+    extern __shared__ __align__(128) float att_tc_sm[];
+    constexpr int HS = 16 * DK + 4, PS = ATT_TC_PS, NW = (4 * DK + 7) / 8;
+    const int warp = threadIdx.x / 32;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, kt = blockIdx.y, NT = gridDim.y;
+    const int C = NH * hs, j0 = kt * ATT_TILE;
+    const long C3 = 3L * C;
+    float *sk = att_tc_sm, *sv = sk + ATT_TILE * HS, *sq = sv + ATT_TILE * HS, *sdo = sq + ATT_TILE * HS;
+    float *sp = sdo + ATT_TILE * HS, *sg = sp + ATT_TILE * PS, *sl = sg + ATT_TILE * PS, *sd = sl + ATT_TILE;
+    const float* base = qkv + (long)b * T * C3 + h * hs;
+    att_load_tile<DK>(sk, base + C, C3, j0, T, hs, HS);
+    att_load_tile<DK>(sv, base + 2 * C, C3, j0, T, hs, HS);
+    AttTcC dk[NW], dv[NW];
+    #pragma unroll
+    for (int n = 0; n < NW; n++) { wmma::fill_fragment(dk[n], 0.0f); wmma::fill_fragment(dv[n], 0.0f); }
+    for (int qt = kt; qt < NT; qt++) {
+        const int i0 = qt * ATT_TILE;
+        __syncthreads();  // the last tile's readers of sq, sdo, sp, sg, sl, sd are done
+        att_load_tile<DK>(sq, base, C3, i0, T, hs, HS);
+        att_load_tile<DK>(sdo, dout + (long)b * T * C + h * hs, C, i0, T, hs, HS);
+        if (threadIdx.x < ATT_TILE) {
+            const int r = i0 + threadIdx.x;
+            sl[threadIdx.x] = r < T ? lse[(long)bh * T + r] : 0.0f;
+            sd[threadIdx.x] = r < T ? dsum[(long)bh * T + r] : 0.0f;
+        }
+        __syncthreads();
+        att_tc_probs<DK>(sp, sg, sq, sk, sdo, sv, sl, sd, i0, j0, T, scale);
+        // dv += P^T dout, dk += dS^T q over the tile's queries: A is P (or dS) read transposed; on the
+        // diagonal the queries before a key block have P = 0, so its k loop starts at the block
+        #pragma unroll
+        for (int n = 0; n < NW; n++) {
+            const int t = warp + (ATT_THREADS / 32) * n;
+            if (t >= 4 * DK) continue;
+            const int tk = t / DK, td = t % DK, q0 = qt == kt ? 16 * tk : 0;
+            att_tc_mma<AttTcAt, AttTcB>(dv[n], sp + q0 * PS + tk * 16, PS, 8 * PS, sdo + q0 * HS + td * 16, HS, 8 * HS, ATT_TILE - q0);
+            att_tc_mma<AttTcAt, AttTcB>(dk[n], sg + q0 * PS + tk * 16, PS, 8 * PS, sq + q0 * HS + td * 16, HS, 8 * HS, ATT_TILE - q0);
+        }
+    }
+    __syncthreads();
+    float* row = dqkv + (long)b * T * C3 + h * hs;
+    att_tc_write<DK, NW>(row + C, C3, j0, T, hs, sq, dk);
+    att_tc_write<DK, NW>(row + 2 * C, C3, j0, T, hs, sdo, dv);
+}
+
+// dq (in dqkv) <- query tile qt of (b, h), as attention_fused_dq_kernel
+template <int DK>
+__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                                                     const float* dsum, int T, int NH, int hs, float scale) {
+    extern __shared__ __align__(128) float att_tc_sm[];
+    constexpr int HS = 16 * DK + 4, PS = ATT_TC_PS, NW = (4 * DK + 7) / 8;
+    const int warp = threadIdx.x / 32;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - blockIdx.y;
+    const int C = NH * hs, i0 = qt * ATT_TILE;
+    const long C3 = 3L * C;
+    float *sq = att_tc_sm, *sdo = sq + ATT_TILE * HS, *sk = sdo + ATT_TILE * HS, *sv = sk + ATT_TILE * HS;
+    float *sp = sv + ATT_TILE * HS, *sg = sp + ATT_TILE * PS, *sl = sg + ATT_TILE * PS, *sd = sl + ATT_TILE;
+    const float* base = qkv + (long)b * T * C3 + h * hs;
+    att_load_tile<DK>(sq, base, C3, i0, T, hs, HS);
+    att_load_tile<DK>(sdo, dout + (long)b * T * C + h * hs, C, i0, T, hs, HS);
+    if (threadIdx.x < ATT_TILE) {
+        const int r = i0 + threadIdx.x;
+        sl[threadIdx.x] = r < T ? lse[(long)bh * T + r] : 0.0f;
+        sd[threadIdx.x] = r < T ? dsum[(long)bh * T + r] : 0.0f;
+    }
+    AttTcC dq[NW];
+    #pragma unroll
+    for (int n = 0; n < NW; n++) wmma::fill_fragment(dq[n], 0.0f);
+    for (int kt = 0; kt <= qt; kt++) {
+        const int j0 = kt * ATT_TILE;
+        __syncthreads();
+        att_load_tile<DK>(sk, base + C, C3, j0, T, hs, HS);
+        att_load_tile<DK>(sv, base + 2 * C, C3, j0, T, hs, HS);
+        __syncthreads();
+        att_tc_probs<DK>(sp, sg, sq, sk, sdo, sv, sl, sd, i0, j0, T, scale);
+        // dq += dS k: on the diagonal dS is 0 past a row block's last key
+        #pragma unroll
+        for (int n = 0; n < NW; n++) {
+            const int t = warp + (ATT_THREADS / 32) * n;
+            if (t >= 4 * DK) continue;
+            const int ti = t / DK, td = t % DK;
+            att_tc_mma<AttTcA, AttTcB>(dq[n], sg + ti * 16 * PS, PS, 8, sk + td * 16, HS, 8 * HS, kt == qt ? 16 * (ti + 1) : ATT_TILE);
+        }
+    }
+    __syncthreads();
+    att_tc_write<DK, NW>(dqkv + (long)b * T * C3 + h * hs, C3, i0, T, hs, sk, dq);
+}
+
+// the shared memory of the tensor-core kernels (forward: q, k, v, O and a score tile; backward: four row
+// tiles, two score tiles, lse and D), and whether this rank's GPU runs them: TF32 on, sm_80 or newer
+// (cx->tc_smem, 0 below), and a block may have that much
+static size_t att_tc_smem(int dk, bool backward) {
+    return ((size_t)4 * ATT_TILE * (16 * dk + 4) + (backward ? 2 : 1) * ATT_TILE * ATT_TC_PS + (backward ? 2 * ATT_TILE : 0)) * sizeof(float);
+}
+static bool att_tc(const CudaCtx* cx, int dk, bool backward) { return cx->tf32 && att_tc_smem(dk, backward) <= cx->tc_smem; }
+
 // the accumulator columns per thread for head size hs (<= ATT_HS_MAX): 16 DK >= hs, DK in 1, 2, 4, 8
 static int att_dk(int hs) { return hs <= 16 ? 1 : hs <= 32 ? 2 : hs <= 64 ? 4 : 8; }
 // dynamic shared memory of a kernel with `tiles` row tiles (3 forward, 4 backward), the P tile, and in the
@@ -1506,9 +1794,16 @@ static size_t att_smem(int tiles, int dk, bool rows) {
 
 template <int DK>
 static void attention_fused_forward_launch(CudaCtx* cx, float* out, float* lse, const float* qkv, int B, int T, int NH, int hs) {
+    dim3 grid(B * NH, ceil_div(T, ATT_TILE));
+    if (att_tc(cx, DK, false)) {
+        size_t sm = att_tc_smem(DK, false);
+        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_forward_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        attention_tc_forward_kernel<DK><<<grid, ATT_THREADS, sm, cx->stream>>>(out, lse, qkv, T, NH, hs, 1.0f / sqrtf((float)hs));
+        CUDA_LAUNCH_CHECK(cx->rank, "attention_tc_forward_kernel");
+        return;
+    }
     size_t sm = att_smem(3, DK, false);
     CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_forward_kernel<DK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    dim3 grid(B * NH, ceil_div(T, ATT_TILE));
     attention_fused_forward_kernel<DK, float><<<grid, ATT_THREADS, sm, cx->stream>>>(out, lse, qkv, T, NH, hs, 1.0f / sqrtf((float)hs));
     CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_forward_kernel");
 }
@@ -1516,9 +1811,19 @@ static void attention_fused_forward_launch(CudaCtx* cx, float* out, float* lse, 
 template <int DK>
 static void attention_fused_backward_launch(CudaCtx* cx, float* dqkv, const float* dout, const float* qkv, const float* lse,
                                             const float* dsum, int B, int T, int NH, int hs) {
-    size_t sm = att_smem(4, DK, true);
     float scale = 1.0f / sqrtf((float)hs);
     dim3 grid(B * NH, ceil_div(T, ATT_TILE));
+    if (att_tc(cx, DK, true)) {
+        size_t sm = att_tc_smem(DK, true);
+        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dkdv_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        attention_tc_dkdv_kernel<DK><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+        CUDA_LAUNCH_CHECK(cx->rank, "attention_tc_dkdv_kernel");
+        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dq_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        attention_tc_dq_kernel<DK><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+        CUDA_LAUNCH_CHECK(cx->rank, "attention_tc_dq_kernel");
+        return;
+    }
+    size_t sm = att_smem(4, DK, true);
     CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dkdv_kernel<DK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     attention_fused_dkdv_kernel<DK, float><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
     CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_dkdv_kernel");

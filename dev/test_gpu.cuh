@@ -68,6 +68,10 @@ static long count_diff(const std::vector<float>& a, const std::vector<float>& b)
 #define TF32_BOUND 1e-2
 #define FP32_BOUND 1e-5
 #define SUM_BOUND 2e-5
+// fused attention on TF32 tensor cores: each product's inputs carry 2^-11 relative rounding, so a score or
+// an output sum is off by up to ~1e-3 of its terms' magnitudes; measured 4.4e-5 to 2.3e-3 of each tensor's
+// scale over the shapes below (the most: lse at T = 1, a single score), so twice that
+#define ATT_TC_BOUND 5e-3
 
 static void expect_close(const char* op, const char* what, const std::vector<float>& g, const std::vector<float>& c,
                          double bound) {
@@ -286,14 +290,17 @@ static void test_attention(CudaCtx* cx) {
     }
 }
 
-// Fused attention: the CUDA kernels against attention_fused_*_cpu (the same tiles and contract; the
-// kernels are hand-written fp32, no TF32, so SUM_BOUND of each tensor's scale: the two differ in exp and
-// in the order of the dot products' terms), and twice on the GPU bit for bit (no atomics). Shapes: every
+// Fused attention: the CUDA kernels against attention_fused_*_cpu (the same tiles and contract), and twice
+// on the GPU bit for bit (no atomics). With TF32 off, the fp32 kernels on the CUDA cores: SUM_BOUND of each
+// tensor's scale (the two differ in exp and in the order of the dot products' terms). With TF32 on (an
+// sm_80+ GPU, as the emulated one), the tensor-core kernels: ATT_TC_BOUND (below). Shapes: every
 // tile edge (T = 1, 2, 63, 64, 65, 127, 256) and T = 1024 with one head; head sizes 16, 24 (padded to the
 // 32-wide accumulators), 64 and 128 (every DK template). Up to T = 256 only, plus the single T = 1024
 // head, because the emulated GPU runs these at about a thousandth of a GPU's speed.
 static void test_attention_fused(CudaCtx* cx) {
-    printf("attention_fused_forward / attention_fused_backward against the CPU's fused ops\n");
+    printf("attention_fused_forward / attention_fused_backward against the CPU's fused ops (%s)\n",
+           cx->tf32 ? "TF32 tensor cores" : "fp32 CUDA cores");
+    const double bound = cx->tf32 ? ATT_TC_BOUND : SUM_BOUND;
     Rnd r = {55};
     struct { int B, T, NH, hs; } cases[] = {{1, 1, 1, 16}, {2, 2, 3, 64}, {1, 63, 2, 128}, {2, 64, 1, 16}, {1, 65, 3, 64},
                                             {1, 127, 2, 24}, {2, 256, 2, 64}, {1, 1024, 1, 64}};
@@ -312,12 +319,12 @@ static void test_attention_fused(CudaCtx* cx) {
         DevBuf gs = dev_up(cx, std::vector<float>(n_l, 7.0f)), gg = dev_up(cx, std::vector<float>(n_qkv, 7.0f));
         attention_fused_forward_cuda(cx, go.p, gl.p, dq.p, k.B, k.T, k.NH, k.hs);
         auto out_g = dev_down(cx, go.p, n_out), lse_g = dev_down(cx, gl.p, n_l);
-        expect_close("attention_fused out", s, out_g, out_c, SUM_BOUND);
-        expect_close("attention_fused lse", s, lse_g, lse_c, SUM_BOUND);
+        expect_close("attention_fused out", s, out_g, out_c, bound);
+        expect_close("attention_fused lse", s, lse_g, lse_c, bound);
         // the backward from the CPU's out and lse, so it is compared alone
         attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, co.p, cl.p, k.B, k.T, k.NH, k.hs);
         auto dqkv_g = dev_down(cx, gg.p, n_qkv);
-        expect_close("attention_fused dqkv", s, dqkv_g, dqkv_c, SUM_BOUND);
+        expect_close("attention_fused dqkv", s, dqkv_g, dqkv_c, bound);
         expect_close("attention_fused D", s, dev_down(cx, gs.p, n_l), dsum_c, SUM_BOUND);
         // deterministic: the same bits again
         attention_fused_forward_cuda(cx, go.p, gl.p, dq.p, k.B, k.T, k.NH, k.hs);
@@ -1175,6 +1182,9 @@ static void bench(CudaCtx* cx) {
     // compare; fused skips the tiles above the diagonal, about half of them)
     time("attention_forward (matmul)", [&] { attention_forward_cuda(cx, y, att, qkv, B, T, NH, hs); }, 4.0 * B * NH * T * T * hs);
     time("attention_fused_forward", [&] { attention_fused_forward_cuda(cx, y, lse, qkv, B, T, NH, hs); }, 4.0 * B * NH * T * T * hs);
+    cuda_set_tf32(cx, false);  // the fp32 kernels on the CUDA cores, which the tensor-core ones replace with TF32 on
+    time("attention_fused_forward (fp32 cores)", [&] { attention_fused_forward_cuda(cx, y, lse, qkv, B, T, NH, hs); }, 4.0 * B * NH * T * T * hs);
+    cuda_set_tf32(cx, true);
     time("matmul_forward fc (bias)", [&] { matmul_forward_cuda(cx, h, y, w, bias, (int)N, C, 4 * C); }, 2.0 * N * C * 4 * C);
     time("gelu_forward", [&] { gelu_forward_cuda(cx, h2, h, N * 4 * C); }, 0);
     time("matmul_forward fcproj", [&] { matmul_forward_cuda(cx, x, h2, w, nullptr, (int)N, 4 * C, C); }, 2.0 * N * C * 4 * C);
@@ -1190,6 +1200,10 @@ static void bench(CudaCtx* cx) {
     time("attention_backward (matmul)", [&] { attention_backward_cuda(cx, dqkv, y, qkv, att, B, T, NH, hs); }, 8.0 * B * NH * T * T * hs);
     time("attention_fused_backward", [&] { attention_fused_backward_cuda(cx, dqkv, dsum, y, qkv, x, lse, B, T, NH, hs); },
          8.0 * B * NH * T * T * hs);
+    cuda_set_tf32(cx, false);
+    time("attention_fused_backward (fp32 cores)", [&] { attention_fused_backward_cuda(cx, dqkv, dsum, y, qkv, x, lse, B, T, NH, hs); },
+         8.0 * B * NH * T * T * hs);
+    cuda_set_tf32(cx, true);
     time("encoder_backward", [&] { encoder_backward_cuda(cx, wte, y, dtok, nullptr, 0, Vp, (int)N, C); }, 0);
     time("position_backward", [&] { position_backward_cuda(cx, x, y, (int)N, 0, T, C); }, 0);
     time("sumsq (124M floats)", [&] { sumsq_cuda(cx, ce, logits, 124000000L); }, 0);
@@ -1445,11 +1459,12 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     cpu_pool_start((int)std::max(1u, std::thread::hardware_concurrency()));  // the CPU references on every core
     test_matmul(&cx);
     test_attention(&cx);
+    test_attention_fused(&cx);
     cuda_set_tf32(&cx, false);  // full fp32: the same comparisons, tight
     test_matmul(&cx);
     test_attention(&cx);
-    cuda_set_tf32(&cx, true);
     test_attention_fused(&cx);
+    cuda_set_tf32(&cx, true);
     test_encoder(&cx);
     test_layernorm(&cx);
     test_gelu(&cx);

@@ -138,6 +138,8 @@ struct Thread {
     Group* group;
     uint64_t wval, wres;
     int warg;
+    const void* gsrc;  // emu_warp_gather: this lane's bytes (warg of them) and where all lanes' go
+    void* gdst;
     uint32_t vc[32];  // racecheck: what this thread knows of each lane's clock (vc[lane] is its own)
 };
 
@@ -400,6 +402,12 @@ void emu_trap(const char* file, int line) {
     fail("__trap", "device code called __trap() at %s:%d", file, line);
 }
 
+void emu_device_error(const char* kind, const char* what) {
+    self(kind);
+    t_pc = 0;
+    fail(kind, "%s", what);
+}
+
 EmuThreadInfo* emu_thread_info(void) { return self("threadIdx/blockIdx/blockDim/gridDim")->info; }
 
 // ----------------------------------------------------------------------------
@@ -410,8 +418,9 @@ static void warp_arrive(Thread* T, int op, unsigned mask, uint64_t value, int ar
 static const char* op_name(int op) {
     static const char* n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync", "__ballot_sync",
                               "__any_sync", "__all_sync", "__syncwarp", "__reduce_add_sync", "__reduce_min_sync",
-                              "__reduce_max_sync", "__reduce_and_sync", "__reduce_or_sync", "__reduce_xor_sync"};
-    return op >= 0 && op < 14 ? n[op] : "a warp intrinsic";
+                              "__reduce_max_sync", "__reduce_and_sync", "__reduce_or_sync", "__reduce_xor_sync",
+                              "a wmma operation"};
+    return op >= 0 && op < 15 ? n[op] : "a warp intrinsic";
 }
 
 // the source lane of a shuffle, as PTX's shfl.sync defines it (segments of `width` lanes; out of range: own)
@@ -469,6 +478,21 @@ static void complete_group(Block* B, int w, Group* g) {
             common = acc;
             break;
         }
+        case EMU_GATHER:
+            // the tensor cores take a warp's 32 lanes together: one that has returned leaves its part undefined
+            for (int l = 0; l < 32; l++) {
+                t_fiber = lanes[l] ? lanes[l] : t_fiber;
+                if (!lanes[l])
+                    fail("wmma operation without the whole warp", "a wmma operation at %s:%d: lane %d has already returned from "
+                         "the kernel (every lane of the warp must take part)", g->file, g->line, l);
+                if (lanes[l]->warg != lanes[0]->warg)
+                    fail("lanes of a warp disagree at a wmma operation", "a wmma operation at %s:%d: lane %d brings %d bytes, lane 0 %d",
+                         g->file, g->line, l, lanes[l]->warg, lanes[0]->warg);
+            }
+            for (int l = 0; l < 32; l++)
+                for (int s = 0; s < 32; s++)
+                    memcpy((char*)lanes[l]->gdst + (size_t)s * lanes[s]->warg, lanes[s]->gsrc, (size_t)lanes[s]->warg);
+            break;
         default: break;
     }
     for (int l = 0; l < 32; l++) {
@@ -514,6 +538,16 @@ uint64_t emu_warp_op(int op, unsigned mask, uint64_t value, int arg, int width, 
     yield(T);
     return T->wres;
 }
+
+void emu_warp_gather(const void* mine, void* all, int bytes, const char* what, const char* file, int line) {
+    Thread* T = self(what);
+    T->gsrc = mine;
+    T->gdst = all;
+    warp_arrive(T, EMU_GATHER, 0xffffffffu, 0, bytes, 32, file, line);
+    yield(T);
+}
+
+uint64_t emu_launch_seed(void) { return self("a wmma fragment")->B->L->seed; }
 
 static void warp_arrive(Thread* T, int op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
     RtGuard guard;

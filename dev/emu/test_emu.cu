@@ -6,7 +6,8 @@
 // 2. Launch limits, returned as the error codes a GPU returns.
 // 3. The semantics the rest of the tests rely on: lazy streams and events, warp intrinsics against their
 //    documented definitions, atomics, the seeded schedule, cuBLAS/cuBLASLt against naive column-major loops
-//    (transposes, leading dimensions, strided batches, beta, the bias epilogue, TF32 rounding), NCCL.
+//    (transposes, leading dimensions, strided batches, beta, the bias epilogue, TF32 rounding), the warp
+//    matrix functions (wmma: layouts against the definition, __float_to_tf32, a layout drawn per launch), NCCL.
 // Every check prints "  ok   ..." or "  FAIL ..." with the value it measured and its bound; the last line is
 // "N passed, N failed".
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <nccl.h>
 
 static int g_passed = 0, g_failed = 0;
@@ -138,6 +140,34 @@ __global__ void big_static_shared_kernel(float* out) {
     big[threadIdx.x] = 1.0f;
     __syncthreads();
     out[threadIdx.x] = big[threadIdx.x];
+}
+
+namespace wmma = nvcuda::wmma;
+__global__ void wmma_ldm_kernel(const float* a, float* out) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a, 10);  // BUG: ldm 10 floats, not a multiple of 16 bytes
+    out[threadIdx.x] = fa.x[0];
+}
+__global__ void wmma_exited_kernel(const float* a, float* out) {
+    if (threadIdx.x >= 16) return;  // BUG: half the warp leaves before the warp-wide mma_sync
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+    wmma::fill_fragment(fa, 1.0f);
+    wmma::fill_fragment(fb, 1.0f);
+    wmma::fill_fragment(acc, 0.0f);
+    wmma::mma_sync(acc, fa, fb, acc);
+    out[threadIdx.x] = acc.x[0];
+}
+__global__ void wmma_race_kernel(float* out) {
+    __shared__ __align__(32) float sh[2][16 * 16];
+    for (int i = threadIdx.x; i < 2 * 16 * 16; i += blockDim.x) sh[i / 256][i % 256] = 0.0f;
+    __syncthreads();
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+    wmma::fill_fragment(acc, (float)(threadIdx.x / 32));
+    wmma::store_matrix_sync(sh[threadIdx.x / 32], acc, 16, wmma::mem_row_major);
+    // BUG: no __syncthreads() between one warp's store and the other warp's read
+    out[threadIdx.x] = sh[1 - threadIdx.x / 32][threadIdx.x % 32];
 }
 
 __global__ void spin_kernel(volatile int* flag) {
@@ -324,6 +354,22 @@ static void plant_spin() {
     CK(cudaDeviceSynchronize());
 }
 
+static void plant_wmma_ldm() {
+    float *a = plant_buf(256), *out = plant_buf(32);
+    wmma_ldm_kernel<<<1, 32>>>(a, out);
+    CK(cudaDeviceSynchronize());
+}
+static void plant_wmma_exited() {
+    float *a = plant_buf(256), *out = plant_buf(32);
+    wmma_exited_kernel<<<1, 32>>>(a, out);
+    CK(cudaDeviceSynchronize());
+}
+static void plant_wmma_race() {
+    float* out = plant_buf(64);
+    wmma_race_kernel<<<1, 64>>>(out);
+    CK(cudaDeviceSynchronize());
+}
+
 struct Plant {
     const char* name;
     void (*fn)();
@@ -354,6 +400,9 @@ static const std::vector<Plant> g_plants = {
     {"cuBLASLt operand less aligned than promised", plant_lt_misaligned, {"misaligned address", "cublasLtMatmul", "operand A aligned to 256 bytes"}},
     {"NCCL ranks disagree", plant_nccl_mismatch, {"NCCL collectives disagree", "count 15", "count 16"}},
     {"NCCL send and receive disagree", plant_p2p_mismatch, {"NCCL send and receive disagree", "16 of ncclFloat32", "12 of ncclFloat32"}},
+    {"wmma load with ldm not a multiple of 16 bytes", plant_wmma_ldm, {"invalid wmma pointer or stride", "wmma::load_matrix_sync", "ldm 10", "wmma_ldm_kernel"}},
+    {"wmma mma_sync after half the warp returned", plant_wmma_exited, {"wmma operation without the whole warp", "lane 16", "wmma_exited_kernel"}},
+    {"wmma store read by another warp without a barrier", plant_wmma_race, {"shared memory race", "wmma_race_kernel", "sh + "}},
     {"a kernel that never ends (2 s watchdog)", plant_spin, {"hang", "spin_kernel", "has run for more than 2 s"}, "TP_EMU_HANG_S=2 "},
 };
 
@@ -687,6 +736,104 @@ static void test_device_semantics(const char* argv0) {
     check(n0 == 512 && runs[0] == runs[1] && moved > 100, "threads reach an atomic in a seeded order: TP_EMU_SEED=1 twice gives the same %d-thread order, "
           "TP_EMU_SEED=2 another (%d characters of its printout differ)", n0, moved);
     for (void* p : {(void*)out, (void*)dx, (void*)ds, (void*)dw, (void*)counter, (void*)fsum, (void*)mx}) CK(cudaFree(p));
+}
+
+// ----------------------------------------------------------------------------
+// the warp matrix functions (mma.h): TF32 m16n16k8 against its definition
+
+static std::vector<float> randv(size_t n, unsigned seed);  // (with the cuBLAS tests below)
+
+// C (16 x 16, ldc, row- or column-major) = A (16 x 8) . B (8 x 16) + C, each operand in the layout asked for
+template <class LA, class LB>
+__global__ void wmma_gemm_kernel(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int c_col) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+    const wmma::layout_t lc = c_col ? wmma::mem_col_major : wmma::mem_row_major;
+    wmma::load_matrix_sync(fa, A, lda);
+    wmma::load_matrix_sync(fb, B, ldb);
+    wmma::load_matrix_sync(acc, C, ldc, lc);
+    wmma::mma_sync(acc, fa, fb, acc);
+    wmma::store_matrix_sync(C, acc, ldc, lc);
+}
+__global__ void tf32_kernel(const float* x, float* y) { y[threadIdx.x] = wmma::__float_to_tf32(x[threadIdx.x]); }
+__global__ void wmma_layout_kernel(float* out) {  // slot s = lane * 8 + e, stored: where each slot's element lies
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+    for (int e = 0; e < acc.num_elements; e++) acc.x[e] = (float)(threadIdx.x * acc.num_elements + e);
+    wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
+}
+
+template <class LA, class LB>
+static int wmma_case(bool a_col, bool b_col, bool c_col, unsigned seed) {
+    const int lda = a_col ? 20 : 12, ldb = b_col ? 12 : 20, ldc = 24;  // (padded strides: ld is honoured)
+    std::vector<float> A = randv(16 * 20, seed), B = randv(16 * 20, seed + 1), C = randv(16 * ldc, seed + 2);
+    auto a = [&](int r, int k) { return A[a_col ? k * lda + r : r * lda + k]; };
+    auto b = [&](int k, int n) { return B[b_col ? n * ldb + k : k * ldb + n]; };
+    auto cref = [&](std::vector<float>& M, int r, int n) -> float& { return M[c_col ? n * ldc + r : r * ldc + n]; };
+    auto cut = [](float v) {  // the tensor cores' TF32 input: the top 19 bits
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        u &= 0xffffe000u;
+        memcpy(&v, &u, 4);
+        return v;
+    };
+    std::vector<float> want = C;
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            float acc = cref(want, r, n);
+            for (int k = 0; k < 8; k++) acc += cut(a(r, k)) * cut(b(k, n));
+            cref(want, r, n) = acc;
+        }
+    float *dA = dev_floats(A), *dB = dev_floats(B), *dC = dev_floats(C);
+    wmma_gemm_kernel<LA, LB><<<1, 32>>>(dA, lda, dB, ldb, dC, ldc, c_col);
+    std::vector<float> got = host_floats(dC, C.size());
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); i++) bad += memcmp(&got[i], &want[i], 4) != 0;
+    for (float* p : {dA, dB, dC}) CK(cudaFree(p));
+    return bad;
+}
+
+static void test_wmma() {
+    printf("warp matrix functions (wmma, TF32 m16n16k8) against their definition\n");
+    int bad = 0, cases = 0;
+    for (int c_col = 0; c_col < 2; c_col++, cases += 4) {
+        bad += wmma_case<wmma::row_major, wmma::row_major>(false, false, c_col, 10 + c_col);
+        bad += wmma_case<wmma::row_major, wmma::col_major>(false, true, c_col, 20 + c_col);
+        bad += wmma_case<wmma::col_major, wmma::row_major>(true, false, c_col, 30 + c_col);
+        bad += wmma_case<wmma::col_major, wmma::col_major>(true, true, c_col, 40 + c_col);
+    }
+    check(bad == 0, "load, mma_sync, store in every layout of A, B and C (%d cases, padded strides): %d of %d elements differ from "
+          "C + sum_k tf32(a) tf32(b) in fp32", cases, bad, cases * 16 * 24);
+    // __float_to_tf32: to nearest, ties away from zero, at 10 fraction bits; infinities and NaN kept
+    const float tie = 1.0f + ldexpf(1.0f, -11), below = 1.0f + ldexpf(1.0f, -11) - ldexpf(1.0f, -23);
+    std::vector<float> x = {tie, -tie, below, 1.0f + ldexpf(3.0f, -12), INFINITY, -INFINITY, NAN, 3.0f, 0.0f, -0.0f};
+    std::vector<float> want = {1.0f + ldexpf(1.0f, -10), -(1.0f + ldexpf(1.0f, -10)), 1.0f, 1.0f + ldexpf(1.0f, -10), INFINITY, -INFINITY,
+                               NAN, 3.0f, 0.0f, -0.0f};
+    float *dx = dev_floats(x), *dy = dev_floats(std::vector<float>(x.size(), 7.0f));
+    tf32_kernel<<<1, (unsigned)x.size()>>>(dx, dy);
+    std::vector<float> y = host_floats(dy, x.size());
+    int wrong = 0;
+    for (size_t i = 0; i < x.size(); i++) wrong += std::isnan(want[i]) ? !std::isnan(y[i]) : memcmp(&y[i], &want[i], 4) != 0;
+    check(wrong == 0, "__float_to_tf32 on ties (both signs), just below a tie, infinities, NaN and zeros: %d of %zu wrong", wrong, x.size());
+    // a fragment's layout: a permutation of the 256 elements, drawn per launch (two launches differ)
+    float* dl = dev_floats(std::vector<float>(256, -1.0f));
+    std::vector<std::vector<float>> maps;
+    for (int i = 0; i < 2; i++) {
+        wmma_layout_kernel<<<1, 32>>>(dl);
+        maps.push_back(host_floats(dl, 256));
+    }
+    int perm = 0, differ = 0;
+    for (auto& m : maps) {
+        std::vector<float> sorted = m;
+        std::sort(sorted.begin(), sorted.end());
+        bool ok = true;
+        for (int i = 0; i < 256; i++) ok = ok && sorted[i] == (float)i;
+        perm += ok;
+    }
+    for (int i = 0; i < 256; i++) differ += maps[0][i] != maps[1][i];
+    check(perm == 2 && differ > 128, "an accumulator's slots over the 16 x 16 elements: %d of 2 launches a permutation, the two launches' "
+          "layouts differ at %d of 256 elements (code that assumes a layout fails here)", perm, differ);
+    for (float* p : {dx, dy, dl}) CK(cudaFree(p));
 }
 
 // ----------------------------------------------------------------------------
@@ -1209,6 +1356,7 @@ int main(int argc, char** argv) {
     test_launch_limits();
     test_streams();
     test_device_semantics(argv[0]);
+    test_wmma();
     test_cublas();
     test_nccl();
     test_nccl_procs(argv[0]);

@@ -201,13 +201,18 @@ static inline int __syncthreads_or(int p, const char* f = __builtin_FILE(), int 
 void __threadfence(void);
 void __threadfence_block(void);
 [[noreturn]] void emu_trap(const char* file, int line);
+[[noreturn]] void emu_device_error(const char* kind, const char* what);  // a report of device code's misuse (mma.h)
 #define __trap() emu_trap(__FILE__, __LINE__)
 
 // warp-level intrinsics: the lanes named in the mask meet (exec.cpp checks the masks), then each gets its
 // result. Values travel as 64-bit patterns.
 enum { EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR, EMU_BALLOT, EMU_ANY, EMU_ALL, EMU_SYNCWARP,
-       EMU_REDUCE_ADD, EMU_REDUCE_MIN, EMU_REDUCE_MAX, EMU_REDUCE_AND, EMU_REDUCE_OR, EMU_REDUCE_XOR };
+       EMU_REDUCE_ADD, EMU_REDUCE_MIN, EMU_REDUCE_MAX, EMU_REDUCE_AND, EMU_REDUCE_OR, EMU_REDUCE_XOR, EMU_GATHER };
 uint64_t emu_warp_op(int op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line);
+// the whole warp meets (every lane, none exited) and each lane gets all 32 lanes' `bytes` bytes at `mine`,
+// lane l's at all + l * bytes: how mma.h's fragments see each other (a warp-wide operation of the tensor cores)
+void emu_warp_gather(const void* mine, void* all, int bytes, const char* what, const char* file, int line);
+uint64_t emu_launch_seed(void);  // the launch's schedule seed (mma.h draws its fragments' layout from it)
 template <class T> static inline uint64_t emu_bits(T v) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffles move values of at most 8 bytes");
     uint64_t b = 0;
