@@ -1508,8 +1508,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqk
 // with each tile's matrix products (S = q k^T, dP = dout v^T, O += P v, dv += P^T dout, dk += dS^T q,
 // dq += dS k) done by warps on TF32 tensor cores (wmma, m16n16k8: sm_80 and newer) instead of by threads on
 // the CUDA cores. The fp32 kernels above reach at most half the CUDA cores' rate (8 shared-memory loads per
-// 16 FMAs), a few percent of what the tensor cores do, and at GPT-2's T = 1024 attention is a fifth of a
-// layer's FLOPs, so on the CUDA cores it would take as long as the layer's matmuls in bf16. What stays on
+// 16 FMAs: ~33 TFLOP/s on an H100, whose tensor cores do 495 in TF32 and 989 in bf16), and at GPT-2's
+// T = 1024 the causal half of attention's products is about a tenth of a layer's FLOPs, so on the CUDA
+// cores it would take longer than all of the layer's matmuls in bf16. What stays on
 // the threads: the online softmax, P = exp(S - lse) and dS = P (dP - D), elementwise over a tile in shared
 // memory (a fragment's layout is the hardware's secret, so nothing reads a fragment's elements by position).
 //
@@ -1520,7 +1521,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqk
 //
 // A block: 8 warps, 256 threads, as above. Shared memory (floats): q, k, v, dout and O tiles of 64 rows with
 // stride HS = 16 DK + 4 (wmma wants 16-byte multiples, and 4 more than the width spreads the rows over the
-// banks), the score tiles S/P and dP/dS 64 x 68. Forward: q, k, v, O + S = 87.0 KB at hs 64, 152.5 KB at
+// banks), the score tiles S/P and dP/dS 64 x 68. Forward: q, k, v, O + S = 85.0 KB at hs 64, 149.0 KB at
 // hs 128; backward: q, k, v, dout + two score tiles + lse, D = 102.5 / 166.5 KB (hs 128 on sm_80, 163 KB a
 // block, goes to the fp32 kernels). Each 16 x 16 output tile of a product is one warp's, its k loop in order:
 // no atomics, the same bits on every run.
