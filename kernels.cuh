@@ -1527,6 +1527,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqk
 // no atomics, the same bits on every run.
 #define ATT_TC_PS (ATT_TILE + 4)  // the row stride of a score tile in shared memory
 namespace wmma = nvcuda::wmma;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // (TF32 wmma is sm_80's: below it the kernels trap, never launched)
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> AttTcA;   // A (m, k) at a[m ld + k]
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> AttTcAt;  // at a[k ld + m]
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> AttTcB;   // B (k, n) at b[k ld + n]
@@ -1537,9 +1538,6 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> AttTcC;
 // first k, a8 and b8 are how far 8 more k move them (8 for a row-major A or column-major B, 8 ld otherwise)
 template <class FA, class FB>
 __device__ __forceinline__ void att_tc_mma(AttTcC& acc, const float* a, int lda, int a8, const float* b, int ldb, int b8, int kn) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();  // (never launched below sm_80: att_tc_smem)
-#else
     FA fa;
     FB fb;
     for (int k = 0; k < kn; k += 8, a += a8, b += b8) {
@@ -1549,7 +1547,6 @@ __device__ __forceinline__ void att_tc_mma(AttTcC& acc, const float* a, int lda,
         for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
         wmma::mma_sync(acc, fa, fb, acc);
     }
-#endif
 }
 
 // sc (64 x 64, stride ATT_TC_PS) = x (64 rows) . y (64 rows)^T over 16 DK columns: two 16 x 16 tiles a warp.
@@ -1568,11 +1565,16 @@ __device__ __forceinline__ void att_tc_scores(float* sc, const float* x, const f
     }
 }
 
+#endif
+
 // out, lse <- qkv, as attention_fused_forward_kernel. O is kept in shared memory (so): its rows are rescaled
 // by the threads that own them when a row's max grows, and each warp adds P v into its output tiles there.
 template <int DK>
 __global__ void __launch_bounds__(ATT_THREADS) attention_tc_forward_kernel(float* out, float* lse, const float* qkv, int T, int NH,
                                                                           int hs, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // (att_tc never launches these below sm_80)
+#else
     extern __shared__ __align__(128) float att_tc_sm[];
     constexpr int HS = 16 * DK + 4, PS = ATT_TC_PS;
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16, warp = threadIdx.x / 32;
@@ -1642,8 +1644,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_forward_kernel(float
         }
         if (tx == 0) lse[(long)bh * T + r] = m[i] + logf(l[i]);
     }
+#endif
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 // The backward's shared part for one (query tile, key tile) pair: sp <- S = q k^T, sg <- dP = dout v^T,
 // then by the threads sp <- P = exp(S scale - lse) and sg <- dS = P (dP - D) scale (rows are queries,
 // columns keys; thread (tx, ty) has rows ty + 16i, keys tx + 16j; 0 where masked or past T)
@@ -1685,12 +1689,16 @@ __device__ __forceinline__ void att_tc_write(float* dst, long ld, int r0, int T,
         if (r0 + r < T && d < hs) dst[(long)(r0 + r) * ld + d] = st[r * HS + d];
     }
 }
+#endif
 
 // dk, dv (in dqkv) <- key tile kt of (b, h), as attention_fused_dkdv_kernel; each warp keeps its tiles of dk
 // and dv in fragments over the whole loop (no rescaling here)
 template <int DK>
 __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                                                        const float* dsum, int T, int NH, int hs, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();
+#else
     extern __shared__ __align__(128) float att_tc_sm[];
     constexpr int HS = 16 * DK + 4, PS = ATT_TC_PS, NW = (4 * DK + 7) / 8;
     const int warp = threadIdx.x / 32;
@@ -1732,12 +1740,16 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* d
     float* row = dqkv + (long)b * T * C3 + h * hs;
     att_tc_write<DK, NW>(row + C, C3, j0, T, hs, sq, dk);
     att_tc_write<DK, NW>(row + 2 * C, C3, j0, T, hs, sdo, dv);
+#endif
 }
 
 // dq (in dqkv) <- query tile qt of (b, h), as attention_fused_dq_kernel
 template <int DK>
 __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                                                      const float* dsum, int T, int NH, int hs, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();
+#else
     extern __shared__ __align__(128) float att_tc_sm[];
     constexpr int HS = 16 * DK + 4, PS = ATT_TC_PS, NW = (4 * DK + 7) / 8;
     const int warp = threadIdx.x / 32;
@@ -1775,6 +1787,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dq_kernel(float* dqk
     }
     __syncthreads();
     att_tc_write<DK, NW>(dqkv + (long)b * T * C3 + h * hs, C3, i0, T, hs, sk, dq);
+#endif
 }
 
 // the shared memory of the tensor-core kernels (forward: q, k, v, O and a score tile; backward: four row
