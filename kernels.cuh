@@ -1223,6 +1223,22 @@ __device__ void att_load_tile(float* sm, const Tm* src, long ld, int r0, int T, 
     }
 }
 
+// The backward's query tile i0 of head h of batch row b: q (from qkv) and dout into sq and sdo (row stride
+// HP, as att_load_tile), and the rows' lse and D into sl and sd (bh = b * NH + h; 0 past T)
+template <int DK, class Tm>
+__device__ void att_load_query_tile(float* sq, float* sdo, float* sl, float* sd, const Tm* qkv, const Tm* dout, const float* lse,
+                                    const float* dsum, int b, int h, int NH, int i0, int T, int hs, int HP = 16 * DK + 1) {
+    const int C = NH * hs;
+    att_load_tile<DK>(sq, qkv + (long)b * T * 3 * C + h * hs, 3L * C, i0, T, hs, HP);
+    att_load_tile<DK>(sdo, dout + (long)b * T * C + h * hs, C, i0, T, hs, HP);
+    if (threadIdx.x < ATT_TILE) {
+        const int r = i0 + threadIdx.x;
+        const long bh = (long)b * NH + h;
+        sl[threadIdx.x] = r < T ? lse[bh * T + r] : 0.0f;
+        sd[threadIdx.x] = r < T ? dsum[bh * T + r] : 0.0f;
+    }
+}
+
 // s[i][j] = sum_d a[ra(i)][d] * b[rb(j)][d] over the tile's 16 DK columns, rows ra(i) = ia + 16 i, rb(j) = jb + 16 j
 template <int DK>
 __device__ __forceinline__ void att_dots(float s[4][4], const float* a, int ia, const float* b, int jb) {
@@ -1361,7 +1377,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(Tm* d
     float *sk = att_sm, *sv = sk + ATT_TILE * HP, *sq = sv + ATT_TILE * HP, *sdo = sq + ATT_TILE * HP;
     float *sp = sdo + ATT_TILE * HP, *sl = sp + ATT_TILE * 65, *sd = sl + ATT_TILE;
     const Tm* base = qkv + (long)b * T * C3 + h * hs;
-    const Tm* dbase = dout + (long)b * T * C + h * hs;
     att_load_tile<DK>(sk, base + C, C3, j0, T, hs);
     att_load_tile<DK>(sv, base + 2 * C, C3, j0, T, hs);
     float dk[4][DK], dv[4][DK];
@@ -1372,13 +1387,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(Tm* d
     for (int qt = kt; qt < NT; qt++) {
         const int i0 = qt * ATT_TILE;
         __syncthreads();  // the last tile's readers of sq, sdo, sp, sl, sd are done
-        att_load_tile<DK>(sq, base, C3, i0, T, hs);
-        att_load_tile<DK>(sdo, dbase, C, i0, T, hs);
-        if (threadIdx.x < ATT_TILE) {
-            const int r = i0 + threadIdx.x;
-            sl[threadIdx.x] = r < T ? lse[(long)bh * T + r] : 0.0f;
-            sd[threadIdx.x] = r < T ? dsum[(long)bh * T + r] : 0.0f;
-        }
+        att_load_query_tile<DK>(sq, sdo, sl, sd, qkv, dout, lse, dsum, b, h, NH, i0, T, hs);
         __syncthreads();
         float p[4][4], g[4][4];
         att_dots<DK>(p, sk, ty, sq, tx);   // s^T: key ty + 16i against query tx + 16j
@@ -1448,13 +1457,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqk
     float *sq = att_sm, *sdo = sq + ATT_TILE * HP, *sk = sdo + ATT_TILE * HP, *sv = sk + ATT_TILE * HP;
     float *sp = sv + ATT_TILE * HP, *sl = sp + ATT_TILE * 65, *sd = sl + ATT_TILE;
     const Tm* base = qkv + (long)b * T * C3 + h * hs;
-    att_load_tile<DK>(sq, base, C3, i0, T, hs);
-    att_load_tile<DK>(sdo, dout + (long)b * T * C + h * hs, C, i0, T, hs);
-    if (threadIdx.x < ATT_TILE) {
-        const int r = i0 + threadIdx.x;
-        sl[threadIdx.x] = r < T ? lse[(long)bh * T + r] : 0.0f;
-        sd[threadIdx.x] = r < T ? dsum[(long)bh * T + r] : 0.0f;
-    }
+    att_load_query_tile<DK>(sq, sdo, sl, sd, qkv, dout, lse, dsum, b, h, NH, i0, T, hs);
     float dq[4][DK];
     #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -1523,8 +1526,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqk
 // stride HS = 16 DK + 4 (wmma wants 16-byte multiples, and 4 more than the width spreads the rows over the
 // banks), the score tiles S/P and dP/dS 64 x 68. Forward: q, k, v, O + S = 85.0 KB at hs 64, 149.0 KB at
 // hs 128; backward: q, k, v, dout + two score tiles + lse, D = 102.5 / 166.5 KB (hs 128 on sm_80, 163 KB a
-// block, goes to the fp32 kernels). Each 16 x 16 output tile of a product is one warp's, its k loop in order:
-// no atomics, the same bits on every run.
+// block, goes to the fp32 kernels): at hs 64 two blocks an SM on sm_90 (228 KB), one on sm_80 (164 KB).
+// Each 16 x 16 output tile of a product is one warp's, its k loop in order: no atomics, the same bits on
+// every run.
 #define ATT_TC_PS (ATT_TILE + 4)  // the row stride of a score tile in shared memory
 namespace wmma = nvcuda::wmma;
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // (TF32 wmma is sm_80's: below it the kernels trap, never launched)
@@ -1716,13 +1720,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* d
     for (int qt = kt; qt < NT; qt++) {
         const int i0 = qt * ATT_TILE;
         __syncthreads();  // the last tile's readers of sq, sdo, sp, sg, sl, sd are done
-        att_load_tile<DK>(sq, base, C3, i0, T, hs, HS);
-        att_load_tile<DK>(sdo, dout + (long)b * T * C + h * hs, C, i0, T, hs, HS);
-        if (threadIdx.x < ATT_TILE) {
-            const int r = i0 + threadIdx.x;
-            sl[threadIdx.x] = r < T ? lse[(long)bh * T + r] : 0.0f;
-            sd[threadIdx.x] = r < T ? dsum[(long)bh * T + r] : 0.0f;
-        }
+        att_load_query_tile<DK>(sq, sdo, sl, sd, qkv, dout, lse, dsum, b, h, NH, i0, T, hs, HS);
         __syncthreads();
         att_tc_probs<DK>(sp, sg, sq, sk, sdo, sv, sl, sd, i0, j0, T, scale);
         // dv += P^T dout, dk += dS^T q over the tile's queries: A is P (or dS) read transposed; on the
@@ -1759,13 +1757,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dq_kernel(float* dqk
     float *sq = att_tc_sm, *sdo = sq + ATT_TILE * HS, *sk = sdo + ATT_TILE * HS, *sv = sk + ATT_TILE * HS;
     float *sp = sv + ATT_TILE * HS, *sg = sp + ATT_TILE * PS, *sl = sg + ATT_TILE * PS, *sd = sl + ATT_TILE;
     const float* base = qkv + (long)b * T * C3 + h * hs;
-    att_load_tile<DK>(sq, base, C3, i0, T, hs, HS);
-    att_load_tile<DK>(sdo, dout + (long)b * T * C + h * hs, C, i0, T, hs, HS);
-    if (threadIdx.x < ATT_TILE) {
-        const int r = i0 + threadIdx.x;
-        sl[threadIdx.x] = r < T ? lse[(long)bh * T + r] : 0.0f;
-        sd[threadIdx.x] = r < T ? dsum[(long)bh * T + r] : 0.0f;
-    }
+    att_load_query_tile<DK>(sq, sdo, sl, sd, qkv, dout, lse, dsum, b, h, NH, i0, T, hs, HS);
     AttTcC dq[NW];
     #pragma unroll
     for (int n = 0; n < NW; n++) wmma::fill_fragment(dq[n], 0.0f);
