@@ -1171,8 +1171,8 @@ static void bench(CudaCtx* cx) {
         float ms = 0;
         CUDA_CHECK(0, cudaEventElapsedTime(&ms, e0, e1));
         ms /= reps;
-        if (flops > 0) printf("  %-34s %8.3f ms  %6.1f TFLOP/s\n", name, ms, flops / (ms * 1e-3) / 1e12);
-        else printf("  %-34s %8.3f ms\n", name, ms);
+        if (flops > 0) printf("  %-38s %8.3f ms  %6.1f TFLOP/s\n", name, ms, flops / (ms * 1e-3) / 1e12);
+        else printf("  %-38s %8.3f ms\n", name, ms);
     };
     printf("bench: B=%d T=%d C=%d NH=%d (GPT-2 124M shapes), per call\n", B, T, C, NH);
     time("encoder_forward", [&] { encoder_forward_cuda(cx, x, dtok, wte, 0, Vp, (int)N, C); }, 0);
