@@ -14,8 +14,25 @@
 # make toolkit     says whether the CUDA toolkit tp builds with is all there (the README's Build section)
 # WERROR=1         warnings stop the build (CI sets it; a newer compiler's new warnings do not stop yours)
 MAKEFLAGS += -j$(shell nproc)  # builds side by side (make test: test_tp beside tp)
-NVCC     ?= /usr/local/cuda/bin/nvcc
+# nvcc: the toolkit's usual place, else the one on PATH (a toolkit installed elsewhere, or pip's)
+NVCC     ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null) /usr/local/cuda/bin/nvcc)
 CUDA_DIR  = $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))..)
+# NCCL: from NCCL_DIR when given (a folder holding include/nccl.h and lib/ or lib64/ with libnccl.so*);
+# else where the toolkit or the system keeps it, found by nvcc itself; else, when none of those has
+# nccl.h, the copy pip installs with PyTorch (the nvidia-nccl-cu* package, found through python3). Such a
+# folder's library may be only libnccl.so.2 (pip's is), so it is linked by that name, and the folder
+# becomes the binaries' run path: ./tp starts without LD_LIBRARY_PATH.
+NCCL_HEADERS = $(wildcard $(CUDA_DIR)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h)
+ifeq ($(origin NCCL_DIR),undefined)
+NCCL_DIR := $(if $(NCCL_HEADERS),,$(shell python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null))
+endif
+ifneq ($(strip $(NCCL_DIR)),)
+NCCL_LIBDIR = $(firstword $(patsubst %/,%,$(dir $(wildcard $(NCCL_DIR)/lib64/libnccl.so* $(NCCL_DIR)/lib/libnccl.so*))) $(NCCL_DIR)/lib)
+NCCL_CFLAGS = -I$(NCCL_DIR)/include
+NCCL_LIBS   = -L$(NCCL_LIBDIR) $(if $(wildcard $(NCCL_LIBDIR)/libnccl.so),-lnccl,-l:libnccl.so.2) -Xlinker -rpath,$(NCCL_LIBDIR)
+else
+NCCL_LIBS   = -lnccl
+endif
 comma    := ,
 # The CPU code is built for the level of x86-64 the machine has, not for its model: every CPU with AVX-512
 # gets the same instructions (x86-64-v4, 512-bit vectors), every AVX2 one the same (x86-64-v3), with
@@ -49,12 +66,12 @@ ARCH      = $(foreach cc,$(GPU_CCS),-gencode arch=compute_$(cc),code=sm_$(cc)) \
 ifeq ($(WERROR),1)
 NVWERROR  = -Werror all-warnings
 endif
-NVFLAGS   = -std=c++17 -O3 $(NVWERROR) $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS)) $(MPI_CFLAGS)
+NVFLAGS   = -std=c++17 -O3 $(NVWERROR) $(ARCH) -Xcompiler $(subst $() ,$(comma),$(HOSTFLAGS)) $(NCCL_CFLAGS) $(MPI_CFLAGS)
 NVFLAGS  += $(if $(TP_VERSION),-DTP_VERSION='"$(TP_VERSION)"')  # ./tp --version
 # --threads 0: nvcc compiles the GPU code of each -gencode target side by side, on every core (make && ./tp:
 # 26-30 s instead of 37-40 s for ./tp on 2 cores)
 NVFLAGS  += --threads 0
-LDLIBS    = -lcublas -lcublasLt -lnccl -ldl $(MPI_LIBS)
+LDLIBS    = -lcublas -lcublasLt $(NCCL_LIBS) -ldl $(MPI_LIBS)
 # MPI (to run data parallelism across processes with mpirun): compiled in when an MPI compiler wrapper
 # (Debian's OpenMPI: apt-get install openmpi-bin libopenmpi-dev) is found, or never with make MPI=0.
 # Its flags come from `mpicxx --showme`; nvcc takes -I, -L and -l as they are, the rest through -Xcompiler.
@@ -72,7 +89,7 @@ all: tp
 # The build switches, recorded in build/config, which every binary depends on: the file is rewritten only
 # when the switches differ from the ones it holds, so `make MPI=0`, WERROR=1, another GPU model, or
 # installing OpenMPI after a build rebuilds ./tp and ./test_tp alike (never one with MPI, one without).
-BUILD_CONFIG := MPI=$(MPI) WERROR=$(WERROR) GPU_CCS=$(strip $(GPU_CCS))
+BUILD_CONFIG := MPI=$(MPI) WERROR=$(WERROR) GPU_CCS=$(strip $(GPU_CCS)) NCCL_DIR=$(strip $(NCCL_DIR))
 ifneq ($(BUILD_CONFIG),$(shell cat build/config 2>/dev/null))
 build/config: FORCE
 endif
@@ -99,26 +116,28 @@ NOMPI_GROUPS = mpi messages build buildconfig collectives cli
 
 # one line instead of make's "No such file or directory" when the CUDA toolkit is missing
 nvcc:
-	@command -v $(NVCC) >/dev/null 2>&1 || { echo "error: $(NVCC) not found: tp builds with the CUDA toolkit (nvcc, cuBLAS, NCCL), also to run on the CPU; install it or give NVCC=/path/to/nvcc (make toolkit checks what is there)" >&2; exit 1; }
+	@command -v $(NVCC) >/dev/null 2>&1 || { echo "error: $(NVCC) not found: tp builds with the CUDA toolkit (nvcc, cuBLAS, NCCL), also to run on the CPU; install it, put its bin/ on PATH, or give NVCC=/path/to/nvcc (make toolkit checks what is there)" >&2; exit 1; }
 
 # what the build needs, found or not: nvcc, the cuBLAS and NCCL libraries, NCCL's header
 toolkit:
 	@ok=1; \
 	if command -v $(NVCC) >/dev/null 2>&1; then echo "nvcc:          $$($(NVCC) --version | grep -o 'release [0-9.]*') ($(NVCC))"; \
 	else echo "nvcc:          MISSING: $(NVCC) (install the CUDA toolkit, or give NVCC=/path/to/nvcc)"; ok=0; fi; \
-	for lib in cublas cublasLt nccl; do \
+	for lib in cublas cublasLt $(if $(NCCL_DIR),,nccl); do \
 	  f=$$(ls $(CUDA_DIR)/lib64/lib$$lib.so* $(CUDA_DIR)/lib/lib$$lib.so* 2>/dev/null | head -n 1); \
 	  [ -n "$$f" ] || f=$$(ldconfig -p 2>/dev/null | grep -o "/[^ ]*/lib$$lib\.so[.0-9]*$$" | head -n 1); \
 	  if [ -n "$$f" ]; then printf '%-14s %s\n' "lib$$lib:" "$$f"; \
-	  else printf '%-14s %s\n' "lib$$lib:" "MISSING (cuBLAS comes with the CUDA toolkit; NCCL is a package of its own, e.g. libnccl2 + libnccl-dev)"; ok=0; fi; \
+	  else printf '%-14s %s\n' "lib$$lib:" "MISSING (cuBLAS comes with the CUDA toolkit; NCCL is a package of its own, e.g. libnccl2 + libnccl-dev, or pip's nvidia-nccl-cu13)"; ok=0; fi; \
 	done; \
-	h=$$(ls $(CUDA_DIR)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h 2>/dev/null | head -n 1); \
-	if [ -n "$$h" ]; then echo "nccl.h:        $$h"; else echo "nccl.h:        MISSING (NCCL's headers, e.g. libnccl-dev)"; ok=0; fi; \
+	$(if $(NCCL_DIR),f=$$(ls $(NCCL_LIBDIR)/libnccl.so* 2>/dev/null | head -n 1); \
+	  if [ -n "$$f" ]; then echo "libnccl:       $$f (NCCL_DIR)"; else echo "libnccl:       MISSING: no libnccl.so* in $(NCCL_DIR)/lib or lib64 (NCCL_DIR)"; ok=0; fi;) \
+	h=$$(ls $(if $(NCCL_DIR),$(NCCL_DIR)/include/nccl.h,$(CUDA_DIR)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h) 2>/dev/null | head -n 1); \
+	if [ -n "$$h" ]; then echo "nccl.h:        $$h"; else echo "nccl.h:        MISSING (NCCL's headers, e.g. libnccl-dev, or pip's nvidia-nccl-cu13; or make NCCL_DIR=/path)"; ok=0; fi; \
 	echo "GPU code for:  $(GPU_CCS) (+ PTX of $(lastword $(GPU_CCS)) for newer GPUs)"; \
 	if [ $$ok = 1 ]; then echo "toolkit: complete; make builds ./tp"; else echo "toolkit: incomplete (see above)"; exit 1; fi
 
 # sanitizer builds: host code only (the CPU backend, the comm layer, the driver), -O1 with frame pointers
-SANFLAGS = -std=c++17 -O1 -g -Xcompiler $(subst $() ,$(comma),$(HOSTARCH)),-fopenmp-simd,-fno-omit-frame-pointer $(MPI_CFLAGS)
+SANFLAGS = -std=c++17 -O1 -g -Xcompiler $(subst $() ,$(comma),$(HOSTARCH)),-fopenmp-simd,-fno-omit-frame-pointer $(NCCL_CFLAGS) $(MPI_CFLAGS)
 ASAN = -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-sanitize-recover=all -Xlinker -lasan,-lubsan
 TSAN = -Xcompiler -fsanitize=thread -Xlinker -ltsan
 
@@ -158,7 +177,7 @@ tsan: tp_tsan test_tp_tsan
 
 # for people working on kernels: no optimisation, host and device debug info (-G implies line info), and
 # TP_CUDA_DEBUG, which makes every CUDA_LAUNCH_CHECK wait for its kernel so a fault names the kernel
-DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp-simd,-Wall,-Wextra,-Wno-unused-function $(MPI_CFLAGS)
+DEBUGFLAGS = -std=c++17 -O0 -g -G -DTP_CUDA_DEBUG $(ARCH) -Xcompiler -fopenmp-simd,-Wall,-Wextra,-Wno-unused-function $(NCCL_CFLAGS) $(MPI_CFLAGS)
 tp_debug: tp.cu $(SOURCES) build/config
 	$(NVCC) $(DEBUGFLAGS) -o $@ tp.cu $(LDLIBS)
 test_tp_debug: $(TESTS) $(SOURCES) build/config
@@ -186,6 +205,7 @@ gpucheck-dtype: tp $(RAND)
 gpucheck: tp test_tp $(RAND)
 	@mkdir -p $(GPUOUT); rm -f $(GPUOUT)/summary.txt
 	-nvidia-smi > $(GPUOUT)/nvidia-smi.txt 2>&1
+	-$(MAKE) --no-print-directory toolkit > $(GPUOUT)/toolkit.txt 2>&1; grep -E '^(nvcc|libnccl|toolkit):' $(GPUOUT)/toolkit.txt | tr -s ' ' >> $(GPUOUT)/summary.txt
 	-bash -o pipefail -c 'timeout 300 ./test_tp gpu 2>&1 | tee $(GPUOUT)/gpu_tests.txt' && echo "gpu tests: passed" >> $(GPUOUT)/summary.txt || echo "gpu tests: FAILED" >> $(GPUOUT)/summary.txt
 	-if [ -z "$(SANITIZER)" ]; then echo "memcheck: not available (no compute-sanitizer in PATH or $(CUDA_DIR)/bin)" >> $(GPUOUT)/summary.txt; \
 	else bash -o pipefail -c 'timeout 150 $(SANITIZER) --tool memcheck --error-exitcode 9 ./tp -e L2C64H4 -b 2 -t 32 -x 3 -v 2 -m 1 -g 4 --device cuda --tp 2 2>&1 | tee $(GPUOUT)/memcheck.txt' && echo "memcheck: clean" >> $(GPUOUT)/summary.txt || echo "memcheck: FAILED" >> $(GPUOUT)/summary.txt; fi

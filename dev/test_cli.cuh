@@ -729,7 +729,7 @@ static void test_flags_ux() {
 }
 
 static void test_build() {
-    printf("build: make builds ./tp alone, -Werror only with WERROR=1, GPU code for each GPU model and PTX\n");
+    printf("build: make builds ./tp alone, -Werror only with WERROR=1, GPU code for each GPU model and PTX, NCCL where it is\n");
     std::string out;
     int rc = run_sh("env -u WERROR make -n -B", &out);  // as a learner types it (CI exports WERROR=1)
     check(rc == 0 && out.find("-o tp tp.cu") != std::string::npos && out.find("test_tp") == std::string::npos && out.find("-Werror") == std::string::npos,
@@ -755,6 +755,35 @@ static void test_build() {
         rc = run_sh("PATH=" + bin + ":$PATH make -n -B tp", &out);
         check(rc == 0 && out.find(cases[i].want) != std::string::npos && out.find("NVIDIA") == std::string::npos,
               "%s: %s", cases[i].what, first_line_with(out, "-gencode").substr(first_line_with(out, "-gencode").find("-gencode")).substr(0, 140).c_str());
+    }
+    // NCCL from a folder of its own: NCCL_DIR, or pip's nvidia-nccl package (found through python3 when the
+    // toolkit and the system have no nccl.h; NCCL_HEADERS= stands for such a machine). Its header, its library
+    // by the name the folder has (pip's holds only libnccl.so.2), and the folder as the binaries' run path.
+    std::string pip = tmpdir() + "/pip", nd = pip + "/nvidia/nccl", own = tmpdir() + "/ncclown", none = tmpdir() + "/ncclnone";
+    run_sh("mkdir -p " + nd + "/include " + nd + "/lib " + own + "/include " + own + "/lib64 " + none + " && touch " + nd + "/include/nccl.h " +
+           nd + "/lib/libnccl.so.2 " + own + "/include/nccl.h " + own + "/lib64/libnccl.so.2 && ln -sf libnccl.so.2 " + own + "/lib64/libnccl.so", nullptr);
+    std::string pip_link = "-I" + nd + "/include ", pip_lib = "-L" + nd + "/lib -l:libnccl.so.2 -Xlinker -rpath," + nd + "/lib ";
+    rc = run_sh("env -u NCCL_DIR make -n -B tp NCCL_DIR=" + nd, &out);
+    check(rc == 0 && out.find(pip_link) != std::string::npos && out.find(pip_lib) != std::string::npos && out.find(" -lnccl") == std::string::npos,
+          "make NCCL_DIR=<pip's folder>: its header, libnccl.so.2 by name, its run path (exit %d)", rc);
+    rc = run_sh("env -u NCCL_DIR PYTHONPATH=" + pip + " make -n -B tp NCCL_HEADERS=", &out);
+    check(rc == 0 && out.find(pip_link) != std::string::npos && out.find(pip_lib) != std::string::npos,
+          "no nccl.h in the toolkit or the system: make finds pip's NCCL through python3 (exit %d)", rc);
+    rc = run_sh("env -u NCCL_DIR make -n -B tp NCCL_DIR=" + own, &out);
+    check(rc == 0 && out.find("-I" + own + "/include ") != std::string::npos &&
+          out.find("-L" + own + "/lib64 -lnccl -Xlinker -rpath," + own + "/lib64 ") != std::string::npos,
+          "make NCCL_DIR=<a build with lib64/libnccl.so>: -lnccl from lib64 (exit %d)", rc);
+    rc = run_sh("env -u NCCL_DIR make --no-print-directory toolkit NCCL_DIR=" + nd, &out);
+    check(out.find("libnccl:       " + nd + "/lib/libnccl.so.2 (NCCL_DIR)\n") != std::string::npos &&
+          out.find("nccl.h:        " + nd + "/include/nccl.h\n") != std::string::npos, "make toolkit NCCL_DIR=<pip's folder> names its files");
+    rc = run_sh("env -u NCCL_DIR make --no-print-directory toolkit NCCL_DIR=" + none, &out);
+    check(rc != 0 && out.find("libnccl:       MISSING") != std::string::npos && out.find("nccl.h:        MISSING") != std::string::npos &&
+          out.find("toolkit: incomplete") != std::string::npos, "make toolkit NCCL_DIR=<an empty folder>: both MISSING, exit %d", rc);
+    // the toolkit's own NCCL (CI's CUDA 13 has it): linked by name with no run path, as before NCCL_DIR existed
+    if (access("/usr/local/cuda/include/nccl.h", F_OK) == 0) {
+        rc = run_sh("env -u NCCL_DIR make -n -B tp", &out);
+        check(rc == 0 && out.find(" -lnccl ") != std::string::npos && out.find("rpath") == std::string::npos,
+              "the toolkit's NCCL: -lnccl, no run path (exit %d)", rc);
     }
 }
 

@@ -987,7 +987,7 @@ static void test_resume_epoch() {
 }
 
 // ----------------------------------------------------------------------------
-// the build records its switches: changing MPI, WERROR or the GPU models rebuilds ./tp and ./test_tp both
+// the build records its switches: changing MPI, WERROR, the GPU models or NCCL rebuilds ./tp and ./test_tp both
 
 static void test_build_config() {
     printf("build/config: the build's switches, rewritten only when they change; tp and test_tp depend on it\n");
@@ -997,7 +997,7 @@ static void test_build_config() {
     int rc = shell_out("mkdir -p " + d + " && { git ls-files -co --exclude-standard 2>/dev/null || find . \\( -path ./build -o -path ./.git \\) "
                        "-prune -o -type f \\( -name Makefile -o -name '*.mk' -o -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.py' "
                        "-o -name '*.cpp' -o -name '*.sh' \\) -print; } | xargs cp --parents -t " + d, &out);
-    std::string mk = "cd " + d + " && env -u WERROR -u MPI -u GPU_CCS make --no-print-directory ";
+    std::string mk = "cd " + d + " && env -u WERROR -u MPI -u GPU_CCS -u NCCL_DIR make --no-print-directory ";
     rc = rc == 0 ? shell_out(mk + "build/config", &out) : rc;
     std::vector<char> b = slurp_bytes(d + "/build/config");
     std::string stamp(b.begin(), b.end());
@@ -1013,7 +1013,8 @@ static void test_build_config() {
           "the same switches: make -n tp test_tp rebuilds nothing (exit %d)", rc);
     std::string other = has_mpi ? "MPI=0" : "MPI=1";
     struct { std::string flags; const char* what; } cases[] = {
-        {other, has_mpi ? "MPI=0 (the build had MPI)" : "MPI=1 (as after installing OpenMPI)"}, {"WERROR=1", "WERROR=1"}, {"GPU_CCS=75", "GPU_CCS=75"}};
+        {other, has_mpi ? "MPI=0 (the build had MPI)" : "MPI=1 (as after installing OpenMPI)"}, {"WERROR=1", "WERROR=1"}, {"GPU_CCS=75", "GPU_CCS=75"},
+        {"NCCL_DIR=" + d + "/nccl", "NCCL_DIR (another NCCL)"}};
     for (auto& c : cases) {
         rc = shell_out(mk + "-n tp test_tp " + c.flags, &out);
         std::vector<char> b2 = slurp_bytes(d + "/build/config");
