@@ -185,7 +185,9 @@ test_tp_debug: $(TESTS) $(SOURCES) build/config
 debug: tp_debug test_tp_debug
 
 # The prepared GPU run: one GPU, well under 8 minutes. Every step runs even if one before it failed;
-# gpucheck_out/summary.txt says which passed. TP=2 on one GPU goes through the shared-memory backend.
+# gpucheck_out/summary.txt says which passed, a line added as each step ends, most needed first (the
+# toolkit found, the GPU tests, bf16 against fp32, the ops' times, memcheck, the batch sizes, the plan),
+# so a run cut short keeps what it reached. TP=2 on one GPU goes through the shared-memory backend.
 # memcheck needs compute-sanitizer, which some CUDA images leave out: the summary then says it is not
 # available. The benchmark batches that do not fit in the GPU's free memory are refused by tp's memory
 # check within a second, and the summary gives that line (needed, free) in place of a time.
@@ -207,13 +209,13 @@ gpucheck: tp test_tp $(RAND)
 	-nvidia-smi > $(GPUOUT)/nvidia-smi.txt 2>&1
 	-$(MAKE) --no-print-directory toolkit > $(GPUOUT)/toolkit.txt 2>&1; grep -E '^(nvcc|libnccl|toolkit):' $(GPUOUT)/toolkit.txt | tr -s ' ' >> $(GPUOUT)/summary.txt
 	-bash -o pipefail -c 'timeout 300 ./test_tp gpu 2>&1 | tee $(GPUOUT)/gpu_tests.txt' && echo "gpu tests: passed" >> $(GPUOUT)/summary.txt || echo "gpu tests: FAILED" >> $(GPUOUT)/summary.txt
-	-if [ -z "$(SANITIZER)" ]; then echo "memcheck: not available (no compute-sanitizer in PATH or $(CUDA_DIR)/bin)" >> $(GPUOUT)/summary.txt; \
-	else bash -o pipefail -c 'timeout 150 $(SANITIZER) --tool memcheck --error-exitcode 9 ./tp -e L2C64H4 -b 2 -t 32 -x 3 -v 2 -m 1 -g 4 --device cuda --tp 2 2>&1 | tee $(GPUOUT)/memcheck.txt' && echo "memcheck: clean" >> $(GPUOUT)/summary.txt || echo "memcheck: FAILED" >> $(GPUOUT)/summary.txt; fi
+	-$(MAKE) --no-print-directory gpucheck-dtype > /dev/null
 	-bash -o pipefail -c 'timeout 120 ./test_tp bench 2>&1 | tee $(GPUOUT)/bench_ops.txt'
 	-grep -E '^ +attention' $(GPUOUT)/bench_ops.txt | sed -E 's/^ +/one layer, B=8 T=1024: /' >> $(GPUOUT)/summary.txt
+	-if [ -z "$(SANITIZER)" ]; then echo "memcheck: not available (no compute-sanitizer in PATH or $(CUDA_DIR)/bin)" >> $(GPUOUT)/summary.txt; \
+	else bash -o pipefail -c 'timeout 150 $(SANITIZER) --tool memcheck --error-exitcode 9 ./tp -e L2C64H4 -b 2 -t 32 -x 3 -v 2 -m 1 -g 4 --device cuda --tp 2 2>&1 | tee $(GPUOUT)/memcheck.txt' && echo "memcheck: clean" >> $(GPUOUT)/summary.txt || echo "memcheck: FAILED" >> $(GPUOUT)/summary.txt; fi
 	-for b in 4 16 32 64; do timeout 90 $(BENCH) -b $$b --tp 1 > $(GPUOUT)/bench_tp1_b$$b.txt 2>&1; echo "d12 T=1024 B=$$b TP=1: $$(grep -E '^average|error' $(GPUOUT)/bench_tp1_b$$b.txt | tail -n 1)" >> $(GPUOUT)/summary.txt; done
 	-timeout 90 $(BENCH) -b 16 --tp 2 > $(GPUOUT)/bench_tp2_b16.txt 2>&1; echo "d12 T=1024 B=16 TP=2 (shared GPU memory): $$(grep -E '^average|error' $(GPUOUT)/bench_tp2_b16.txt | tail -n 1)" >> $(GPUOUT)/summary.txt
-	-$(MAKE) --no-print-directory gpucheck-dtype > /dev/null
 	-timeout 90 ./tp --plan 1 -e d12 -b 4 -t 1024 -i $(RAND) -j $(RAND) --device cuda > $(GPUOUT)/plan.txt 2>&1; echo "plan d12 T=1024 B=4: $$(grep -E '^recommended|error' $(GPUOUT)/plan.txt | tail -n 1)" >> $(GPUOUT)/summary.txt
 	-timeout 150 ./tp --sweep 1 --sweep-steps 6 -e d12 -b 4 -t 1024 -i $(RAND) -j $(RAND) --device cuda -o $(GPUOUT)/sweep > $(GPUOUT)/sweep.txt 2>&1; echo "sweep, measured and predicted ms/step (ms_per_step, predicted_ms_per_step): $$(cut -d, -f1,2,4,16 $(GPUOUT)/sweep/sweep.csv 2>/dev/null | tr '\n' ' ')" >> $(GPUOUT)/summary.txt
 	@cat $(GPUOUT)/summary.txt
