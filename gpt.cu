@@ -398,6 +398,8 @@ struct Acts {
     float* wire;                       // (B, T, C) bf16 with --sp 1 and --dtype bf16: what the gathers move
     // backward scratch
     float *dres, *dln, *datty, *dqkv, *dfch;  // (N,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
+    // (--dtype bf16: fc's output gradient, bf16 storage, lies in dqkv's buffer and qkv's in dfch's, each
+    // while the other is unused: grad_input, gpt_backward)
     float* attd;                       // (B, NHl, T) fused attention's D = rowsum(datty * atty)
     // --dtype bf16: what a layer keeps of ln1, ln2, atty, fch and fch_gelu for its backward, which are bf16
     // values, in bf16 storage (each layer's part from a 16-byte boundary), each rounded to nearest into it
@@ -812,6 +814,16 @@ static Input keep_input(GPT* m, Rank* rk, float* x, float* kept, long n, bool ga
     keep_bf16(m, rk, x, n);
     if (m->bf16 && kept) OP(rk, bf16_pack, as_bf16(kept), x, n);
     return {x, nullptr};
+}
+
+// A matmul's output gradient x (n) in the backward, as both of its backward calls take it (the input
+// gradient, then the weight and bias gradients under the sum). A bf16 run: x rounded to nearest into copy
+// (bf16_pack), bf16 storage the GEMMs read where it lies, so that neither call rounds or packs x again;
+// x is left as computed (nothing reads it again). fp32: x.
+static Input grad_input(GPT* m, Rank* rk, const float* x, float* copy, long n) {
+    if (!m->bf16) return {x, nullptr};
+    OP(rk, bf16_pack, as_bf16(copy), x, n);
+    return {nullptr, as_bf16(copy)};
 }
 
 // The input x of a matmul's weight gradient in the backward: the bf16 copy of it the layer kept, where
@@ -1444,11 +1456,14 @@ static void gpt_backward(GPT* m, Rank* rk) {
         Input gelu_in = kept_input(ACT_USED(m, gelu_kept), la.fch_gelu, la.gelu_kept);  // bf16: kept in bf16
         OP(rk, matmul_backward, a->dfch, GRAD(m, fcprojw, (long)l * C * C4l), GRAD(m, fcprojb, l * C), dout, gelu_in,
            WEIGHT(m, fcprojw, (long)l * C * C4l), BT, C4l, C);
-        if (ACT_USED(m, fch_kept)) {  // from the kept bf16 fch, rounding dfch to bf16 as it is written
-            OP(rk, gelu_backward_bf16, a->dfch, as_bf16(la.fch_kept), a->dfch, (long)BT * C4l);
+        // fc's output gradient, in a bf16 run as bf16 storage in dqkv's buffer (free until attention's backward)
+        Input dfch;
+        if (ACT_USED(m, fch_kept)) {  // from the kept bf16 fch, rounded to bf16 as it is written
+            OP(rk, gelu_backward_bf16, as_bf16(a->dqkv), as_bf16(la.fch_kept), a->dfch, (long)BT * C4l);
+            dfch = {nullptr, as_bf16(a->dqkv)};
         } else {
             OP(rk, gelu_backward, a->dfch, la.fch, a->dfch, (long)BT * C4l);
-            keep_bf16(m, rk, a->dfch, (long)BT * C4l);
+            dfch = grad_input(m, rk, a->dfch, a->dqkv, (long)BT * C4l);
         }
         // fc is column-parallel: its input ln2 is replicated, and each rank's dln2 covers only its
         // hidden units. f operator: all-reduce backward sums them into the full dln2 (SP: reduce-scatter).
@@ -1462,9 +1477,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
         }
         float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 bwd", lg);
         Input ln2_in = kept_input(ACT_USED(m, ln2_kept) && !m->split, ln2_all, la.ln2_kept);
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dfch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, dfch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);
         float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", lg);
-        OP(rk, matmul_backward, nullptr, GRAD(m, fcw, (long)l * C4l * C), GRAD(m, fcb, l * C4l), a->dfch, ln2_in,
+        OP(rk, matmul_backward, nullptr, GRAD(m, fcw, (long)l * C4l * C), GRAD(m, fcb, l * C4l), dfch, ln2_in,
            WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);  // under the sum
         my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, GRAD(m, ln2w, l * C), GRAD(m, ln2b, l * C), dln2, la.residual2, p->ln2w + l * C,
@@ -1483,7 +1498,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
             if (m->recompute >= 3) OP(rk, attention_probs, la.att, la.qkv, B, T, NHl, hs);  // -r 3: from q and k again
             OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);
         }
-        keep_bf16(m, rk, a->dqkv, (long)BT * 3 * Cl);
+        // qkv's output gradient, in a bf16 run as bf16 storage in dfch's buffer (fc's backward is done)
+        Input dqkv = grad_input(m, rk, a->dqkv, a->dfch, (long)BT * 3 * Cl);
         if (m->recompute >= 2) {
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
             keep_bf16(m, rk, la.ln1, (long)N * C);
@@ -1492,9 +1508,9 @@ static void gpt_backward(GPT* m, Rank* rk) {
         }
         float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 bwd", lg);
         Input ln1_in = kept_input(ACT_USED(m, ln1_kept) && !m->split, ln1_all, la.ln1_kept);
-        OP(rk, matmul_backward, a->dln, nullptr, nullptr, a->dqkv, ln1_in, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);
+        OP(rk, matmul_backward, a->dln, nullptr, nullptr, dqkv, ln1_in, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);
         float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", lg);
-        OP(rk, matmul_backward, nullptr, GRAD(m, qkvw, (long)l * 3 * Cl * C), GRAD(m, qkvb, l * 3 * Cl), a->dqkv, ln1_in,
+        OP(rk, matmul_backward, nullptr, GRAD(m, qkvw, (long)l * 3 * Cl * C), GRAD(m, qkvb, l * 3 * Cl), dqkv, ln1_in,
            WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);  // under the sum
         my_tokens_summed_wait(rk);
         OP(rk, layernorm_backward, a->dres, GRAD(m, ln1w, l * C), GRAD(m, ln1b, l * C), dln1, la.residual, p->ln1w + l * C,

@@ -480,8 +480,9 @@ static dim3 colsum_grid(CudaCtx* cx, int N, int n) {
 // activations that is memory-bound. Products of bf16 values are exact in fp32, so this computes what TF32
 // or fp32 would on the same operands, up to the order of the fp32 sums. The packed operands live in one
 // scratch of the rank (cx->packed), each from a 16-byte boundary; it grows to the largest matmul's
-// (a backward's dout and input: fcproj's B*T*C + B*T*4C/P bf16, or fc's). The LM head's logits and
-// dlogits are bf16 storage in such a run (Logits), so its matmuls pack lnf alone.
+// (a backward's dout and input: fcproj's B*T*C + B*T*4C/P bf16 where -r 1 recomputes the GELU). The LM
+// head's logits and dlogits are bf16 storage in such a run (Logits), so its matmuls pack lnf alone, and
+// so are fc's and qkv's output gradients (gpt.cu's grad_input), which neither backward call packs.
 static void bf16_pack_cuda(CudaCtx* cx, bf16* out, const float* x, long n);  // (with the bf16 ops below)
 
 // The operands x[0..n) (each holding bf16 values, sizes[i] of them) packed into consecutive 16-byte-aligned
@@ -594,20 +595,25 @@ static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad db
         CUDA_LAUNCH_CHECK(cx->rank, "colsum_finish_kernel");
     }
 }
-// the recipe's form: the weight in the run's dtype
-static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad dbias, const float* dout, const float* inp,
+// the recipe's form: the weight in the run's dtype; dout and inp as the layer holds them (Input): a bf16
+// copy goes to cuBLAS as it lies, unpacked (a kept input; a bf16 run's fc and qkv output gradients, which
+// both backward calls of their matmul would otherwise pack each)
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad dbias, Input dout, Input inp,
                                  Weight w, int N, int IC, int OC) {
-    matmul_backward_cuda(cx, dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, w.h != nullptr, w.h);
+    matmul_backward_cuda(cx, dinp, dweight, dbias, dout.f, inp.f, w.f, N, IC, OC, w.h || dout.h || inp.h, w.h, dout.h, inp.h);
 }
-// ... with the input as the layer kept it (Input): a bf16 copy goes to cuBLAS as it lies, unpacked
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad dbias, const float* dout, Input inp,
                                  Weight w, int N, int IC, int OC) {
-    matmul_backward_cuda(cx, dinp, dweight, dbias, dout, inp.f, w.f, N, IC, OC, w.h != nullptr || inp.h != nullptr, w.h, nullptr, inp.h);
+    matmul_backward_cuda(cx, dinp, dweight, dbias, Input{dout, nullptr}, inp, w, N, IC, OC);
+}
+static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad dbias, const float* dout, const float* inp,
+                                 Weight w, int N, int IC, int OC) {
+    matmul_backward_cuda(cx, dinp, dweight, dbias, Input{dout, nullptr}, Input{inp, nullptr}, w, N, IC, OC);
 }
 // the LM head's: dout is dlogits (Logits)
 static void matmul_backward_cuda(CudaCtx* cx, float* dinp, Grad dweight, Grad dbias, Logits dout, const float* inp,
                                  Weight w, int N, int IC, int OC) {
-    matmul_backward_cuda(cx, dinp, dweight, dbias, dout.f, inp, w.f, N, IC, OC, w.h != nullptr || dout.h != nullptr, w.h, dout.h);
+    matmul_backward_cuda(cx, dinp, dweight, dbias, Input{dout.f, dout.h}, Input{inp, nullptr}, w, N, IC, OC);
 }
 
 // ----------------------------------------------------------------------------
@@ -954,12 +960,12 @@ __global__ void gelu_forward_bf16_kernel(bf16* out, bf16* inp_kept, const float*
     stv<VEC>(out + i, a);
 }
 
-// dinp (N) = gelu'(inp) * dout (written; dinp may be dout: each element is read before it is written,
-// by the same thread). sech^2(u) = 4e / (e + 1)^2. TI: inp fp32 (gelu_backward_cuda), or bf16 storage
-// (gelu_backward_bf16_cuda: a bf16 run's kept pre-activation, widened as it is loaded, whose gradient that
-// run keeps in bf16: each result is rounded to nearest as it is stored, as gelu_backward_bf16_cpu does).
-template <int VEC, typename TI>
-__global__ void gelu_backward_kernel(float* dinp, const TI* inp, const float* dout, long N) {
+// dinp (N) = gelu'(inp) * dout (written; fp32: dinp may be dout, each element is read before it is
+// written, by the same thread). sech^2(u) = 4e / (e + 1)^2. T: inp and dinp fp32 (gelu_backward_cuda), or
+// both bf16 storage (gelu_backward_bf16_cuda: a bf16 run's kept pre-activation, widened as it is loaded,
+// and fc's output gradient, each rounded to nearest as it is stored, as gelu_backward_bf16_cpu does).
+template <int VEC, typename T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const float* dout, long N) {
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= N) return;
     Fv<VEC> a = ldv<VEC>(inp + i), d = ldv<VEC>(dout + i);
@@ -970,7 +976,7 @@ __global__ void gelu_backward_kernel(float* dinp, const TI* inp, const float* do
         float sech2 = 4.0f * half_1p_tanh / (e + 1.0f);
         float grad = half_1p_tanh + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         d.v[k] = grad * d.v[k];
-        if (std::is_same<TI, bf16>::value) d.v[k] = bf16_to_float(bf16_round(d.v[k]));
+        if (std::is_same<T, bf16>::value) d.v[k] = bf16_to_float(bf16_round(d.v[k]));  // exact: stv stores it unchanged
     }
     stv<VEC>(dinp + i, d);
 }
@@ -993,21 +999,21 @@ static void gelu_forward_bf16_cuda(CudaCtx* cx, bf16* out, bf16* inp_kept, const
     CUDA_LAUNCH_CHECK(cx->rank, "gelu_forward_bf16_kernel");
 }
 
-// (fp32 inp: 4 elements a thread, bf16: 8, where every pointer is 16-byte aligned)
-template <typename TI>
-static void gelu_backward_launch(CudaCtx* cx, float* dinp, const TI* inp, const float* dout, long N) {
+// (fp32: 4 elements a thread, bf16: 8, where every pointer is 16-byte aligned)
+template <typename T>
+static void gelu_backward_launch(CudaCtx* cx, T* dinp, const T* inp, const float* dout, long N) {
     if (N <= 0) return;
-    constexpr int VEC = 16 / sizeof(TI);
+    constexpr int VEC = 16 / sizeof(T);
     if (N % VEC == 0 && aligned16(dinp) && aligned16(inp) && aligned16(dout))
-        gelu_backward_kernel<VEC, TI><<<ceil_div(N / VEC, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
+        gelu_backward_kernel<VEC, T><<<ceil_div(N / VEC, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
     else
-        gelu_backward_kernel<1, TI><<<ceil_div(N, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
+        gelu_backward_kernel<1, T><<<ceil_div(N, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(dinp, inp, dout, N);
     CUDA_LAUNCH_CHECK(cx->rank, "gelu_backward_kernel");
 }
 static void gelu_backward_cuda(CudaCtx* cx, float* dinp, const float* inp, const float* dout, long N) {
     gelu_backward_launch(cx, dinp, inp, dout, N);
 }
-static void gelu_backward_bf16_cuda(CudaCtx* cx, float* dinp, const bf16* inp_kept, const float* dout, long N) {
+static void gelu_backward_bf16_cuda(CudaCtx* cx, bf16* dinp, const bf16* inp_kept, const float* dout, long N) {
     gelu_backward_launch(cx, dinp, inp_kept, dout, N);
 }
 

@@ -335,10 +335,11 @@ static void gemm_units_cpu(int MB, int NB, int* mt, int* nt) {
 
 // C (M x N, row stride ldc) = [C +] A (M x K) . B (K x N) [+ bias (N)], A and B through their strides.
 // Loops: units of tiles over the threads; in a unit, its B panels, then its row tiles, which share the B
-// panel; in a tile, the whole of K. B may be bf16 storage (TB = uint16_t: the bf16 GEMM's fp32 path),
-// widened as it is packed.
-template <typename TB>
-static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, const TB* B, long b_rs,
+// panel; in a tile, the whole of K. A and B may be bf16 storage (TA, TB = uint16_t: the bf16 GEMM's fp32
+// path), widened as they are packed: B's panels, a transposed A's panels, and other A's rows a unit at
+// a time (no fp32 copy of a whole operand first).
+template <typename TA, typename TB>
+static void gemm_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
                      long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
     if (M <= 0 || N <= 0) return;
     const int MB = (M + GEMM_MR - 1) / GEMM_MR, NB = (N + GEMM_NR - 1) / GEMM_NR;
@@ -366,6 +367,22 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
         const int mb1 = mb0 + mt < MB ? mb0 + mt : MB, nb1 = nb0 + nt < NB ? nb0 + nt : NB;
         static thread_local std::vector<float> packA;  // (the transposed A's panels: pack_a above)
         float* Ap = pack_a ? pack_buffer(packA, (size_t)mt * GEMM_MR * K) : nullptr;
+        // A in bf16 storage, not a transpose: the unit's rows widened (row stride K, from its first row m0),
+        // which its tiles read as they would an fp32 A, once for every panel of the unit
+        static thread_local std::vector<float> wideA;
+        const bool wide_rows = !pack_a && !std::is_same<TA, float>::value;
+        const float* wa = nullptr;
+        if (wide_rows) {
+            const int m0 = mb0 * GEMM_MR, mc = (M < mb1 * GEMM_MR ? M : mb1 * GEMM_MR) - m0;
+            float* w = pack_buffer(wideA, (size_t)mc * K);
+            for (int i = 0; i < mc; i++) {
+                const TA* s = A + (long)(m0 + i) * a_rs;
+                float* d = w + (size_t)i * K;
+                if (a_cs == 1) for (int k = 0; k < K; k++) d[k] = gemm_widen(s[k]);
+                else for (int k = 0; k < K; k++) d[k] = gemm_widen(s[(long)k * a_cs]);
+            }
+            wa = w;
+        }
         if (pack_a) {
             // packA[mb - mb0][k][r] = a(mb*MR + r, k), rows past M zero. Row k of the transpose is contiguous:
             // two tiles at a time take 2 MR floats of it (a 64-byte line with AVX-512) and write each tile's
@@ -382,18 +399,23 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
                 for (int p = 0; p < pairs; p++) {
                     float* d0 = Ap + (size_t)(2 * p) * K * GEMM_MR;
                     float* d1 = d0 + (size_t)K * GEMM_MR;
-                    const float* s = A + m0 + 2 * p * GEMM_MR + k0 * acs;
+                    const TA* s = A + m0 + 2 * p * GEMM_MR + k0 * acs;
                     for (int k = k0; k < K && k < k0 + 16; k++, s += acs) {
-                        memcpy(d0 + (size_t)k * GEMM_MR, s, GEMM_MR * sizeof(float));
-                        memcpy(d1 + (size_t)k * GEMM_MR, s + GEMM_MR, GEMM_MR * sizeof(float));
+                        if (std::is_same<TA, float>::value) {
+                            memcpy(d0 + (size_t)k * GEMM_MR, s, GEMM_MR * sizeof(float));
+                            memcpy(d1 + (size_t)k * GEMM_MR, s + GEMM_MR, GEMM_MR * sizeof(float));
+                        } else {
+                            for (int r = 0; r < GEMM_MR; r++) d0[(size_t)k * GEMM_MR + r] = gemm_widen(s[r]);
+                            for (int r = 0; r < GEMM_MR; r++) d1[(size_t)k * GEMM_MR + r] = gemm_widen(s[GEMM_MR + r]);
+                        }
                     }
                 }
             int i = pairs * 2 * GEMM_MR;
             for (; i < mc; i += GEMM_MR) {  // a last odd tile, and the one past M
                 float* d = Ap + (size_t)(i / GEMM_MR) * K * GEMM_MR;
-                const float* s = A + m0 + i;
+                const TA* s = A + m0 + i;
                 for (int k = 0; k < K; k++, s += a_cs)
-                    for (int r = 0; r < GEMM_MR; r++) d[(size_t)k * GEMM_MR + r] = i + r < mc ? s[r] : 0.0f;
+                    for (int r = 0; r < GEMM_MR; r++) d[(size_t)k * GEMM_MR + r] = i + r < mc ? gemm_widen(s[r]) : 0.0f;
             }
         }
         // the panel after this unit's last: the next unit's first (u + 1 is most often this thread's next)
@@ -428,8 +450,12 @@ static void gemm_cpu(int M, int N, int K, const float* A, long a_rs, long a_cs, 
                     else gemm_tile_packed_cpu(acc, ap, b, K);
                 } else {
                     const float* ar[GEMM_MR];
-                    for (int r = 0; r < GEMM_MR; r++) ar[r] = A + (long)(m0 + r < M ? m0 + r : M - 1) * a_rs;
-                    gemm_tile_cpu(acc, ar, a_cs, b, GEMM_NR, K, true);
+                    for (int r = 0; r < GEMM_MR; r++) {
+                        const long m = m0 + r < M ? m0 + r : M - 1;
+                        if (wide_rows) ar[r] = wa + (m - mb0 * GEMM_MR) * K;
+                        else ar[r] = (const float*)(const void*)(A + m * a_rs);  // (TA is float here)
+                    }
+                    gemm_tile_cpu(acc, ar, wide_rows ? 1 : a_cs, b, GEMM_NR, K, true);
                 }
                 // bias, then accumulate, into C
                 if (n0 + GEMM_NR <= N) {
@@ -525,7 +551,8 @@ struct Logits {
 // A linear layer's input as the layer keeps it: fp32 (f; a bf16 run's holds bf16 values), or in a --dtype
 // bf16 run the bf16 copy of it that the layer keeps for its backward (h), which the forward's matmul and
 // the weight gradient's read where it lies (no fp32 copy rounded first, none widened back). One of the
-// two is set.
+// two is set. The backward hands a matmul its output gradient the same way (a bf16 run's fc and qkv
+// gradients are bf16 storage: gelu_backward_bf16, grad_input in gpt.cu).
 struct Input {
     const float* f;
     const bf16* h;
@@ -603,25 +630,31 @@ static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, const D* 
         });
     }
 }
-// the recipe's form: the weight in the run's dtype
-static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, const float* dout, const float* inp, Weight w,
+// the recipe's form: the weight in the run's dtype; dout and inp as the layer holds them (Input): fp32
+// words, or bf16 storage read by the GEMMs where it lies (a kept input; fc's and qkv's output gradients and
+// the LM head's dlogits in a bf16 run). Any of the three in bf16 makes the products bf16's.
+static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, Input dout, Input inp, Weight w,
                                 int N, int IC, int OC) {
-    if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.h, N, IC, OC, true);
-    else matmul_backward_cpu(dinp, dweight, dbias, dout, inp, w.f, N, IC, OC, false);
+    const bool bf16 = w.h || dout.h || inp.h;
+    auto with = [&](const auto* d, const auto* i) {
+        if (w.h) matmul_backward_cpu(dinp, dweight, dbias, d, i, w.h, N, IC, OC, bf16);
+        else matmul_backward_cpu(dinp, dweight, dbias, d, i, w.f, N, IC, OC, bf16);
+    };
+    if (dout.h) inp.h ? with(dout.h, inp.h) : with(dout.h, inp.f);
+    else inp.h ? with(dout.f, inp.h) : with(dout.f, inp.f);
 }
-// ... with the input as the layer kept it (Input): a bf16 copy goes to the weight gradient's GEMM as it lies
 static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, const float* dout, Input inp, Weight w,
                                 int N, int IC, int OC) {
-    if (!inp.h) return matmul_backward_cpu(dinp, dweight, dbias, dout, inp.f, w, N, IC, OC);
-    if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout, inp.h, w.h, N, IC, OC, true);
-    else matmul_backward_cpu(dinp, dweight, dbias, dout, inp.h, w.f, N, IC, OC, true);
+    matmul_backward_cpu(dinp, dweight, dbias, Input{dout, nullptr}, inp, w, N, IC, OC);
+}
+static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, const float* dout, const float* inp, Weight w,
+                                int N, int IC, int OC) {
+    matmul_backward_cpu(dinp, dweight, dbias, Input{dout, nullptr}, Input{inp, nullptr}, w, N, IC, OC);
 }
 // the LM head's: dout is dlogits
 static void matmul_backward_cpu(float* dinp, Grad dweight, Grad dbias, Logits dout, const float* inp, Weight w,
                                 int N, int IC, int OC) {
-    if (!dout.h) return matmul_backward_cpu(dinp, dweight, dbias, dout.f, inp, w, N, IC, OC);
-    if (w.h) matmul_backward_cpu(dinp, dweight, dbias, dout.h, inp, w.h, N, IC, OC, true);
-    else matmul_backward_cpu(dinp, dweight, dbias, dout.h, inp, w.f, N, IC, OC, true);
+    matmul_backward_cpu(dinp, dweight, dbias, Input{dout.f, dout.h}, Input{inp, nullptr}, w, N, IC, OC);
 }
 
 // ----------------------------------------------------------------------------
@@ -896,14 +929,14 @@ static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, 
 }
 
 // A --dtype bf16 run's GELU backward. inp_kept (N): the pre-activation as gelu_forward_bf16 kept it (bf16,
-// widened exactly); dinp (N) = gelu'(inp_kept) * dout rounded to nearest: the MLP's gradient, which such a
-// run keeps in bf16 (fcproj's input gradient, fc's output gradient), in fp32 words as the matmuls take it.
-// dinp may be dout. One pass, where the fp32 backward and then rounding dinp in place (round_bf16) took
-// two; the same bits as those.
-static void gelu_backward_bf16_cpu(float* dinp, const bf16* inp_kept, const float* dout, long N) {
+// widened exactly); dinp (N) = gelu'(inp_kept) * dout rounded to nearest into bf16 storage: fc's output
+// gradient, which such a run's matmuls take in bf16 (both of fc's backward GEMMs and its bias gradient read
+// it where it lies). One pass, where the fp32 backward, rounding it in place (round_bf16) and packing it
+// (bf16_pack) took three; the same bits as those.
+static void gelu_backward_bf16_cpu(bf16* dinp, const bf16* inp_kept, const float* dout, long N) {
     cpu_for_range(N, [&](long lo, long hi) {
         #pragma omp simd
-        for (long i = lo; i < hi; i++) dinp[i] = bf16_value(gelu_grad(as_fp32(inp_kept[i])) * dout[i]);
+        for (long i = lo; i < hi; i++) store_as(dinp + i, gelu_grad(as_fp32(inp_kept[i])) * dout[i]);
     });
 }
 

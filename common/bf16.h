@@ -779,33 +779,12 @@ static void gemm_bf16_amx_cpu(int M, int N, int K, const TA* A, long a_rs, long 
 #endif
 #endif
 
-// An operand of the fp32 path as fp32, rows x cols through strides rs and cs (updated to the view's):
-// bf16 storage widened (exactly) into buf, in its own orientation so that it is read and written along its
-// contiguous side (column by column where rs is 1, a transpose); fp32 words holding bf16 values as they lie.
-static const float* bf16_fp32_view(const bf16* X, int rows, int cols, long* rs, long* cs, std::vector<float>& buf) {
-    if (buf.size() < (size_t)rows * cols) buf.resize((size_t)rows * cols);
-    float* w = buf.data();  // (a thread_local named inside a cpu_for chunk would be the worker's own)
-    const long xr = *rs, xc = *cs;
-    const bool by_cols = xr == 1 && xc != 1;
-    cpu_for(by_cols ? cols : rows, [&](long i) {
-        float* d = w + (size_t)i * (by_cols ? rows : cols);
-        if (by_cols) for (int r = 0; r < rows; r++) d[r] = bf16_to_float(X[i * xc + r]);
-        else for (int c = 0; c < cols; c++) d[c] = bf16_to_float(X[i * xr + (long)c * xc]);
-    });
-    *rs = by_cols ? 1 : cols;
-    *cs = by_cols ? rows : 1;
-    return w;
-}
-static const float* bf16_fp32_view(const float* X, int, int, long*, long*, std::vector<float>&) { return X; }
-
-// The fp32 path: gemm_cpu on both operands as fp32 (A through bf16_fp32_view, B widened in gemm_cpu's
-// pack), the same bits as vdpbf16ps's; a bf16 C is computed in fp32 and rounded, as store_c rounds
+// The fp32 path: gemm_cpu on both operands as fp32 (bf16 storage widened as gemm_cpu packs it), the same
+// bits as vdpbf16ps's; a bf16 C is computed in fp32 and rounded, as store_c rounds
 template <typename TA, typename TB>
 static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,
                               long b_cs, float* Cm, long ldc, bool accumulate, const float* bias) {
-    static thread_local std::vector<float> wideA;
-    const float* a = bf16_fp32_view(A, M, K, &a_rs, &a_cs, wideA);
-    gemm_cpu(M, N, K, a, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);  // (B widened in its pack)
+    gemm_cpu(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, Cm, ldc, accumulate, bias);
 }
 template <typename TA, typename TB>
 static void gemm_bf16_fma_cpu(int M, int N, int K, const TA* A, long a_rs, long a_cs, const TB* B, long b_rs,

@@ -248,7 +248,7 @@ static long bf16_gemm_pads_wrong() {
 // at a ragged shape and at one whose weight takes the vector packs; on both GEMM paths, with 1 and 3
 // threads. And
 // matmul_forward and matmul_backward with the input as a layer keeps it, in bf16 storage (Input's h), the
-// same way.
+// same way, and matmul_backward with its output gradient in bf16 storage as well.
 static void test_bf16_weight_ops() {
     long differ = 0, compared = 0;
     struct { int N, IC, OC; } shapes[] = {{67, 96, 64}, {37, 33, 70}};
@@ -275,22 +275,32 @@ static void test_bf16_weight_ops() {
             matmul_forward_cpu(outk.data(), Input{nullptr, inp_kept.data()}, Weight{nullptr, w.data()}, bias.data(), N, IC, OC);
             matmul_backward_cpu(dik.data(), dwk.data(), dbk.data(), dout.data(), Input{nullptr, inp_kept.data()},
                                 Weight{nullptr, w.data()}, N, IC, OC);
+            // the output gradient in bf16 storage too (fc's and qkv's in a bf16 run: gpt.cu's grad_input), in
+            // the recipe's two calls: the input gradient alone, then the weight's and the bias's
+            std::vector<bf16> dout_h(dout.size());
+            for (size_t i = 0; i < dout.size(); i++) dout_h[i] = bf16_round(dout[i]);
+            std::vector<float> dig(inp.size()), dwg(ww.size(), 0.5f), dbg(OC, 0.25f);
+            matmul_backward_cpu(dig.data(), nullptr, nullptr, Input{nullptr, dout_h.data()}, Input{nullptr, inp_kept.data()},
+                                Weight{nullptr, w.data()}, N, IC, OC);
+            matmul_backward_cpu(nullptr, dwg.data(), dbg.data(), Input{nullptr, dout_h.data()}, Input{nullptr, inp_kept.data()},
+                                Weight{nullptr, w.data()}, N, IC, OC);
             // the embedding: rows [v0, v0 + OC) of a vocabulary, tokens inside and outside them
             std::vector<int> tokens(N);
             for (int n = 0; n < N; n++) tokens[n] = (n * 37) % (2 * OC);
             std::vector<float> enc16((size_t)N * IC), enc32(enc16.size());
             encoder_forward_cpu(enc16.data(), tokens.data(), Weight{nullptr, w.data()}, OC / 2, OC, N, IC);
             encoder_forward_cpu(enc32.data(), tokens.data(), Weight{ww.data(), nullptr}, OC / 2, OC, N, IC);
-            for (auto* pr : {&out16, &di16, &dw16, &db16, &enc16, &outk, &dik, &dwk, &dbk}) {
-                const std::vector<float>& b = pr == &out16 || pr == &outk ? out32 : pr == &di16 || pr == &dik ? di32
-                                            : pr == &dw16 || pr == &dwk ? dw32 : pr == &db16 || pr == &dbk ? db32 : enc32;
+            for (auto* pr : {&out16, &di16, &dw16, &db16, &enc16, &outk, &dik, &dwk, &dbk, &dig, &dwg, &dbg}) {
+                const std::vector<float>& b = pr == &out16 || pr == &outk ? out32 : pr == &di16 || pr == &dik || pr == &dig ? di32
+                                            : pr == &dw16 || pr == &dwk || pr == &dwg ? dw32 : pr == &db16 || pr == &dbk || pr == &dbg ? db32 : enc32;
                 for (size_t i = 0; i < b.size(); i++) differ += bf16_test_bits((*pr)[i]) != bf16_test_bits(b[i]);
                 compared += (long)b.size();
             }
         }
     });
     check(differ == 0, "matmul_forward, matmul_backward and encoder_forward with the weights in bf16 storage, and the matmuls "
-          "with their input in bf16 storage too, give the bits of the same values in fp32 words: %ld of %ld differ (2 shapes, "
+          "with their input (and the backward its output gradient) in bf16 storage too, give the bits of the same values in fp32 "
+          "words: %ld of %ld differ (2 shapes, "
           "%s, 1 and 3 threads)", differ, compared, bf16_dp_supported() ? "vdpbf16ps and the fp32 path" : "the fp32 path");
 }
 
@@ -439,7 +449,7 @@ static void test_bf16_logits_ops() {
 // the passes they replace, bit for bit: layernorm_forward into bf16 against its fp32 output packed
 // (bf16_pack); gelu_forward_bf16 against rounding fc's sums in place (round_bf16), packing them, the fp32
 // GELU and packing its output; gelu_backward_bf16 against the fp32 backward from the same values widened,
-// rounded in place (round_bf16).
+// rounded in place (round_bf16) and packed.
 // Inputs include ties between two bf16, NaN, infinities and values past bf16's range; with 1 and 3 threads
 // (and both GEMM paths, which these ops do not use: the helper is shared).
 static void test_bf16_elementwise_ops() {
@@ -481,19 +491,21 @@ static void test_bf16_elementwise_ops() {
             bf16_pack_cpu(gelu_packed.data(), gelu32.data(), n);
             for (long i = 0; i < n; i++) differ += (kept[i] != fch_packed[i]) + (gelu16[i] != gelu_packed[i]);
             compared += 2 * n;
-            // its backward (in place, as gpt.cu calls it) from the kept bf16 against the fp32 backward from the
-            // widened values, rounded in place
-            std::vector<float> d16 = dout, d32 = dout, widened(n);
+            // its backward from the kept bf16 into bf16 storage against the fp32 backward from the widened
+            // values, rounded in place and packed
+            std::vector<float> d32 = dout, widened(n);
+            std::vector<bf16> d16(n), d32_packed(n);
             bf16_widen_cpu(widened.data(), kept.data(), n);
-            gelu_backward_bf16_cpu(d16.data(), kept.data(), d16.data(), n);
+            gelu_backward_bf16_cpu(d16.data(), kept.data(), dout.data(), n);
             gelu_backward_cpu(d32.data(), widened.data(), d32.data(), n);
             round_bf16_cpu(d32.data(), n);
-            for (long i = 0; i < n; i++) differ += bf16_test_bits(d16[i]) != bf16_test_bits(d32[i]);
+            bf16_pack_cpu(d32_packed.data(), d32.data(), n);
+            for (long i = 0; i < n; i++) differ += d16[i] != d32_packed[i];
             compared += n;
         }
     });
     check(differ == 0, "layernorm_forward into bf16, gelu_forward_bf16 and gelu_backward_bf16 give the bits of the passes "
-          "they replace (fp32 output packed; round, pack, GELU, pack; widened input, rounded): %ld of %ld values differ (3 shapes, "
+          "they replace (fp32 output packed; round, pack, GELU, pack; widened input, rounded, packed): %ld of %ld values differ (3 shapes, "
           "NaN, infinities, ties, 1 and 3 threads)", differ, compared);
 }
 

@@ -473,8 +473,8 @@ static void test_gemm_bf16(CudaCtx* cx) {
 // A --dtype bf16 run's weights in bf16 storage (Weight's h), as the recipe passes them: matmul_forward and
 // matmul_backward against the CPU's (the activations bf16 values in fp32 words, the weight read where it
 // lies, at a 16-byte boundary and 2 and 6 bytes past one), both again with the input in bf16 storage as a
-// layer keeps it (Input's h), and the embedding's rows widened, bit for bit, on its 16-byte
-// path and its element one
+// layer keeps it (Input's h), the backward once more with its output gradient in bf16 storage too, and the
+// embedding's rows widened, bit for bit, on its 16-byte path and its element one
 static void test_bf16_weights(CudaCtx* cx) {
     printf("matmul_forward / matmul_backward / encoder_forward with the weights in bf16 storage; the matmuls with their input too\n");
     Rnd r = {31};
@@ -517,6 +517,22 @@ static void test_bf16_weights(CudaCtx* cx) {
         expect_close("matmul_backward bf16 inp", (std::string(s) + " dinp").c_str(), dev_down(cx, ddinp_k.p, (long)k.N * k.IC), dinp_c, FP32_BOUND);
         expect_close("matmul_backward bf16 inp", (std::string(s) + " dw").c_str(), dev_down(cx, ddw_k.p, (long)k.OC * k.IC), dw_c, FP32_BOUND);
         if (k.bias) expect_close("matmul_backward bf16 inp", (std::string(s) + " dbias").c_str(), dev_down(cx, ddb_k.p, k.OC), db_c, SUM_BOUND);
+        // and the output gradient in bf16 storage (fc's and qkv's in a bf16 run), in the recipe's two calls:
+        // the input gradient alone, then the weight's and the bias's, both reading it where it lies
+        std::vector<bf16> dout_h(dout.size());
+        for (size_t i = 0; i < dout.size(); i++) dout_h[i] = bf16_round(dout[i]);
+        bf16* dd_base = (bf16*)cuda_alloc(cx, ((long)dout_h.size() + k.off + 1) / 2);
+        cuda_upload(cx, dd_base + k.off, dout_h.data(), dout_h.size() * sizeof(bf16));
+        DevBuf ddinp_g = dev_up(cx, rnd_vec(&r, (long)k.N * k.IC, 5, 6)), ddw_g = dev_up(cx, dw0), ddb_g = dev_up(cx, db0);
+        matmul_backward_cuda(cx, ddinp_g.p, nullptr, nullptr, Input{nullptr, dd_base + k.off}, Input{nullptr, di_base + k.off},
+                             Weight{nullptr, dwt}, k.N, k.IC, k.OC);
+        matmul_backward_cuda(cx, nullptr, ddw_g.p, k.bias ? ddb_g.p : nullptr, Input{nullptr, dd_base + k.off},
+                             Input{nullptr, di_base + k.off}, Weight{nullptr, dwt}, k.N, k.IC, k.OC);
+        expect_close("matmul_backward bf16 dout", (std::string(s) + " dinp").c_str(), dev_down(cx, ddinp_g.p, (long)k.N * k.IC), dinp_c, FP32_BOUND);
+        expect_close("matmul_backward bf16 dout", (std::string(s) + " dw").c_str(), dev_down(cx, ddw_g.p, (long)k.OC * k.IC), dw_c, FP32_BOUND);
+        if (k.bias) expect_close("matmul_backward bf16 dout", (std::string(s) + " dbias").c_str(), dev_down(cx, ddb_g.p, k.OC), db_c, SUM_BOUND);
+        cuda_free(cx, dd_base);
+        for (DevBuf* d : {&ddinp_g, &ddw_g, &ddb_g}) cuda_free(cx, d->base);
         cuda_free(cx, dw_base);
         cuda_free(cx, di_base);
         for (DevBuf* d : {&di, &dbias, &ddout, &dout_g, &ddinp, &ddw, &ddb, &ddinp_k, &ddw_k, &ddb_k, &dout_k}) cuda_free(cx, d->base);
@@ -739,8 +755,7 @@ static void test_bf16_grads(CudaCtx* cx) {
 // fp32 output plus the fp32 ops' difference, and the same statistics; gelu_forward_bf16 (16-byte loads and
 // stores, and one by one): the kept pre-activation the CPU's bits exactly (a rounding of the same fp32
 // values), the GELU's output within half a bf16 unit of the CPU's fp32 GELU of it; gelu_backward from the
-// kept bf16 (gelu_backward_bf16, in place, as gpt.cu calls it) rounded to bf16 and within half a bf16 unit of
-// the CPU's fp32 gradient.
+// kept bf16 into bf16 storage (gelu_backward_bf16) within half a bf16 unit of the CPU's fp32 gradient.
 static void test_bf16_elementwise(CudaCtx* cx) {
     printf("layernorm_forward into bf16, gelu_forward_bf16, gelu_backward_bf16\n");
     Rnd r = {47};
@@ -790,17 +805,10 @@ static void test_bf16_elementwise(CudaCtx* cx) {
             for (long i = 0; i < n; i++) kd += kept_g[i] != kept_c[i];
             check_le(kd, 0, "%-22s %-44s kept pre-activations differing from the CPU's", "gelu_forward_bf16", s);
             check_le(bf16_ulps_from(out16_g, gelu_c), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 GELU", "gelu_forward_bf16", s);
-            gelu_backward_bf16_cuda(cx, dd.p, kbase + o, dd.p, n);
-            std::vector<float> dg = dev_down(cx, dd.p, n);
+            // the gradient into bf16 storage (over the GELU's output, as gpt.cu's into a buffer free by then)
+            gelu_backward_bf16_cuda(cx, gbase + o, kbase + o, dd.p, n);
             std::vector<bf16> dg16(n);
-            long low = 0;  // fp32 words that do not hold a bf16 (nonzero low halves)
-            for (long i = 0; i < n; i++) {
-                uint32_t u;
-                memcpy(&u, &dg[i], sizeof(u));
-                low += (u & 0xffffu) != 0;
-                dg16[i] = (bf16)(u >> 16);
-            }
-            check_le(low, 0, "%-22s %-44s gradients not rounded to bf16", "gelu_backward_bf16", s);
+            cuda_download(cx, dg16.data(), gbase + o, n * sizeof(bf16));
             check_le(bf16_ulps_from(dg16, dc), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 gradient", "gelu_backward_bf16", s);
             cuda_free(cx, kbase);
             cuda_free(cx, gbase);

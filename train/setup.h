@@ -131,7 +131,8 @@ static double host_free_bytes() {
 // largest backward's dout and input, 2 bytes each (and 8 of padding each of three)
 static double gpu_bf16_pack_bytes(const GPTConfig* c, int P, int B, int T) {
     double BT = (double)B * T, C = c->C;
-    double ic[5] = {C, C / P, C, 4 * C / P, C}, oc[5] = {3 * C / P, C, 4 * C / P, C, 0}, most = 0;  // (the head: lnf only)
+    // (qkv's and fc's output gradients come in bf16 storage, and the head's dlogits: their inputs alone)
+    double ic[5] = {C, C / P, C, 4 * C / P, C}, oc[5] = {0, C, 0, C, 0}, most = 0;
     for (int i = 0; i < 5; i++) most = std::max(most, BT * oc[i] + BT * ic[i]);
     return 2.0 * (most + 24);
 }
