@@ -336,20 +336,23 @@ static void gemm_bf16_cuda(CudaCtx* cx, bool ta, bool tb, int M, int N, int K, f
 // unless told otherwise, and would pick kernels that fault on a sub-tensor at an odd offset
 static uint32_t ptr_alignment(const void* p) {
     uint32_t a = 256;
-    while (a > 4 && ((uintptr_t)p % a) != 0) a >>= 1;
+    while (a > 2 && ((uintptr_t)p % a) != 0) a >>= 1;
     return a;
 }
 
 // out (N, OC) = inp (N, IC) . weight (OC, IC)^T + bias (OC) as one cuBLASLt call with the bias added in
-// the epilogue (saves a pass over out). Returns false, having done nothing, if cuBLASLt has no algorithm
-// for these shapes and alignments; the caller then falls back to a plain GEMM.
-static bool matmul_forward_lt(CudaCtx* cx, float* out, const float* inp, const float* weight, const float* bias,
-                              int N, int IC, int OC) {
+// the epilogue (saves a pass over out: writing the bias into it first and the GEMM reading it back with
+// beta 1, 8 bytes of traffic per output). Returns false, having done nothing, if cuBLASLt has no algorithm
+// for these shapes and alignments; the caller then falls back to a plain GEMM. ab: the type of inp and
+// weight, CUDA_R_32F (TF32 or fp32 as cuBLAS's other calls) or CUDA_R_16BF (a bf16 run's packed or kept
+// operands, fp32 compute: bf16 products are exact in fp32); out and bias are fp32 either way.
+static bool matmul_forward_lt(CudaCtx* cx, float* out, const void* inp, const void* weight, const float* bias,
+                              int N, int IC, int OC, cudaDataType_t ab = CUDA_R_32F) {
     int rk = cx->rank;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t lw, li, lo;
     cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(rk, cublasLtMatmulDescCreate(&desc, cuda_compute_type(cx), CUDA_R_32F));
+    CUBLAS_CHECK(rk, cublasLtMatmulDescCreate(&desc, ab == CUDA_R_16BF ? CUBLAS_COMPUTE_32F : cuda_compute_type(cx), CUDA_R_32F));
     cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     CUBLAS_CHECK(rk, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
@@ -358,8 +361,8 @@ static bool matmul_forward_lt(CudaCtx* cx, float* out, const float* inp, const f
     CUBLAS_CHECK(rk, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     // column-major views: weight is (IC x OC), used transposed; inp is (IC x N); out is (OC x N), and the
     // epilogue adds bias[o] down each column's OC rows, i.e. to every row of the row-major out
-    CUBLAS_CHECK(rk, cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, IC, OC, IC));
-    CUBLAS_CHECK(rk, cublasLtMatrixLayoutCreate(&li, CUDA_R_32F, IC, N, IC));
+    CUBLAS_CHECK(rk, cublasLtMatrixLayoutCreate(&lw, ab, IC, OC, IC));
+    CUBLAS_CHECK(rk, cublasLtMatrixLayoutCreate(&li, ab, IC, N, IC));
     CUBLAS_CHECK(rk, cublasLtMatrixLayoutCreate(&lo, CUDA_R_32F, OC, N, OC));
     CUBLAS_CHECK(rk, cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = cx->workspace_bytes;
@@ -512,13 +515,15 @@ static void matmul_forward_cuda(CudaCtx* cx, float* out, const float* inp, const
         ::bf16* h[2];  // (:: because the flag bf16 hides the type)
         pack_operands_bf16(cx, 2, x, sizes, h);
         const ::bf16* a = inp_h ? inp_h : h[0];
+        const ::bf16* wb = weight_h ? weight_h : h[1];
+        if (bias && aligned16(bias) && matmul_forward_lt(cx, out, a, wb, bias, N, IC, OC, CUDA_R_16BF)) return;
         float beta = 0.0f;
         if (bias) {  // out = bias, then out = inp . W^T + 1 * out: the CPU op's (acc + bias)
             bias_broadcast_kernel<<<ceil_div((long)N * OC, FLAT_THREADS), FLAT_THREADS, 0, cx->stream>>>(out, bias, N, OC);
             CUDA_LAUNCH_CHECK(cx->rank, "bias_broadcast_kernel");
             beta = 1.0f;
         }
-        gemm_bf16_cuda(cx, false, true, N, OC, IC, 1.0f, a, IC, weight_h ? weight_h : h[1], IC, beta, out, OC);
+        gemm_bf16_cuda(cx, false, true, N, OC, IC, 1.0f, a, IC, wb, IC, beta, out, OC);
         return;
     }
     // cuBLASLt's bias epilogue wants a 16-byte aligned bias; every GPT-2 shape gives one

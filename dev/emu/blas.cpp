@@ -367,6 +367,14 @@ cublasStatus_t lt_problem(LtDesc* d, LtLayout* a, LtLayout* b, LtLayout* c, LtLa
     for (LtLayout* l : {a, b, c, dd})
         if (l->ld < (int64_t)std::max<uint64_t>(1, l->rows)) return CUBLAS_STATUS_INVALID_VALUE;
     if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && !d->bias) return CUBLAS_STATUS_INVALID_VALUE;
+    // the types: A and B both fp32 or both bf16 (bf16 with fp32 compute, not TF32's), C and D fp32 (the
+    // bias then fp32, D's type); cuBLASLt has other combinations, which tp does not use
+    const bool bf16 = a->type == CUDA_R_16BF;
+    if (b->type != a->type || c->type != CUDA_R_32F || dd->type != CUDA_R_32F ||
+        (bf16 && d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_PEDANTIC))
+        fail("outside the emulated subset", "cuBLASLt with A, B, C, D of types %d, %d, %d, %d and compute type %d: A and B both CUDA_R_32F "
+             "or both CUDA_R_16BF (then with CUBLAS_COMPUTE_32F), C and D CUDA_R_32F are emulated", (int)a->type, (int)b->type,
+             (int)c->type, (int)dd->type, (int)d->compute);
     return CUBLAS_STATUS_SUCCESS;
 }
 }  // namespace
@@ -438,7 +446,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t dh, cublasLtM
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {
     if (!l) return CUBLAS_STATUS_INVALID_VALUE;
-    if (type != CUDA_R_32F) fail("outside the emulated subset", "cublasLtMatrixLayoutCreate with data type %d: only CUDA_R_32F is emulated", (int)type);
+    if (type != CUDA_R_32F && type != CUDA_R_16BF)
+        fail("outside the emulated subset", "cublasLtMatrixLayoutCreate with data type %d: only CUDA_R_32F and CUDA_R_16BF are emulated", (int)type);
     LtLayout* x = (LtLayout*)new cublasLtMatrixLayoutOpaque_t();
     *x = LtLayout{LAYOUT_MAGIC, (uint64_t)type, rows, cols, ld};
     *l = (cublasLtMatrixLayout_t)x;
@@ -540,6 +549,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dh, const
     Gemm g = {};
     g.m = m, g.n = n, g.k = k;
     g.ta = desc->ta != CUBLAS_OP_N, g.tb = desc->tb != CUBLAS_OP_N;
+    g.bf16 = layout_of(a)->type == CUDA_R_16BF;  // (lt_problem: then B too, and fp32 compute)
     g.tf32 = desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     g.alpha = *(const float*)alpha;
     g.beta = *(const float*)beta;

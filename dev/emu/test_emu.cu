@@ -1022,7 +1022,7 @@ static void test_cublas() {
     }
     cublasDestroy(h);
 
-    printf("cuBLASLt: the bias epilogue, the heuristic's preferences, refusal\n");
+    printf("cuBLASLt: the bias epilogue (fp32 and bf16 operands), the heuristic's preferences, refusal\n");
     cublasLtHandle_t lt;
     cublasLtCreate(&lt);
     int N = 9, IC = 12, OC = 10;  // out (N, OC) = inp (N, IC) . W^T + bias, row-major, as tp calls it
@@ -1030,6 +1030,9 @@ static void test_cublas() {
     float *dI = dev_floats(inp), *dW = dev_floats(W), *dB = dev_floats(bias), *dO = dev_floats(std::vector<float>(N * OC, NAN));
     float* ws = nullptr;
     CK(cudaMalloc(&ws, 4 << 20));
+    // ab: the type of W and inp (the device copies lt_w and lt_i)
+    cudaDataType_t ab = CUDA_R_32F;
+    const void *lt_w = dW, *lt_i = dI;
     auto lt_run = [&](uint64_t max_ws, int* found) {
         cublasLtMatmulDesc_t desc;
         cublasLtMatrixLayout_t lw, li, lo;
@@ -1041,8 +1044,8 @@ static void test_cublas() {
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN));
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dB, sizeof(dB));
-        cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, IC, OC, IC);
-        cublasLtMatrixLayoutCreate(&li, CUDA_R_32F, IC, N, IC);
+        cublasLtMatrixLayoutCreate(&lw, ab, IC, OC, IC);
+        cublasLtMatrixLayoutCreate(&li, ab, IC, N, IC);
         cublasLtMatrixLayoutCreate(&lo, CUDA_R_32F, OC, N, OC);
         cublasLtMatmulPreferenceCreate(&pref);
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof(max_ws));
@@ -1051,9 +1054,9 @@ static void test_cublas() {
         cublasStatus_t mst = CUBLAS_STATUS_NOT_SUPPORTED;
         if (st == CUBLAS_STATUS_SUCCESS && *found) {
             float one = 1.0f, zero = 0.0f;
-            mst = cublasLtMatmul(lt, desc, &one, dW, lw, dI, li, &zero, dO, lo, dO, lo, &r.algo, ws, r.workspaceSize / 2, 0);  // too little workspace
+            mst = cublasLtMatmul(lt, desc, &one, lt_w, lw, lt_i, li, &zero, dO, lo, dO, lo, &r.algo, ws, r.workspaceSize / 2, 0);  // too little workspace
             if (r.workspaceSize == 0 || mst == CUBLAS_STATUS_INVALID_VALUE)
-                mst = cublasLtMatmul(lt, desc, &one, dW, lw, dI, li, &zero, dO, lo, dO, lo, &r.algo, ws, 4 << 20, 0);
+                mst = cublasLtMatmul(lt, desc, &one, lt_w, lw, lt_i, li, &zero, dO, lo, dO, lo, &r.algo, ws, 4 << 20, 0);
         }
         cublasLtMatmulPreferenceDestroy(pref);
         cublasLtMatrixLayoutDestroy(lo);
@@ -1074,6 +1077,40 @@ static void test_cublas() {
         }
     check(st == CUBLAS_STATUS_SUCCESS && found == 1 && max_rel(got, want) < 1e-6, "cublasLtMatmul W^T . inp + bias (epilogue): %d algorithm, max rel err %.1e (bound 1e-6)",
           found, max_rel(got, want));
+    // W and inp in bf16 storage (CUDA_R_16BF, fp32 compute), out and bias fp32: the loops on the values widened
+    {
+        std::vector<uint16_t> inp16(inp.size()), W16(W.size());
+        std::vector<float> inpw(inp.size()), Ww(W.size());
+        auto widened = [](float x, uint16_t* h) {  // x's top 16 bits, and them widened
+            uint32_t u;
+            memcpy(&u, &x, 4);
+            *h = (uint16_t)(u >> 16);
+            u &= 0xffff0000u;
+            memcpy(&x, &u, 4);
+            return x;
+        };
+        for (size_t i = 0; i < inp.size(); i++) inpw[i] = widened(inp[i], &inp16[i]);
+        for (size_t i = 0; i < W.size(); i++) Ww[i] = widened(W[i], &W16[i]);
+        void *dI16, *dW16;
+        CK(cudaMalloc(&dI16, inp16.size() * 2));
+        CK(cudaMalloc(&dW16, W16.size() * 2));
+        CK(cudaMemcpy(dI16, inp16.data(), inp16.size() * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dW16, W16.data(), W16.size() * 2, cudaMemcpyHostToDevice));
+        ab = CUDA_R_16BF, lt_w = dW16, lt_i = dI16;
+        st = lt_run(4 << 20, &found);
+        ab = CUDA_R_32F, lt_w = dW, lt_i = dI;
+        got = host_floats(dO, N * OC);
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < OC; o++) {
+                double s = bias[o];
+                for (int c = 0; c < IC; c++) s += (double)inpw[i * IC + c] * Ww[o * IC + c];
+                want[i * OC + o] = (float)s;
+            }
+        check(st == CUBLAS_STATUS_SUCCESS && found == 1 && max_rel(got, want) < 1e-6,
+              "cublasLtMatmul with W and inp in bf16 (CUDA_R_16BF), fp32 out and bias: max rel err %.1e (bound 1e-6)", max_rel(got, want));
+        CK(cudaFree(dI16));
+        CK(cudaFree(dW16));
+    }
     emu_set_lt_refuse(1);
     st = lt_run(4 << 20, &found);
     emu_set_lt_refuse(0);
