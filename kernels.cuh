@@ -483,7 +483,7 @@ static dim3 colsum_grid(CudaCtx* cx, int N, int n) {
 // activations that is memory-bound. Products of bf16 values are exact in fp32, so this computes what TF32
 // or fp32 would on the same operands, up to the order of the fp32 sums. The packed operands live in one
 // scratch of the rank (cx->packed), each from a 16-byte boundary; it grows to the largest matmul's
-// (a backward's dout and input: fcproj's B*T*C + B*T*4C/P bf16 where -r 1 recomputes the GELU). The LM
+// (a backward's dout and input: train/setup.h's gpu_bf16_pack_bytes, which the memory check counts). The LM
 // head's logits and dlogits are bf16 storage in such a run (Logits), so its matmuls pack lnf alone, and
 // so are fc's and qkv's output gradients (gpt.cu's grad_input), which neither backward call packs.
 static void bf16_pack_cuda(CudaCtx* cx, bf16* out, const float* x, long n);  // (with the bf16 ops below)

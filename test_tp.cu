@@ -162,6 +162,7 @@ struct TpResult {
     std::vector<RankOut> ranks;
     double values_per_step;         // floats all-reduced per training step (rank 0)
     double moved[COMM_KINDS];       // the same by kind of collective
+    size_t packed_bytes = 0;        // on a GPU: rank 0's scratch of bf16-packed matmul operands (pack_operands_bf16)
 };
 
 // trains `steps` AdamW steps at TP=P from full initial parameters; batch k is tokens [k*B*T, k*B*T + B*T]
@@ -253,6 +254,7 @@ static void run_tp(const GPTConfig* cfg, const std::vector<float>& init, int P, 
         }
         out->ranks[r].params = local(m.params_mem);
         gpt_gather(&m, &rk, m.params_mem, out->params_full.data());
+        if (r == 0 && rk.device == DEV_CUDA) out->packed_bytes = rk.cuda.packed_bytes;
         gpt_free(&m, &rk);
         rank_free(&rk);
     });

@@ -126,13 +126,16 @@ static double host_free_bytes() {
 // Not measured here (no GPU yet): a round allowance.
 #define CUDA_CONTEXT_BYTES 1e9
 
-// A bf16 run on a GPU packs each matmul's activation operands into a scratch of the rank (kernels.cuh,
-// pack_operands_bf16; the weights are bf16 already, and so are the LM head's logits and dlogits): the
-// largest backward's dout and input, 2 bytes each (and 8 of padding each of three)
-static double gpu_bf16_pack_bytes(const GPTConfig* c, int P, int B, int T) {
+// A bf16 run on a GPU packs the matmul operands it holds in fp32 words into a scratch of the rank
+// (kernels.cuh, pack_operands_bf16): the largest backward's dout and input, 2 bytes each (and 8 of padding
+// each of three). Already bf16 storage, so not packed: the weights' copy, the LM head's dlogits and fc's and
+// qkv's output gradients (gpt.cu's grad_input), and the inputs a layer keeps in bf16 (atty always; ln1 and
+// ln2 unless SP gathers them in fp32 words or -r 2 recomputes them; the GELU's output unless -r 1 does).
+// What is packed: attproj's and fcproj's dout (the residual stream's gradient), lnf, and those inputs.
+static double gpu_bf16_pack_bytes(const GPTConfig* c, int P, int B, int T, bool sp, int recompute) {
     double BT = (double)B * T, C = c->C;
-    // (qkv's and fc's output gradients come in bf16 storage, and the head's dlogits: their inputs alone)
-    double ic[5] = {C, C / P, C, 4 * C / P, C}, oc[5] = {0, C, 0, C, 0}, most = 0;
+    double ln = sp || recompute >= 2 ? C : 0, gelu = recompute >= 1 ? 4 * C / P : 0;
+    double ic[5] = {ln, 0, ln, gelu, C}, oc[5] = {0, C, 0, C, 0}, most = 0;  // qkv, attproj, fc, fcproj, the head
     for (int i = 0; i < 5; i++) most = std::max(most, BT * oc[i] + BT * ic[i]);
     return 2.0 * (most + 24);
 }
@@ -180,7 +183,7 @@ static bool memory_fits(const Run* run, int P, int D, std::string* why) {
     const Args* a = &run->args;
     int B = run->sample_only ? 1 : a->B;
     MemoryEstimate e = memory_estimate(run, P, D);
-    double packed = a->dtype == DTYPE_BF16 ? gpu_bf16_pack_bytes(&run->cfg, P, B, a->T) : 0;  // (on a GPU)
+    double packed = a->dtype == DTYPE_BF16 ? gpu_bf16_pack_bytes(&run->cfg, P, B, a->T, sp_splits(a->sp, P, B, a->T), a->recompute) : 0;  // (on a GPU)
     P *= D * run->Sl;  // the ranks of this process
     double rank = e.rank, ma = e.acts, host = e.host;
     const char* lower = "lower -b or -t (the activations grow with B x T)";
