@@ -399,7 +399,8 @@ struct Acts {
     // backward scratch
     float *dres, *dln, *datty, *dqkv, *dfch;  // (N,C) (B,T,C) (B,T,Cl) (B,T,3Cl) (B,T,4Cl)
     // (--dtype bf16: fc's output gradient, bf16 storage, lies in dqkv's buffer and qkv's in dfch's, each
-    // while the other is unused: grad_input, gpt_backward)
+    // while the other is unused, and attproj's and fcproj's, dres's bf16 copy, in dln's without SP:
+    // grad_input, residual_grad_input, gpt_backward)
     float* attd;                       // (B, NHl, T) fused attention's D = rowsum(datty * atty)
     // --dtype bf16: what a layer keeps of ln1, ln2, atty, fch and fch_gelu for its backward, which are bf16
     // values, in bf16 storage (each layer's part from a 16-byte boundary), each rounded to nearest into it
@@ -1055,19 +1056,23 @@ static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16 && c->C % 
 
 // out (B, T, C) <- every rank's rows x (N, C), rank 0's first: SP's all-gather (the f operator's forward,
 // the g operator's backward). out may be x's own place in out (x = out + t0*C).
-// kept: x holds bf16 values, rounded by keep_bf16 before the gather (a layernorm output, or the output
-// gradient of attproj or fcproj, in a --dtype bf16 run). Those move as bf16: the same values, exactly, in
-// half the bytes. The rank packs its rows into its place in acts.wire, the all-gather fills in the other
-// ranks' rows, and every row is widened back into out. (The row-parallel partial sums stay fp32 on the
-// wire: the README's bf16 section measures what bf16 partial sums would cost. So does the embedding's
-// gradient, which is the fp32 residual-stream gradient.)
+// kept: x holds bf16 values, rounded by keep_bf16 before the gather (a layernorm output in a --dtype bf16
+// run). Those move as bf16: the same values, exactly, in half the bytes. The rank packs its rows into its
+// place in acts.wire, the all-gather fills in the other ranks' rows (gather_wire), and every row is widened
+// back into out. (The row-parallel partial sums stay fp32 on the wire: the README's bf16 section measures
+// what bf16 partial sums would cost. So does the embedding's gradient, which is the fp32 residual-stream
+// gradient.)
+static bf16* gather_wire(GPT* m, Rank* rk, const float* x, const char* where, int l) {
+    long n = (long)m->ntok * m->cfg.C;
+    bf16* wire = as_bf16(m->acts.wire);
+    OP(rk, bf16_pack, wire + (long)rk->rank * n, x, n);  // rounded to nearest as it is packed
+    comm_allgather_bf16(&rk->tp, wire, wire + (long)rk->rank * n, n, where, l);
+    return wire;
+}
 static void gather_tokens(GPT* m, Rank* rk, float* out, const float* x, bool kept, const char* where, int l) {
     long n = (long)m->ntok * m->cfg.C;
     if (kept && sp_wire_bf16(&m->cfg, m->bf16)) {
-        bf16* wire = as_bf16(m->acts.wire);
-        OP(rk, bf16_pack, wire + (long)rk->rank * n, x, n);
-        comm_allgather_bf16(&rk->tp, wire, wire + (long)rk->rank * n, n, where, l);
-        OP(rk, bf16_widen, out, wire, (long)rk->P * n);
+        OP(rk, bf16_widen, out, gather_wire(m, rk, x, where, l), (long)rk->P * n);
         return;
     }
     comm_allgather(&rk->tp, out, x, n, where, l);
@@ -1079,6 +1084,18 @@ static float* all_tokens(GPT* m, Rank* rk, float* x, bool kept, const char* wher
     if (!m->split) return x;
     gather_tokens(m, rk, m->acts.gathered, x, kept, where, l);
     return m->acts.gathered;
+}
+
+// The residual-stream gradient dres (N, C) as the output gradient of the row-parallel matmul that made
+// the stream's last addend (fcproj, attproj), every token's rows: with SP all-gathered (g's backward).
+// dres itself stays fp32 and flows on through the residual connections, as the stream does in the
+// forward; a bf16 run rounds only the matmul's operand, to nearest, into bf16 storage that both of the
+// matmul's backward calls read where it lies: under SP the wire the all-gather fills (bf16 on the wire,
+// half the bytes), else dln's buffer, free until fc's or qkv's input gradient after this matmul.
+static Input residual_grad_input(GPT* m, Rank* rk, float* dres, const char* where, int l) {
+    if (m->split && sp_wire_bf16(&m->cfg, m->bf16)) return {nullptr, gather_wire(m, rk, dres, where, l)};
+    float* dout = all_tokens(m, rk, dres, false, where, l);
+    return grad_input(m, rk, dout, m->acts.dln, (long)m->B * m->T * m->cfg.C);
 }
 
 // partial (B, T, C) holds this rank's partial sums; returns the sums over all ranks of this rank's
@@ -1446,8 +1463,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // communication (g's backward is the identity; with SP, the reduce-scatter's backward is an
         // all-gather of the output gradient). Its bias was added once after the sum, and its gradient,
         // the column sum of every token's dres, comes out the same on every rank.
-        keep_bf16(m, rk, a->dres, (long)N * C);  // bf16: the output gradients of the matmuls too
-        float* dout = all_tokens(m, rk, a->dres, true, "fcproj bwd", lg);
+        Input dout = residual_grad_input(m, rk, a->dres, "fcproj bwd", lg);  // bf16: a rounded copy
         if (m->recompute >= 1) {  // -r 1: not kept
             if (ACT_USED(m, fch_kept)) OP(rk, bf16_widen, la.fch, as_bf16(la.fch_kept), (long)BT * C4l);
             OP(rk, gelu_forward, la.fch_gelu, la.fch, (long)BT * C4l);
@@ -1487,8 +1503,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
 
         // attention block, the same pattern: attproj row-parallel (no communication, SP: all-gather),
         // attention on local heads, qkv column-parallel with the f all-reduce of dln1 (SP: reduce-scatter).
-        keep_bf16(m, rk, a->dres, (long)N * C);
-        dout = all_tokens(m, rk, a->dres, true, "attproj bwd", lg);
+        dout = residual_grad_input(m, rk, a->dres, "attproj bwd", lg);
         if (ACT_USED(m, atty_kept)) OP(rk, bf16_widen, la.atty, as_bf16(la.atty_kept), (long)BT * Cl);  // for attention's backward
         OP(rk, matmul_backward, a->datty, GRAD(m, attprojw, (long)l * C * Cl), GRAD(m, attprojb, l * C), dout,
            kept_input(ACT_USED(m, atty_kept), la.atty, la.atty_kept), WEIGHT(m, attprojw, (long)l * C * Cl), BT, Cl, C);

@@ -483,9 +483,9 @@ static dim3 colsum_grid(CudaCtx* cx, int N, int n) {
 // activations that is memory-bound. Products of bf16 values are exact in fp32, so this computes what TF32
 // or fp32 would on the same operands, up to the order of the fp32 sums. The packed operands live in one
 // scratch of the rank (cx->packed), each from a 16-byte boundary; it grows to the largest matmul's
-// (a backward's dout and input: train/setup.h's gpu_bf16_pack_bytes, which the memory check counts). The LM
-// head's logits and dlogits are bf16 storage in such a run (Logits), so its matmuls pack lnf alone, and
-// so are fc's and qkv's output gradients (gpt.cu's grad_input), which neither backward call packs.
+// (train/setup.h's gpu_bf16_pack_bytes, which the memory check counts). The LM head's logits and dlogits
+// are bf16 storage in such a run (Logits), so its matmuls pack lnf alone, and so is every output
+// gradient of the backward (gpt.cu's grad_input, residual_grad_input), which neither backward call packs.
 static void bf16_pack_cuda(CudaCtx* cx, bf16* out, const float* x, long n);  // (with the bf16 ops below)
 
 // The operands x[0..n) (each holding bf16 values, sizes[i] of them) packed into consecutive 16-byte-aligned

@@ -953,12 +953,15 @@ static double loss_gap(const std::vector<float>& a, const std::vector<float>& b)
 // ||a - b|| / ||b - init||; the worst tensor. The key bias (the middle third of qkvb) is left out: softmax
 // does not change when every score of a row moves by q . bk, so its true gradient is zero and what AdamW
 // applies to it is rounding noise normalised to the learning rate, which any other order of the sums
-// draws anew.
+// draws anew. of: every tensor, or only the matrices (wte and the layers' weights) or only the vectors (wpe,
+// the biases, the layernorms).
+enum DriftOf { DRIFT_ALL, DRIFT_MATRICES, DRIFT_VECTORS };
 static double worst_tensor_drift(const GPTConfig* cfg, const std::vector<float>& a, const std::vector<float>& b,
-                                 const std::vector<float>& init, const char** name) {
+                                 const std::vector<float>& init, const char** name, DriftOf of = DRIFT_ALL) {
     ShardPlan s;
     shard_plan_init(&s, cfg, 1, 0);
     return worst_tensor(cfg, [&](int i, long off, long n) {
+        if (of != DRIFT_ALL && param_is_matrix(i) != (of == DRIFT_MATRICES)) return 0.0;
         double diff = 0, moved = 0;
         long per_layer = s.t[i].rows * s.t[i].cols;
         for (long j = off; j < off + n; j++) {
@@ -1212,9 +1215,18 @@ static void bf16_grid_against_tp1(const GPTConfig* cfg, const std::vector<float>
     const char* name;
     double gerr = worst_tensor_err(cfg, res->grads_full, one.grads_full, &name);
     check_le(gerr, 1e-2, "%-18s step-0 gradients against TP=1's: worst tensor %s, rel err", what, name);
-    double drift = worst_tensor_drift(cfg, res->params_full, one.params_full, init, &name);
-    check_le(drift, 1e-2, "%-18s weights after %d steps against TP=1's, per tensor against how far they moved (key bias aside): worst %s",
-             what, steps, name);
+    // The weights: AdamW moves each weight by about the learning rate a step whatever its gradient's size, so
+    // where a gradient's sum over the batch nearly cancels (a bias, a layernorm's vector), the flip of one
+    // operand by a bf16 unit can turn the sign of its steps, and in a vector of 64 one such element moves
+    // the whole tensor's ratio. Measured over 16 seeds of the weights and the data, these 4 grids and both
+    // bits (the fma chain's and AMX's), 128 runs: the worst matrix of a run at most 0.0125 (median 0.0050),
+    // the worst vector at most 0.047 (lnfb; median 0.0031). The bounds are about twice those.
+    double drift = worst_tensor_drift(cfg, res->params_full, one.params_full, init, &name, DRIFT_MATRICES);
+    check_le(drift, 3e-2, "%-18s matrices after %d steps against TP=1's, per tensor against how far they moved: worst %s", what,
+             steps, name);
+    drift = worst_tensor_drift(cfg, res->params_full, one.params_full, init, &name, DRIFT_VECTORS);
+    check_le(drift, 1e-1, "%-18s vectors after %d steps against TP=1's, per tensor against how far they moved (key bias aside): "
+             "worst %s", what, steps, name);
     long mism_g, mism_p;
     replicated_mismatch(cfg, P, *res, &mism_g, &mism_p);
     check_le(mism_g + mism_p, 0, "%-18s replicated tensors differing in bits across ranks (%ld grads, %ld weights)", what, mism_g, mism_p);
@@ -1345,9 +1357,12 @@ static void test_bf16_train() {
 
     // TP=P and SP against TP=1, all in bf16. fp32 sums in another order differ in their last bits, and an
     // operand that lands near a rounding boundary of bf16 then rounds the other way: one bf16 unit (2^-8 of
-    // it) in a few elements. The bounds are 100x fp32's (1e-5), still 1000x below bf16 against fp32. (Each
-    // rounding that follows such a flip rounds what it changed: rounding q, k and v as well, measured once,
-    // took the step-0 gradients from 5.6e-7 to 8.5e-4 and is not done; README, bf16.)
+    // it) in a few elements. The step-0 gradients' bound is 100x fp32's (1e-5); over 16 seeds of the weights
+    // and the data these grids measured at most 0.0024 on either path's bits (about 1e-3 where an operand
+    // flipped, 1e-6 in the seeds where none did). The weights: bf16_grid_against_tp1. (Each rounding that
+    // follows such a flip rounds what it changed, so the recipe rounds no more values between the sums TP
+    // reorders and the loss than the matmuls need: q, k and v are not rounded, nor the residual-stream
+    // gradient, of which only the matmuls' copy is; README, bf16.)
     int steps_tp = 10;
     TpResult one;
     run_tp(&cfg, init, 1, steps_tp, data, B, T, 1e-3f, 1.0f, &one, false, 0, true, true);

@@ -127,16 +127,15 @@ static double host_free_bytes() {
 #define CUDA_CONTEXT_BYTES 1e9
 
 // A bf16 run on a GPU packs the matmul operands it holds in fp32 words into a scratch of the rank
-// (kernels.cuh, pack_operands_bf16): the largest backward's dout and input, 2 bytes each (and 8 of padding
-// each of three). Already bf16 storage, so not packed: the weights' copy, the LM head's dlogits and fc's and
-// qkv's output gradients (gpt.cu's grad_input), and the inputs a layer keeps in bf16 (atty always; ln1 and
-// ln2 unless SP gathers them in fp32 words or -r 2 recomputes them; the GELU's output unless -r 1 does).
-// What is packed: attproj's and fcproj's dout (the residual stream's gradient), lnf, and those inputs.
+// (kernels.cuh, pack_operands_bf16): the largest matmul's input, 2 bytes an element (and 8 of padding
+// each of three). Already bf16 storage, so not packed: the weights' copy, the LM head's dlogits, every
+// output gradient of the backward (gpt.cu's grad_input and residual_grad_input), and the inputs a layer
+// keeps in bf16 (atty always; ln1 and ln2 unless SP gathers them in fp32 words or -r 2 recomputes them;
+// the GELU's output unless -r 1 does). What is packed: lnf and those inputs.
 static double gpu_bf16_pack_bytes(const GPTConfig* c, int P, int B, int T, bool sp, int recompute) {
     double BT = (double)B * T, C = c->C;
     double ln = sp || recompute >= 2 ? C : 0, gelu = recompute >= 1 ? 4 * C / P : 0;
-    double ic[5] = {ln, 0, ln, gelu, C}, oc[5] = {0, C, 0, C, 0}, most = 0;  // qkv, attproj, fc, fcproj, the head
-    for (int i = 0; i < 5; i++) most = std::max(most, BT * oc[i] + BT * ic[i]);
+    double most = BT * std::max(std::max(ln, gelu), C);  // qkv's and fc's ln, fcproj's GELU output, the head's lnf
     return 2.0 * (most + 24);
 }
 
