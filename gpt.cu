@@ -408,8 +408,8 @@ struct Acts {
     // attention's fp32 outputs are packed into it (gelu_forward_bf16, keep_input). The fp32 buffers above are
     // then ones every layer reuses (atty), or none (ln1, ln2 without SP; fch, fch_gelu without -r 1). The
     // matmuls read the kept copies where they lie, the forward's and the weight gradients' (kept_input); so
-    // does the GELU's backward (fch). Attention's backward reads atty, and SP's gathers ln1 and ln2, in fp32
-    // words: rounded in place in the forward, widened back in the backward (bf16_widen).
+    // do the GELU's backward (fch) and fused attention's (atty, for D). SP's gathers read ln1 and ln2 in
+    // fp32 words: rounded in place in the forward, widened back in the backward (bf16_widen).
     float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // per layer: (N, C), (N, C), (B, T, Cl), (B, T, 4 Cl) bf16
     float* fch_kept;                                     // per layer: (B, T, 4 Cl) bf16
 };
@@ -796,9 +796,9 @@ static void keep_bf16(GPT* m, Rank* rk, float* x, long n) {
 
 // Whether this configuration allocates Acts buffer `name` (acts_layout). A bf16 run keeps ln1, atty, ln2, fch
 // and fch_gelu for the backward in bf16 storage (the *_kept buffers, where -r does not recompute them): the
-// forward rounds each into it (to nearest, as keep_bf16), and the backward reads it, in its matmuls and the
-// GELU's backward where it lies and elsewhere widened back (bf16_widen), where -r would recompute it: the
-// very values the forward used, from half the memory.
+// forward rounds each into it (to nearest, as keep_bf16), and the backward reads it, in its matmuls, the
+// GELU's backward and fused attention's where it lies and elsewhere widened back (bf16_widen), where -r
+// would recompute it: the very values the forward used, from half the memory.
 #define ACT_USED(m, name) ((m)->layout.kind[offsetof(Acts, name) / sizeof(float*)] != ACT_UNUSED)
 static bf16* as_bf16(float* p) { return (bf16*)(void*)p; }
 
@@ -1504,11 +1504,11 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // attention block, the same pattern: attproj row-parallel (no communication, SP: all-gather),
         // attention on local heads, qkv column-parallel with the f all-reduce of dln1 (SP: reduce-scatter).
         dout = residual_grad_input(m, rk, a->dres, "attproj bwd", lg);
-        if (ACT_USED(m, atty_kept)) OP(rk, bf16_widen, la.atty, as_bf16(la.atty_kept), (long)BT * Cl);  // for attention's backward
-        OP(rk, matmul_backward, a->datty, GRAD(m, attprojw, (long)l * C * Cl), GRAD(m, attprojb, l * C), dout,
-           kept_input(ACT_USED(m, atty_kept), la.atty, la.atty_kept), WEIGHT(m, attprojw, (long)l * C * Cl), BT, Cl, C);
-        if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse
-            OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
+        Input atty = kept_input(ACT_USED(m, atty_kept), la.atty, la.atty_kept);  // bf16: kept in bf16
+        OP(rk, matmul_backward, a->datty, GRAD(m, attprojw, (long)l * C * Cl), GRAD(m, attprojb, l * C), dout, atty,
+           WEIGHT(m, attprojw, (long)l * C * Cl), BT, Cl, C);
+        if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse (and atty for D)
+            OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, la.qkv, atty, la.lse, B, T, NHl, hs);
         } else {
             if (m->recompute >= 3) OP(rk, attention_probs, la.att, la.qkv, B, T, NHl, hs);  // -r 3: from q and k again
             OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);

@@ -1216,11 +1216,12 @@ static void attention_backward_cuda(CudaCtx* cx, float* dqkv, const float* dout,
 // its own on; only the diagonal tile is masked. The tile of the most work is launched first.
 //
 // Storage: q, k, v, out, dout go through att_ld / att_st, templated on the element type, so bf16 storage
-// (fp32 scores, softmax, lse and sums, as DESIGN.md section 13 asks) is an instantiation away; only fp32 is
-// built now.
+// (fp32 scores, softmax, lse and sums, as DESIGN.md section 13 asks) is an instantiation away; built now:
+// fp32, and out in bf16 storage for D (a bf16 run's kept atty).
 #define ATT_THREADS 256
 
 __device__ __forceinline__ float att_ld(const float* p) { return *p; }
+__device__ __forceinline__ float att_ld(const bf16* p) { return bf16_to_float(*p); }
 __device__ __forceinline__ void att_st(float* p, float v) { *p = v; }
 
 // sm (64, 16 DK + 1) <- rows r0..r0+63 of src (row stride ld), columns 0..hs-1; zeros past T and past hs.
@@ -1360,9 +1361,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_forward_kernel(Tm
     }
 }
 
-// dsum (B, NH, T) = rowsum(dout * out) per head: a warp per (b, t, h), lanes over the head's dims
-template <class Tm>
-__global__ void attention_fused_dsum_kernel(float* dsum, const Tm* dout, const Tm* out, int B, int T, int NH, int hs) {
+// dsum (B, NH, T) = rowsum(dout * out) per head: a warp per (b, t, h), lanes over the head's dims. To: out's
+// storage, fp32 or (a bf16 run's kept atty) bf16
+template <class Tm, class To>
+__global__ void attention_fused_dsum_kernel(float* dsum, const Tm* dout, const To* out, int B, int T, int NH, int hs) {
     const long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (w >= (long)B * T * NH) return;
@@ -1863,12 +1865,15 @@ static void attention_fused_forward_cuda(CudaCtx* cx, float* out, float* lse, co
 
 // dqkv (B, T, 3*NH*hs) = gradient of attention_fused_forward given dout (B, T, NH*hs)   (written), from
 // qkv, the forward's out and lse; dsum (B, NH, T) scratch: D = rowsum(dout * out). Three kernels: D, then
-// dk and dv per key tile, then dq per query tile (the two read q, k, v and recompute P each).
+// dk and dv per key tile, then dq per query tile (the two read q, k, v and recompute P each). out: fp32,
+// or a bf16 run's kept bf16 copy of it, read where it lies (D is all the backward takes from it).
 static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum, const float* dout, const float* qkv,
-                                          const float* out, const float* lse, int B, int T, int NH, int hs) {
+                                          Input out, const float* lse, int B, int T, int NH, int hs) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
     long warps = (long)B * T * NH;
-    attention_fused_dsum_kernel<float><<<ceil_div(warps * 32, ATT_THREADS), ATT_THREADS, 0, cx->stream>>>(dsum, dout, out, B, T, NH, hs);
+    unsigned blocks = ceil_div(warps * 32, ATT_THREADS);
+    if (out.h) attention_fused_dsum_kernel<float, bf16><<<blocks, ATT_THREADS, 0, cx->stream>>>(dsum, dout, out.h, B, T, NH, hs);
+    else attention_fused_dsum_kernel<float, float><<<blocks, ATT_THREADS, 0, cx->stream>>>(dsum, dout, out.f, B, T, NH, hs);
     CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_dsum_kernel");
     switch (att_dk(hs)) {
     case 1: attention_fused_backward_launch<1>(cx, dqkv, dout, qkv, lse, dsum, B, T, NH, hs); break;

@@ -1186,23 +1186,36 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
     });
 }
 
+// D of one row of one head: the dot product of its dout and out (hs <= ATT_HS_MAX), in vector lanes
+static float att_dsum_row(const float* d, const float* o, int hs) {
+    float s = 0.0f;
+    #pragma omp simd reduction(+ : s)
+    for (int i = 0; i < hs; i++) s += d[i] * o[i];
+    return s;
+}
+// ... from out in bf16 storage: the row widened first, so that the sum runs in the lanes and the order
+// of the fp32 words' (the same bits from the same values)
+static float att_dsum_row(const float* d, const bf16* o, int hs) {
+    float w[ATT_HS_MAX];
+    for (int i = 0; i < hs; i++) w[i] = as_fp32(o[i]);
+    return att_dsum_row(d, w, hs);
+}
+
 // dqkv (B, T, 3*NH*hs) = gradient of attention_fused_forward given dout (B, T, NH*hs)   (written), from
-// qkv, the forward's out and lse. dsum (B, NH, T) is scratch: D = rowsum(dout * out) per head.
+// qkv, the forward's out and lse. dsum (B, NH, T) is scratch: D = rowsum(dout * out) per head. out is
+// fp32 words, or (a --dtype bf16 run's, the bf16 copy of atty the layer keeps) bf16 storage, read where
+// it lies: D is all the backward takes from it.
 // D first; then, with enough heads for the threads, one pass per head over its key tiles that makes dk,
 // dv and dq together, else two: dk and dv per key tile (over the query tiles that see it), dq per query tile.
-static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* dout, const float* qkv, Input out,
                                          const float* lse, int B, int T, int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C, NT = (T + ATT_TILE - 1) / ATT_TILE;
     const float scale = 1.0f / sqrtf((float)hs);
     cpu_for((long)B * T, [&](long bt) {
         int b = (int)(bt / T), t = (int)(bt % T);
         for (int h = 0; h < NH; h++) {
-            const float* o = out + (size_t)bt * C + h * hs;
-            const float* d = dout + (size_t)bt * C + h * hs;
-            float s = 0.0f;
-            #pragma omp simd reduction(+ : s)
-            for (int i = 0; i < hs; i++) s += d[i] * o[i];
-            dsum[((size_t)b * NH + h) * T + t] = s;
+            size_t off = (size_t)bt * C + h * hs;
+            dsum[((size_t)b * NH + h) * T + t] = out.h ? att_dsum_row(dout + off, out.h + off, hs) : att_dsum_row(dout + off, out.f + off, hs);
         }
     });
     // the operands of head h of batch row b: its q, k, v (rows C3 apart), dout rows, lse and D

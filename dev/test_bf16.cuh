@@ -14,6 +14,13 @@ static float bf16_test_float(uint32_t u) {
     return f;
 }
 
+// the elements of two vectors that differ in bits, and 1 more if their lengths do
+static long vectors_differ(const std::vector<float>& x, const std::vector<float>& y) {
+    long n = x.size() == y.size() ? 0 : 1;
+    for (size_t i = 0; i < x.size() && i < y.size(); i++) n += bf16_test_bits(x[i]) != bf16_test_bits(y[i]);
+    return n;
+}
+
 // C (M x N) = A . B in float64 from the bf16 operands, and sum_k |a||b| per element (the error scale)
 static void gemm_bf16_ref(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs, long b_cs,
                           std::vector<double>* C, std::vector<double>* scale) {
@@ -509,6 +516,36 @@ static void test_bf16_elementwise_ops() {
           "NaN, infinities, ties, 1 and 3 threads)", differ, compared);
 }
 
+// Fused attention's backward with the forward's out in bf16 storage (a --dtype bf16 run's kept atty, read
+// where it lies for D = rowsum(dout * out)) against the same values in fp32 words: the same bits in D and
+// dqkv, at head sizes 16, 24, 64 and 128 (ATT_HS_MAX), T within a tile and across tiles, 1 and 3 threads.
+static void test_bf16_attention_out() {
+    long differ = 0, compared = 0;
+    struct { int B, T, NH, hs; } shapes[] = {{1, 1, 1, 16}, {2, 65, 3, 24}, {1, 130, 2, 128}, {2, 33, 2, 64}};
+    on_each_path_with_1_and_3_threads([&]() {
+        for (auto& k : shapes) {
+            const long C = (long)k.NH * k.hs, n_qkv = (long)k.B * k.T * 3 * C, n_out = (long)k.B * k.T * C, n_l = (long)k.B * k.NH * k.T;
+            uint64_t z = 71 + (uint64_t)n_out;
+            std::vector<float> qkv(n_qkv), dout(n_out), out(n_out), lse(n_l);
+            for (auto& x : qkv) x = 2.0f * bf16_test_uniform(&z);
+            for (auto& x : dout) x = bf16_test_uniform(&z);
+            attention_fused_forward_cpu(out.data(), lse.data(), qkv.data(), k.B, k.T, k.NH, k.hs);
+            std::vector<bf16> out16(n_out);
+            bf16_pack_cpu(out16.data(), out.data(), n_out);
+            round_bf16_cpu(out.data(), n_out);  // the same values in fp32 words
+            std::vector<float> d32(n_l), d16(n_l), g32(n_qkv), g16(n_qkv);
+            attention_fused_backward_cpu(g32.data(), d32.data(), dout.data(), qkv.data(), Input{out.data(), nullptr}, lse.data(), k.B, k.T,
+                                         k.NH, k.hs);
+            attention_fused_backward_cpu(g16.data(), d16.data(), dout.data(), qkv.data(), Input{nullptr, out16.data()}, lse.data(), k.B,
+                                         k.T, k.NH, k.hs);
+            differ += vectors_differ(d32, d16) + vectors_differ(g32, g16);
+            compared += n_l + n_qkv;
+        }
+    });
+    check(differ == 0, "attention_fused_backward with out in bf16 storage gives the bits of the same values in fp32 words: %ld of %ld "
+          "values of D and dqkv differ (4 shapes, head sizes 16 to 128, 1 and 3 threads)", differ, compared);
+}
+
 // The bf16 GEMM of one ragged shape (333 x 130 x 301, B a transpose) on a rank thread with `threads`
 // workers, on the path bf16_path names: what the checks of its bits across thread counts compare
 static std::vector<float> bf16_gemm_on_threads(int threads) {
@@ -686,6 +723,7 @@ static void test_bf16() {
     test_bf16_grad_ops();
     test_bf16_logits_ops();
     test_bf16_elementwise_ops();
+    test_bf16_attention_out();
 }
 
 // TP_OPENBLAS=LIB ./test_tp bench-gemm: the fp32 GEMM against OpenBLAS's sgemm from the shared library LIB
@@ -933,13 +971,6 @@ static void test_bf16_checkpoint() {
 
 // ----------------------------------------------------------------------------
 // --dtype bf16 training: bf16 weights (stochastically rounded from fp32 masters) and bf16 matmul operands
-
-// the elements of two vectors that differ in bits, and 1 more if their lengths do
-static long vectors_differ(const std::vector<float>& x, const std::vector<float>& y) {
-    long n = x.size() == y.size() ? 0 : 1;
-    for (size_t i = 0; i < x.size() && i < y.size(); i++) n += bf16_test_bits(x[i]) != bf16_test_bits(y[i]);
-    return n;
-}
 
 // the largest |difference| of two loss curves, NaN and a length mismatch count as infinite
 static double loss_gap(const std::vector<float>& a, const std::vector<float>& b) {

@@ -312,7 +312,7 @@ static void test_attention_fused(CudaCtx* cx) {
         auto qkv = rnd_vec(&r, n_qkv, -2, 2), dout = rnd_vec(&r, n_out);
         std::vector<float> out_c(n_out), lse_c(n_l), dsum_c(n_l), dqkv_c(n_qkv);
         attention_fused_forward_cpu(out_c.data(), lse_c.data(), qkv.data(), k.B, k.T, k.NH, k.hs);
-        attention_fused_backward_cpu(dqkv_c.data(), dsum_c.data(), dout.data(), qkv.data(), out_c.data(), lse_c.data(), k.B, k.T,
+        attention_fused_backward_cpu(dqkv_c.data(), dsum_c.data(), dout.data(), qkv.data(), Input{out_c.data(), nullptr}, lse_c.data(), k.B, k.T,
                                      k.NH, k.hs);
         DevBuf dq = dev_up(cx, qkv), dd = dev_up(cx, dout), co = dev_up(cx, out_c), cl = dev_up(cx, lse_c);
         DevBuf go = dev_up(cx, std::vector<float>(n_out, 7.0f)), gl = dev_up(cx, std::vector<float>(n_l, 7.0f));
@@ -322,16 +322,32 @@ static void test_attention_fused(CudaCtx* cx) {
         expect_close("attention_fused out", s, out_g, out_c, bound);
         expect_close("attention_fused lse", s, lse_g, lse_c, bound);
         // the backward from the CPU's out and lse, so it is compared alone
-        attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, co.p, cl.p, k.B, k.T, k.NH, k.hs);
+        attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
         auto dqkv_g = dev_down(cx, gg.p, n_qkv);
         expect_close("attention_fused dqkv", s, dqkv_g, dqkv_c, bound);
         expect_close("attention_fused D", s, dev_down(cx, gs.p, n_l), dsum_c, SUM_BOUND);
         // deterministic: the same bits again
         attention_fused_forward_cuda(cx, go.p, gl.p, dq.p, k.B, k.T, k.NH, k.hs);
-        attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, co.p, cl.p, k.B, k.T, k.NH, k.hs);
+        attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
         long diff = count_diff(dev_down(cx, go.p, n_out), out_g) + count_diff(dev_down(cx, gl.p, n_l), lse_g) +
                     count_diff(dev_down(cx, gg.p, n_qkv), dqkv_g);
         check_le(diff, 0, "%-22s %-44s a second run: floats differing (out, lse, dqkv)", "attention_fused", s);
+        if (k.T <= 256) {  // out in bf16 storage (a bf16 run's kept atty, for D): the bits of its values in fp32 words
+            std::vector<bf16> out16(n_out);
+            std::vector<float> out_r(n_out);
+            bf16_pack_cpu(out16.data(), out_c.data(), n_out);
+            bf16_widen_cpu(out_r.data(), out16.data(), n_out);
+            float* ch = cuda_alloc(cx, (n_out + 1) / 2);
+            cuda_upload(cx, ch, out16.data(), n_out * sizeof(bf16));
+            DevBuf cr = dev_up(cx, out_r);
+            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, Input{nullptr, (const bf16*)ch}, cl.p, k.B, k.T, k.NH, k.hs);
+            auto dqkv_h = dev_down(cx, gg.p, n_qkv), dsum_h = dev_down(cx, gs.p, n_l);
+            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, Input{cr.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
+            check_le(count_diff(dev_down(cx, gg.p, n_qkv), dqkv_h) + count_diff(dev_down(cx, gs.p, n_l), dsum_h), 0,
+                     "%-22s %-44s out in bf16 storage against its values in fp32 words: floats differing (dqkv, D)", "attention_fused", s);
+            cuda_free(cx, ch);
+            cuda_free(cx, cr.base);
+        }
         for (DevBuf* b : {&dq, &dd, &co, &cl, &go, &gl, &gs, &gg}) cuda_free(cx, b->base);
     }
 }
@@ -1206,10 +1222,10 @@ static void bench(CudaCtx* cx) {
     time("gelu_backward", [&] { gelu_backward_cuda(cx, h2, h, h2, N * 4 * C); }, 0);
     time("layernorm_backward", [&] { layernorm_backward_cuda(cx, x, dw, db, y, x, w, mean, rstd, (int)N, C); }, 0);
     time("attention_backward (matmul)", [&] { attention_backward_cuda(cx, dqkv, y, qkv, att, B, T, NH, hs); }, 8.0 * B * NH * T * T * hs);
-    time("attention_fused_backward", [&] { attention_fused_backward_cuda(cx, dqkv, dsum, y, qkv, x, lse, B, T, NH, hs); },
+    time("attention_fused_backward", [&] { attention_fused_backward_cuda(cx, dqkv, dsum, y, qkv, Input{x, nullptr}, lse, B, T, NH, hs); },
          8.0 * B * NH * T * T * hs);
     cuda_set_tf32(cx, false);
-    time("attention_fused_backward (fp32 cores)", [&] { attention_fused_backward_cuda(cx, dqkv, dsum, y, qkv, x, lse, B, T, NH, hs); },
+    time("attention_fused_backward (fp32 cores)", [&] { attention_fused_backward_cuda(cx, dqkv, dsum, y, qkv, Input{x, nullptr}, lse, B, T, NH, hs); },
          8.0 * B * NH * T * T * hs);
     cuda_set_tf32(cx, true);
     time("encoder_backward", [&] { encoder_backward_cuda(cx, wte, y, dtok, nullptr, 0, Vp, (int)N, C); }, 0);

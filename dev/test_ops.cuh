@@ -590,7 +590,7 @@ static void test_ops_attention_fused() {
         std::vector<float> out_f(nO, NAN), lse(nL, NAN), dsum(nL, NAN), dqkv_f(qkv.size(), NAN);
         std::vector<float> out_m(nO, NAN), att((long)B * NH * T * T), dqkv_m(qkv.size(), NAN);
         attention_fused_forward_cpu(out_f.data(), lse.data(), qkv.data(), B, T, NH, hs);
-        attention_fused_backward_cpu(dqkv_f.data(), dsum.data(), dout.data(), qkv.data(), out_f.data(), lse.data(), B, T, NH, hs);
+        attention_fused_backward_cpu(dqkv_f.data(), dsum.data(), dout.data(), qkv.data(), Input{out_f.data(), nullptr}, lse.data(), B, T, NH, hs);
         attention_forward_cpu(out_m.data(), att.data(), qkv.data(), B, T, NH, hs);
         attention_backward_cpu(dqkv_m.data(), dout.data(), qkv.data(), att.data(), B, T, NH, hs);
         // float64: lse, out and its scale, the gradients and their scales
@@ -683,7 +683,7 @@ static void test_ops_attention_fused() {
             cpu_pool_start(nt);
             float *o = res.data(), *l = o + (long)B * T * C, *g = l + (long)B * NH * T;
             attention_fused_forward_cpu(o, l, qkv.data(), B, T, NH, hs);
-            attention_fused_backward_cpu(g, dsum.data(), dout.data(), qkv.data(), o, l, B, T, NH, hs);
+            attention_fused_backward_cpu(g, dsum.data(), dout.data(), qkv.data(), Input{o, nullptr}, l, B, T, NH, hs);
         });
         th.join();
         return res;
@@ -1050,7 +1050,7 @@ static int bench_attention_cpu() {
                 attention_backward_cpu(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, NH, hs);
                 double t1 = comm_now();
                 attention_fused_forward_cpu(out.data(), lse.data(), qkv.data(), B, T, NH, hs);
-                attention_fused_backward_cpu(dqkv.data(), dsum.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, hs);
+                attention_fused_backward_cpu(dqkv.data(), dsum.data(), dout.data(), qkv.data(), Input{out.data(), nullptr}, lse.data(), B, T, NH, hs);
                 double t2 = comm_now();
                 if (round) { tm.push_back(1e3 * (t1 - t0)); tf.push_back(1e3 * (t2 - t1)); }
             }

@@ -404,7 +404,7 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
                 OP(&rk, matmul_backward, x->dfch, GRAD(&m, fcprojw, 0), GRAD(&m, fcprojb, 0), x->partial, x->dfch, WEIGHT(&m, fcprojw, 0), BT, C4l, C);
                 OP(&rk, matmul_backward, x->dln, GRAD(&m, fcw, 0), GRAD(&m, fcb, 0), x->dfch, in, WEIGHT(&m, fcw, 0), BT, C, C4l);
                 OP(&rk, matmul_backward, x->datty, GRAD(&m, attprojw, 0), GRAD(&m, attprojb, 0), x->partial, la.atty, WEIGHT(&m, attprojw, 0), BT, Cl, C);
-                if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, la.qkv, la.atty, la.lse, B, T, NHl, hs);
+                if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, la.qkv, Input{la.atty, nullptr}, la.lse, B, T, NHl, hs);
                 else OP(&rk, attention_backward, x->dqkv, x->datty, la.qkv, la.att, B, T, NHl, hs);
                 OP(&rk, matmul_backward, x->dln, GRAD(&m, qkvw, 0), GRAD(&m, qkvb, 0), x->dqkv, in, WEIGHT(&m, qkvw, 0), BT, C, 3 * Cl);
                 plan_sync(&rk);
