@@ -408,8 +408,9 @@ struct Acts {
     // attention's fp32 outputs are packed into it (gelu_forward_bf16, keep_input). The fp32 buffers above are
     // then ones every layer reuses (atty), or none (ln1, ln2 without SP; fch, fch_gelu without -r 1). The
     // matmuls read the kept copies where they lie, the forward's and the weight gradients' (kept_input); so
-    // do the GELU's backward (fch) and fused attention's (atty, for D). SP's gathers read ln1 and ln2 in
-    // fp32 words: rounded in place in the forward, widened back in the backward (bf16_widen).
+    // do the GELU's backward (fch) and fused attention's (atty, for D), and SP's gathers of ln1 and ln2
+    // (all_tokens_input). Where those move fp32 words (an odd C), ln1 and ln2 are rounded in place in the
+    // forward and widened back in the backward (bf16_widen).
     float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // per layer: (N, C), (N, C), (B, T, Cl), (B, T, 4 Cl) bf16
     float* fch_kept;                                     // per layer: (B, T, 4 Cl) bf16
 };
@@ -447,10 +448,11 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
     const bool logits_bf16 = bf16;  // (the logits are bf16 storage in every bf16 run: the hook leaves them)
     bf16 = bf16 && !g_bf16_in_fp32;
     // Where the layernorms and the GELU write their bf16 output straight into the kept copy (layernorm_input,
-    // gelu_input) no fp32 copy of it is made: ln1 and ln2 then need one only for SP's all-gathers, which move
-    // fp32 words, and fch_gelu only for -r 1's recomputation; and fc's fp32 sums go to dfch's buffer
-    bool ln_kept = bf16 && recompute < 2, gelu_kept = bf16 && recompute < 1;
-    int ln = recompute >= 2 ? ACT_REUSED : ln_kept ? (split ? ACT_REUSED : ACT_UNUSED) : LAYER;
+    // gelu_input) no fp32 copy of it is made: ln1 and ln2 then need one only for SP's all-gathers where they
+    // move fp32 words (an odd C; where they move bf16, the wire, the matmuls read that: all_tokens_input),
+    // and fch_gelu only for -r 1's recomputation; and fc's fp32 sums go to dfch's buffer
+    bool ln_kept = bf16 && recompute < 2, gelu_kept = bf16 && recompute < 1, wire = split && bf16 && C % 2 == 0;
+    int ln = recompute >= 2 ? ACT_REUSED : ln_kept ? (split && !wire ? ACT_REUSED : ACT_UNUSED) : LAYER;
     int gelu = recompute >= 1 ? ACT_REUSED : gelu_kept ? ACT_UNUSED : LAYER;
     int att = fused ? ACT_UNUSED : recompute >= 3 ? ACT_REUSED : LAYER;
     long rows = B * s->NHl * (long)T;  // one float per (b, local head, t): the log-sum-exp, and D
@@ -472,7 +474,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {BT, ONCE}, {2 * BT, ONCE}, {BT, ONCE},                                 // ce_max, ce_sums, losses
         {BT * C, ONCE},                                                         // partial
         {BT * C, split ? ONCE : ACT_UNUSED},                                    // gathered
-        {(BT * C + 1) / 2, split && bf16 && C % 2 == 0 ? ONCE : ACT_UNUSED},    // wire (sp_wire_bf16)
+        {(BT * C + 1) / 2, wire ? ONCE : ACT_UNUSED},                           // wire (sp_wire_bf16)
         {N * C, ONCE}, {BT * C, ONCE}, {BT * s->Cl, ONCE}, {BT * 3 * s->Cl, ONCE}, {BT * s->C4l, ONCE},  // dres, dln, datty, dqkv, dfch
         {rows, fused ? ONCE : ACT_UNUSED},                                      // attd
         {half(N * C), ln_kept ? LAYER : ACT_UNUSED}, {half(N * C), ln_kept ? LAYER : ACT_UNUSED},  // ln1_kept, ln2_kept
@@ -834,15 +836,17 @@ static Input kept_input(bool kept, const float* x, float* kept_buf) {
     return kept ? Input{nullptr, as_bf16(kept_buf)} : Input{x, nullptr};
 }
 
-// A layer's layernorm in the forward, (N, C) from the residual stream inp, as the matmul after it takes it.
-// A bf16 run that keeps the output in bf16 (kept: the layer's copy, else NULL) writes it there straight,
-// each value rounded to nearest as it is stored: keep_input's bits, with no fp32 copy (acts_layout makes
-// none). Under SP the rank's rows go to every rank as fp32 words first (all_tokens), so there, and in an
+// A layer's layernorm in the forward, (N, C) from the residual stream inp, as the matmul after it takes it
+// (with SP the rank's rows, which all_tokens_input gathers). A bf16 run that keeps the output in bf16
+// (kept: the layer's copy, else NULL) writes it there straight, each value rounded to nearest as it is
+// stored: keep_input's bits, with no fp32 copy (acts_layout makes none); under SP its gather then moves
+// that bf16. Where SP's gather moves fp32 words instead (an odd C; the fp32-words test hook), and in an
 // fp32 run, the layernorm writes out (fp32) and keep_input rounds and keeps that.
+static bool sp_wire_bf16(const GPTConfig* c, bool bf16);
 static Input layernorm_input(GPT* m, Rank* rk, float* out, float* kept, bool keep, float* mean, float* rstd,
                              const float* inp, const float* w, const float* b) {
     int N = m->ntok, C = m->cfg.C;
-    if (m->bf16 && kept && !m->split) {
+    if (m->bf16 && kept && (!m->split || sp_wire_bf16(&m->cfg, m->bf16))) {
         OP(rk, layernorm_forward, as_bf16(kept), mean, rstd, inp, w, b, N, C);
         return {nullptr, as_bf16(kept)};
     }
@@ -1056,34 +1060,51 @@ static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16 && c->C % 
 
 // out (B, T, C) <- every rank's rows x (N, C), rank 0's first: SP's all-gather (the f operator's forward,
 // the g operator's backward). out may be x's own place in out (x = out + t0*C).
-// kept: x holds bf16 values, rounded by keep_bf16 before the gather (a layernorm output in a --dtype bf16
-// run). Those move as bf16: the same values, exactly, in half the bytes. The rank packs its rows into its
-// place in acts.wire, the all-gather fills in the other ranks' rows (gather_wire), and every row is widened
-// back into out. (The row-parallel partial sums stay fp32 on the wire: the README's bf16 section measures
-// what bf16 partial sums would cost. So does the embedding's gradient, which is the fp32 residual-stream
-// gradient.)
-static bf16* gather_wire(GPT* m, Rank* rk, const float* x, const char* where, int l) {
+// kept: x holds bf16 values, rounded by keep_bf16 before the gather (lnf in a --dtype bf16 run). Those
+// move as bf16: the same values, exactly, in half the bytes. The rank puts its rows into its place in
+// acts.wire, the all-gather fills in the other ranks' rows (gather_wire: x fp32 words, rounded to nearest
+// as they are packed, or bf16 storage, copied; n = N*C is even), and every row is widened back into out.
+// (The matmuls that take a gathered layernorm output or output gradient read the wire itself:
+// all_tokens_input, residual_grad_input. The row-parallel partial sums stay fp32 on the wire: the README's
+// bf16 section measures what bf16 partial sums would cost. So does the embedding's gradient, which is the
+// fp32 residual-stream gradient.)
+static bf16* gather_wire(GPT* m, Rank* rk, Input x, const char* where, int l) {
     long n = (long)m->ntok * m->cfg.C;
     bf16* wire = as_bf16(m->acts.wire);
-    OP(rk, bf16_pack, wire + (long)rk->rank * n, x, n);  // rounded to nearest as it is packed
+    if (x.h) dev_copy(rk, (float*)(void*)(wire + (long)rk->rank * n), (const float*)(const void*)x.h, n / 2);
+    else OP(rk, bf16_pack, wire + (long)rk->rank * n, x.f, n);
     comm_allgather_bf16(&rk->tp, wire, wire + (long)rk->rank * n, n, where, l);
     return wire;
 }
 static void gather_tokens(GPT* m, Rank* rk, float* out, const float* x, bool kept, const char* where, int l) {
     long n = (long)m->ntok * m->cfg.C;
     if (kept && sp_wire_bf16(&m->cfg, m->bf16)) {
-        OP(rk, bf16_widen, out, gather_wire(m, rk, x, where, l), (long)rk->P * n);
+        OP(rk, bf16_widen, out, gather_wire(m, rk, Input{x, nullptr}, where, l), (long)rk->P * n);
         return;
     }
     comm_allgather(&rk->tp, out, x, n, where, l);
 }
 
 // Every token's rows, (B, T, C), from this rank's rows x (N, C). With SP an all-gather into
-// acts.gathered; without SP x already holds every token and is returned as it is. kept: as gather_tokens.
-static float* all_tokens(GPT* m, Rank* rk, float* x, bool kept, const char* where, int l) {
+// acts.gathered, in fp32 words; without SP x already holds every token and is returned as it is.
+static float* all_tokens(GPT* m, Rank* rk, float* x, const char* where, int l) {
     if (!m->split) return x;
-    gather_tokens(m, rk, m->acts.gathered, x, kept, where, l);
+    gather_tokens(m, rk, m->acts.gathered, x, false, where, l);
     return m->acts.gathered;
+}
+
+// A layernorm output x, the rank's rows (N, C) as layernorm_input or the backward's kept_input gives them,
+// as the column-parallel matmul after it takes it: every token's rows, with SP all-gathered (f's
+// forward; in the backward for the weight gradient, SP's first extra cost). A bf16 run whose gathers move
+// bf16 hands the matmul the bf16 the gather filled (the wire), read where it lies, with no fp32 copy
+// widened from it and none packed again; else fp32 words (x rounded, or a kept bf16 copy widened into
+// words first) gathered into acts.gathered.
+static Input all_tokens_input(GPT* m, Rank* rk, Input x, float* words, const char* where, int l) {
+    if (!m->split) return x;
+    if (sp_wire_bf16(&m->cfg, m->bf16)) return {nullptr, gather_wire(m, rk, x, where, l)};
+    if (x.h) OP(rk, bf16_widen, words, x.h, (long)m->ntok * m->cfg.C);
+    gather_tokens(m, rk, m->acts.gathered, x.h ? words : x.f, false, where, l);
+    return {m->acts.gathered, nullptr};
 }
 
 // The residual-stream gradient dres (N, C) as the output gradient of the row-parallel matmul that made
@@ -1093,8 +1114,8 @@ static float* all_tokens(GPT* m, Rank* rk, float* x, bool kept, const char* wher
 // matmul's backward calls read where it lies: under SP the wire the all-gather fills (bf16 on the wire,
 // half the bytes), else dln's buffer, free until fc's or qkv's input gradient after this matmul.
 static Input residual_grad_input(GPT* m, Rank* rk, float* dres, const char* where, int l) {
-    if (m->split && sp_wire_bf16(&m->cfg, m->bf16)) return {nullptr, gather_wire(m, rk, dres, where, l)};
-    float* dout = all_tokens(m, rk, dres, false, where, l);
+    if (m->split && sp_wire_bf16(&m->cfg, m->bf16)) return {nullptr, gather_wire(m, rk, Input{dres, nullptr}, where, l)};
+    float* dout = all_tokens(m, rk, dres, where, l);
     return grad_input(m, rk, dout, m->acts.dln, (long)m->B * m->T * m->cfg.C);
 }
 
@@ -1208,7 +1229,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
                                    la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C);
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
-    if (m->split) ln1_in = Input{all_tokens(m, rk, la.ln1, true, "ln1 fwd", lg), nullptr};
+    ln1_in = all_tokens_input(m, rk, ln1_in, la.ln1, "ln1 fwd", lg);
     OP(rk, matmul_forward, la.qkv, ln1_in, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
     // heads are independent, so attention needs nothing from the other ranks; nor does the cache,
     // which holds this rank's heads only
@@ -1228,7 +1249,7 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
     // fcproj is row-parallel over the same units: again a partial sum, again g.
     Input ln2_in = layernorm_input(m, rk, la.ln2, ACT_USED(m, ln2_kept) ? la.ln2_kept : nullptr, keep, la.ln2_mean,
                                    la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C);
-    if (m->split) ln2_in = Input{all_tokens(m, rk, la.ln2, true, "ln2 fwd", lg), nullptr};
+    ln2_in = all_tokens_input(m, rk, ln2_in, la.ln2, "ln2 fwd", lg);
     float* fch = fc_sums(m, &la);
     OP(rk, matmul_forward, fch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), p->fcb + l * C4l, BT, C, C4l);
     Input gelu_in = gelu_input(m, rk, &la, fch, keep);
@@ -1488,11 +1509,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 2) {  // -r 2: not kept
             OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
             keep_bf16(m, rk, la.ln2, (long)N * C);
-        } else if (ACT_USED(m, ln2_kept) && m->split) {  // SP all-gathers it from fp32 words (all_tokens)
-            OP(rk, bf16_widen, la.ln2, as_bf16(la.ln2_kept), (long)N * C);
         }
-        float* ln2_all = all_tokens(m, rk, la.ln2, true, "ln2 bwd", lg);
-        Input ln2_in = kept_input(ACT_USED(m, ln2_kept) && !m->split, ln2_all, la.ln2_kept);
+        Input ln2_in = all_tokens_input(m, rk, kept_input(ACT_USED(m, ln2_kept), la.ln2, la.ln2_kept), la.ln2, "ln2 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, dfch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);
         float* dln2 = my_tokens_summed_start(m, rk, a->dln, "fc bwd", lg);
         OP(rk, matmul_backward, nullptr, GRAD(m, fcw, (long)l * C4l * C), GRAD(m, fcb, l * C4l), dfch, ln2_in,
@@ -1518,11 +1536,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
         if (m->recompute >= 2) {
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
             keep_bf16(m, rk, la.ln1, (long)N * C);
-        } else if (ACT_USED(m, ln1_kept) && m->split) {
-            OP(rk, bf16_widen, la.ln1, as_bf16(la.ln1_kept), (long)N * C);
         }
-        float* ln1_all = all_tokens(m, rk, la.ln1, true, "ln1 bwd", lg);
-        Input ln1_in = kept_input(ACT_USED(m, ln1_kept) && !m->split, ln1_all, la.ln1_kept);
+        Input ln1_in = all_tokens_input(m, rk, kept_input(ACT_USED(m, ln1_kept), la.ln1, la.ln1_kept), la.ln1, "ln1 bwd", lg);
         OP(rk, matmul_backward, a->dln, nullptr, nullptr, dqkv, ln1_in, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);
         float* dln1 = my_tokens_summed_start(m, rk, a->dln, "qkv bwd", lg);
         OP(rk, matmul_backward, nullptr, GRAD(m, qkvw, (long)l * 3 * Cl * C), GRAD(m, qkvb, l * 3 * Cl), dqkv, ln1_in,
@@ -1537,7 +1552,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
     // (SP: all-gathered) and scatters it into the wte rows it owns; wpe gets the rows of this rank's
     // tokens (all of them without SP: the same sum on every rank).
     OP(rk, position_backward, GRAD(m, wpe, 0), a->dres, N, m->t0, T, C);
-    float* demb = all_tokens(m, rk, a->dres, false, "embedding bwd", -1);
+    float* demb = all_tokens(m, rk, a->dres, "embedding bwd", -1);
     OP(rk, encoder_backward, GRAD(m, wte, 0), demb, m->tokens, m->bf16 ? m->tokens + BT : nullptr, s->v0, Vl, BT, C);
     // (with SP the layernorms' and wpe's gradients are still partial sums over the ranks' tokens here:
     // gpt_update all-reduces them once per step, after every micro-step's backward has added its part)

@@ -468,14 +468,15 @@ static void test_recompute() {
 }
 
 // The activation memory: what acts_layout allocates against the closed-form formula the memory table
-// prints, for every combination of P, --sp, -r and --attention on two shapes.
+// prints, for every combination of P, --sp, -r and --attention on three shapes.
 static void test_acts_table() {
     printf("activation memory: acts_layout against the closed-form formula\n");
     long worst = 0, cases = 0;
-    for (int shape = 0; shape < 2; shape++) {
-        GPTConfig c = shape == 0 ? make_config(3, 4, 32, 200, 64) : make_config(2, 12, 96, 300, 64);
-        int B = shape == 0 ? 3 : 2, T = shape == 0 ? 16 : 36;
-        for (int P : {1, 2, 4, 6})
+    for (int shape = 0; shape < 3; shape++) {  // (the third: an odd C, whose SP gathers move fp32 words)
+        GPTConfig c = shape == 0 ? make_config(3, 4, 32, 200, 64) : shape == 1 ? make_config(2, 12, 96, 300, 64)
+                                                                              : make_config(2, 3, 75, 200, 64);
+        int B = shape == 1 ? 2 : 3, T = shape == 1 ? 36 : 16;
+        for (int P : {1, 2, 3, 4, 6})
             for (int sp = 0; sp < 2; sp++)
                 for (int r = 0; r <= 3; r++)
                   for (int fused = 0; fused < 2; fused++)
@@ -492,12 +493,13 @@ static void test_acts_table() {
                     // bf16: ln1, ln2 (unless -r 2), atty, fch and fch_gelu (unless -r 1) kept in bf16, each
                     // layer's in whole 16-byte units, and one fp32 copy of each that the layers share, except
                     // the GELU's output (written as bf16 alone), fch (fc's sums go to dfch) without -r 1, and
-                    // the layernorms' without SP (written as bf16 alone); SP's bf16 gather buffer; the logits
+                    // the layernorms' without SP or where SP's gathers move bf16 (written as bf16 alone, gathered
+                    // as it is); SP's bf16 gather buffer; the logits
                     auto half = [](long n) { return (n + 7) / 8 * 4; };
                     long shared = 0;
                     if (bf16) {
                         long HTl = BT * (C / P);
-                        if (r < 2) per_layer += 2 * (half(N * C) - N * C), shared += split ? 2 * N * C : 0;
+                        if (r < 2) per_layer += 2 * (half(N * C) - N * C), shared += split && C % 2 ? 2 * N * C : 0;
                         per_layer += half(HTl) - HTl, shared += HTl;
                         per_layer += half(4 * HTl) - 4 * HTl, shared += r < 1 ? 0 : 4 * HTl;
                         if (r < 1) per_layer += half(4 * HTl) - 4 * HTl;

@@ -1429,14 +1429,14 @@ static void gpu_training_tests(int ndev) {
         check_le(worst_loss(sp16, gpu16), 1e-3, "GPU bf16 TP=2 SP vs GPU bf16 TP=1: losses over %d steps, worst rel err", steps);
         // the scratch the matmuls pack their fp32-word operands into, against what the memory check counts for
         // it (gpu_bf16_pack_bytes): the same to its padding (each operand from a 16-byte boundary, the
-        // allocation in 256-byte units), at TP 1 and 2, with SP (ln1 and ln2 gathered in fp32 words, packed)
-        // and with -r 1 (the GELU's output recomputed, packed)
+        // allocation in 256-byte units), at TP 1 and 2, with SP (ln1 and ln2 gathered as bf16, read where they
+        // lie; lnf packed) and with -r 1 (the GELU's output recomputed, packed)
         TpResult r16;
         run_tp(&cfg, init, 2, 2, data, B, T, 1e-3f, 1.0f, &r16, false, 1, true, true);
-        struct { const TpResult* res; int P; bool sp; int r; const char* what; } packs[] = {
-            {&gpu16, 1, false, 0, "TP=1"}, {&tp16, 2, false, 0, "TP=2"}, {&sp16, 2, true, 0, "TP=2 SP"}, {&r16, 2, false, 1, "TP=2 -r 1"}};
+        struct { const TpResult* res; int P; int r; const char* what; } packs[] = {
+            {&gpu16, 1, 0, "TP=1"}, {&tp16, 2, 0, "TP=2"}, {&sp16, 2, 0, "TP=2 SP"}, {&r16, 2, 1, "TP=2 -r 1"}};
         for (auto& k : packs) {
-            double want = gpu_bf16_pack_bytes(&cfg, k.P, B, T, sp_splits(k.sp, k.P, B, T), k.r);
+            double want = gpu_bf16_pack_bytes(&cfg, k.P, B, T, k.r);
             check_le(fabs((double)k.res->packed_bytes - want), 512, "GPU bf16 %s: the packed operands' scratch, %zu bytes, against "
                      "the memory check's %.0f: difference", k.what, k.res->packed_bytes, want);
         }

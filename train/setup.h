@@ -129,13 +129,14 @@ static double host_free_bytes() {
 // A bf16 run on a GPU packs the matmul operands it holds in fp32 words into a scratch of the rank
 // (kernels.cuh, pack_operands_bf16): the largest matmul's input, 2 bytes an element (and 8 of padding
 // each of three). Already bf16 storage, so not packed: the weights' copy, the LM head's dlogits, every
-// output gradient of the backward (gpt.cu's grad_input and residual_grad_input), and the inputs a layer
-// keeps in bf16 (atty always; ln1 and ln2 unless SP gathers them in fp32 words or -r 2 recomputes them;
-// the GELU's output unless -r 1 does). What is packed: lnf and those inputs.
-static double gpu_bf16_pack_bytes(const GPTConfig* c, int P, int B, int T, bool sp, int recompute) {
+// output gradient of the backward (gpt.cu's grad_input and residual_grad_input), the inputs a layer keeps
+// in bf16 (atty always; ln1 and ln2 unless -r 2 recomputes them; the GELU's output unless -r 1 does), and
+// under SP with an even C the gathered layernorm outputs (the wire, all_tokens_input). What is packed:
+// lnf (B*T*C), ln1 and ln2 where -r 2 recomputes them or SP gathers fp32 words (B*T*C each, so no more),
+// and fcproj's input where -r 1 recomputes it (B*T*4C/P).
+static double gpu_bf16_pack_bytes(const GPTConfig* c, int P, int B, int T, int recompute) {
     double BT = (double)B * T, C = c->C;
-    double ln = sp || recompute >= 2 ? C : 0, gelu = recompute >= 1 ? 4 * C / P : 0;
-    double most = BT * std::max(std::max(ln, gelu), C);  // qkv's and fc's ln, fcproj's GELU output, the head's lnf
+    double most = BT * std::max(C, recompute >= 1 ? 4 * C / P : 0.0);
     return 2.0 * (most + 24);
 }
 
@@ -182,7 +183,7 @@ static bool memory_fits(const Run* run, int P, int D, std::string* why) {
     const Args* a = &run->args;
     int B = run->sample_only ? 1 : a->B;
     MemoryEstimate e = memory_estimate(run, P, D);
-    double packed = a->dtype == DTYPE_BF16 ? gpu_bf16_pack_bytes(&run->cfg, P, B, a->T, sp_splits(a->sp, P, B, a->T), a->recompute) : 0;  // (on a GPU)
+    double packed = a->dtype == DTYPE_BF16 ? gpu_bf16_pack_bytes(&run->cfg, P, B, a->T, a->recompute) : 0;  // (on a GPU)
     P *= D * run->Sl;  // the ranks of this process
     double rank = e.rank, ma = e.acts, host = e.host;
     const char* lower = "lower -b or -t (the activations grow with B x T)";
