@@ -381,7 +381,8 @@ static long params_vector_floats(const ShardPlan* s) {
 struct Acts {
     float* encoded;                    // (N, C) embedding output, the first layer's residual input
     float *ln1, *ln1_mean, *ln1_rstd;  // per layer: (N, C), (N), (N)
-    float* qkv;                        // per layer: (B, T, 3 Cl) q, k, v of the local heads
+    float* qkv;                        // per layer: (B, T, 3 Cl) q, k, v of the local heads (a bf16 run's
+                                       // fused attention: in bf16, qkv_kept)
     float* atty;                       // per layer: (B, T, Cl) attention output of the local heads
     float* att;                        // per layer: (B, NHl, T, T) attention probabilities (matmul attention)
     float* lse;                        // per layer: (B, NHl, T) log-sum-exp of each score row (fused attention)
@@ -413,6 +414,10 @@ struct Acts {
     // forward and widened back in the backward (bf16_widen).
     float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept;  // per layer: (N, C), (N, C), (B, T, Cl), (B, T, 4 Cl) bf16
     float* fch_kept;                                     // per layer: (B, T, 4 Cl) bf16
+    // --dtype bf16 with fused attention: q, k and v in bf16 storage (qkv_input), which attention reads where
+    // they lie in the forward and the backward; there is then no fp32 qkv (qkv's matmul writes its fp32 sums
+    // into dqkv's buffer, unused until the backward, and they are rounded from there)
+    float* qkv_kept;                                     // per layer: (B, T, 3 Cl) bf16
 };
 #define NUM_ACTS ((int)(sizeof(Acts) / sizeof(float*)))
 
@@ -443,8 +448,8 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
                         bool bf16, ActsLayout* lay) {
     long C = c->C, BT = (long)B * T, N = split ? BT / s->P : BT;
     const int LAYER = ACT_PER_LAYER, ONCE = ACT_ONCE;
-    // bf16 keeps ln1, ln2 and fch_gelu in bf16 (the *_kept buffers) unless -r recomputes them, and atty and
-    // fch always.
+    // bf16 keeps ln1, ln2 and fch_gelu in bf16 (the *_kept buffers) unless -r recomputes them, atty and fch
+    // always, and with fused attention q, k and v.
     const bool logits_bf16 = bf16;  // (the logits are bf16 storage in every bf16 run: the hook leaves them)
     bf16 = bf16 && !g_bf16_in_fp32;
     // Where the layernorms and the GELU write their bf16 output straight into the kept copy (layernorm_input,
@@ -460,7 +465,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
     struct { long size; int kind; } t[] = {
         {N * C, ONCE},                                                          // encoded
         {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln1, ln1_mean, ln1_rstd
-        {BT * 3 * s->Cl, LAYER},                                                // qkv
+        {BT * 3 * s->Cl, bf16 && fused ? ACT_UNUSED : LAYER},                   // qkv (bf16 and fused: qkv_kept)
         {BT * s->Cl, bf16 ? ACT_REUSED : LAYER},                                // atty
         {B * s->NHl * (long)T * T, att},                                        // att
         {rows, fused ? LAYER : ACT_UNUSED},                                     // lse
@@ -481,6 +486,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
         {half(BT * s->Cl), bf16 ? LAYER : ACT_UNUSED},                          // atty_kept
         {half(BT * s->C4l), gelu_kept ? LAYER : ACT_UNUSED},                    // gelu_kept
         {half(BT * s->C4l), bf16 ? LAYER : ACT_UNUSED},                         // fch_kept
+        {half(BT * 3 * s->Cl), bf16 && fused ? LAYER : ACT_UNUSED},             // qkv_kept
     };
     static_assert(sizeof(t) / sizeof(t[0]) == NUM_ACTS, "Acts and acts_layout disagree");
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -519,7 +525,7 @@ struct LayerActs {
     float* residual;  // (N, C) the layer's input: encoded for layer 0, else the previous layer's residual3
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *lse, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
-    float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept, *fch_kept;  // (bf16 storage; see Acts)
+    float *ln1_kept, *ln2_kept, *atty_kept, *gelu_kept, *fch_kept, *qkv_kept;  // (bf16 storage; see Acts)
 };
 
 // one micro-batch's activations, kept from its forward to its backward (pipeline parallelism: gpt_select_slot)
@@ -620,6 +626,7 @@ static LayerActs layer_acts(const GPT* m, int l) {
     la.atty_kept = LAYER_BUF(m, atty_kept, l);
     la.gelu_kept = LAYER_BUF(m, gelu_kept, l);
     la.fch_kept = LAYER_BUF(m, fch_kept, l);
+    la.qkv_kept = LAYER_BUF(m, qkv_kept, l);
     return la;
 }
 
@@ -873,6 +880,24 @@ static Input gelu_input(GPT* m, Rank* rk, LayerActs* la, float* fch, bool keep) 
     if (keep && ACT_USED(m, fch_kept)) OP(rk, bf16_pack, as_bf16(la->fch_kept), fch, n);
     OP(rk, gelu_forward, la->fch_gelu, fch, n);
     return keep_input(m, rk, la->fch_gelu, keep && ACT_USED(m, gelu_kept) ? la->gelu_kept : nullptr, n, false);
+}
+
+// q, k and v as attention takes them, from qkv's fp32 sums (B*T*3Cl, written where qkv_sums says). An fp32
+// run, and matmul attention: the sums as they are. A bf16 run's fused attention multiplies q, k and v in
+// bf16, as the matmuls multiply their operands (a GPU's TF32 tensor cores hold a bf16 value exactly): each
+// rounded to nearest into the layer's bf16 copy (qkv_kept), which the forward and the backward read where it
+// lies, half the bytes of fp32 q, k and v and no fp32 copy kept; or rounded in place where fp32 words must
+// stay (words: the KV cache's writes and decode read fp32; the fp32-words test hook keeps no bf16 copy).
+static float* qkv_sums(GPT* m, LayerActs* la) { return ACT_USED(m, qkv_kept) ? m->acts.dqkv : la->qkv; }
+static Input qkv_input(GPT* m, Rank* rk, LayerActs* la, float* qkv, bool words) {
+    long n = (long)m->B * m->T * 3 * m->plan.Cl;
+    if (!m->bf16 || !m->fused) return {qkv, nullptr};
+    if (words || !ACT_USED(m, qkv_kept)) {
+        keep_bf16(m, rk, qkv, n);
+        return {qkv, nullptr};
+    }
+    OP(rk, bf16_pack, as_bf16(la->qkv_kept), qkv, n);
+    return {nullptr, as_bf16(la->qkv_kept)};
 }
 
 // The LM head's logits (and dlogits) in this allocation's storage (Logits, kernels_cpu.h). A bf16 run
@@ -1230,13 +1255,15 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
     ln1_in = all_tokens_input(m, rk, ln1_in, la.ln1, "ln1 fwd", lg);
-    OP(rk, matmul_forward, la.qkv, ln1_in, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
+    float* qkv = qkv_sums(m, &la);
+    OP(rk, matmul_forward, qkv, ln1_in, WEIGHT(m, qkvw, (long)l * 3 * Cl * C), p->qkvb + l * 3 * Cl, BT, C, 3 * Cl);
+    Input qkv_in = qkv_input(m, rk, &la, qkv, kv != nullptr);
     // heads are independent, so attention needs nothing from the other ranks; nor does the cache,
     // which holds this rank's heads only
-    if (kv) OP(rk, kv_write, kv->k + l * kv->lstride, kv->v + l * kv->lstride, la.qkv, kv->pos, B, T, NHl, kv->Tmax, hs);
-    if (decode) OP(rk, attention_decode, la.atty, la.qkv, kv->k + l * kv->lstride, kv->v + l * kv->lstride, kv->pos, B, NHl, kv->Tmax, hs);
-    else if (m->fused) OP(rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);  // keeps out and lse
-    else OP(rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);  // keeps the (T, T) probabilities
+    if (kv) OP(rk, kv_write, kv->k + l * kv->lstride, kv->v + l * kv->lstride, qkv, kv->pos, B, T, NHl, kv->Tmax, hs);
+    if (decode) OP(rk, attention_decode, la.atty, qkv, kv->k + l * kv->lstride, kv->v + l * kv->lstride, kv->pos, B, NHl, kv->Tmax, hs);
+    else if (m->fused) OP(rk, attention_fused_forward, la.atty, la.lse, qkv_in, B, T, NHl, hs);  // keeps out and lse
+    else OP(rk, attention_forward, la.atty, la.att, qkv, B, T, NHl, hs);  // keeps the (T, T) probabilities
     Input atty_in = keep_input(m, rk, la.atty, keep && ACT_USED(m, atty_kept) ? la.atty_kept : nullptr, (long)BT * Cl, false);
     // attproj is row-parallel: this rank holds the input columns of its heads, so its product is a
     // partial sum over heads. Megatron's g operator: all-reduce forward (identity backward) sums
@@ -1526,7 +1553,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
         OP(rk, matmul_backward, a->datty, GRAD(m, attprojw, (long)l * C * Cl), GRAD(m, attprojb, l * C), dout, atty,
            WEIGHT(m, attprojw, (long)l * C * Cl), BT, Cl, C);
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse (and atty for D)
-            OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, la.qkv, atty, la.lse, B, T, NHl, hs);
+            OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, kept_input(ACT_USED(m, qkv_kept), la.qkv, la.qkv_kept), atty,
+               la.lse, B, T, NHl, hs);
         } else {
             if (m->recompute >= 3) OP(rk, attention_probs, la.att, la.qkv, B, T, NHl, hs);  // -r 3: from q and k again
             OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);

@@ -1215,9 +1215,11 @@ static void attention_backward_cuda(CudaCtx* cx, float* dqkv, const float* dout,
 // row by one warp. Causal: a query tile visits key tiles 0..its own; a key tile visits query tiles from
 // its own on; only the diagonal tile is masked. The tile of the most work is launched first.
 //
-// Storage: q, k, v, out, dout go through att_ld / att_st, templated on the element type, so bf16 storage
-// (fp32 scores, softmax, lse and sums, as DESIGN.md section 13 asks) is an instantiation away; built now:
-// fp32, and out in bf16 storage for D (a bf16 run's kept atty).
+// Storage: q, k, v, out and dout are read through att_ld, templated on the element type (Tq: q, k and v),
+// so bf16 storage is an instantiation away (the scores, softmax, lse and sums stay fp32, as DESIGN.md
+// section 13 asks); built: fp32 everywhere, and a --dtype bf16 run's q, k and v (the layer keeps qkv in bf16
+// storage) and out (its kept atty, for D) in bf16, widened exactly as a tile is loaded into shared memory:
+// the bits of the same values in fp32 words.
 #define ATT_THREADS 256
 
 __device__ __forceinline__ float att_ld(const float* p) { return *p; }
@@ -1237,8 +1239,8 @@ __device__ void att_load_tile(float* sm, const Tm* src, long ld, int r0, int T, 
 
 // The backward's query tile i0 of head h of batch row b: q (from qkv) and dout into sq and sdo (row stride
 // HP, as att_load_tile), and the rows' lse and D into sl and sd (bh = b * NH + h; 0 past T)
-template <int DK, class Tm>
-__device__ void att_load_query_tile(float* sq, float* sdo, float* sl, float* sd, const Tm* qkv, const Tm* dout, const float* lse,
+template <int DK, class Tq>
+__device__ void att_load_query_tile(float* sq, float* sdo, float* sl, float* sd, const Tq* qkv, const float* dout, const float* lse,
                                     const float* dsum, int b, int h, int NH, int i0, int T, int hs, int HP = 16 * DK + 1) {
     const int C = NH * hs;
     att_load_tile<DK>(sq, qkv + (long)b * T * 3 * C + h * hs, 3L * C, i0, T, hs, HP);
@@ -1283,8 +1285,8 @@ __device__ __forceinline__ float att_row_sum(float v) {
 }
 
 // out (B, T, NH*hs), lse (B, NH, T) <- qkv (B, T, 3*NH*hs). Grid (B*NH, query tiles), the last tile first.
-template <int DK, class Tm>
-__global__ void __launch_bounds__(ATT_THREADS) attention_fused_forward_kernel(Tm* out, float* lse, const Tm* qkv, int T,
+template <int DK, class Tq>
+__global__ void __launch_bounds__(ATT_THREADS) attention_fused_forward_kernel(float* out, float* lse, const Tq* qkv, int T,
                                                                              int NH, int hs, float scale) {
     extern __shared__ float att_sm[];
     const int HP = 16 * DK + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -1292,7 +1294,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_forward_kernel(Tm
     const int C = NH * hs, i0 = qt * ATT_TILE;
     const long C3 = 3L * C;
     float *sq = att_sm, *sk = sq + ATT_TILE * HP, *sv = sk + ATT_TILE * HP, *sp = sv + ATT_TILE * HP;  // sp (64, 65)
-    const Tm* base = qkv + (long)b * T * C3 + h * hs;
+    const Tq* base = qkv + (long)b * T * C3 + h * hs;
     att_load_tile<DK>(sq, base, C3, i0, T, hs);
     float o[4][DK], m[4], l[4];
     #pragma unroll
@@ -1379,8 +1381,8 @@ __global__ void attention_fused_dsum_kernel(float* dsum, const Tm* dout, const T
 
 // dk, dv (in dqkv) <- key tile kt of (b, h), over the query tiles at or after it. Grid (B*NH, key tiles),
 // the first (the most query tiles) first. The tile is held transposed: entry (c, r) = key ty + 16i, query tx + 16j.
-template <int DK, class Tm>
-__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(Tm* dqkv, const Tm* dout, const Tm* qkv, const float* lse,
+template <int DK, class Tq>
+__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(float* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                                                           const float* dsum, int T, int NH, int hs, float scale) {
     extern __shared__ float att_sm[];
     const int HP = 16 * DK + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -1389,7 +1391,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(Tm* d
     const long C3 = 3L * C;
     float *sk = att_sm, *sv = sk + ATT_TILE * HP, *sq = sv + ATT_TILE * HP, *sdo = sq + ATT_TILE * HP;
     float *sp = sdo + ATT_TILE * HP, *sl = sp + ATT_TILE * 65, *sd = sl + ATT_TILE;
-    const Tm* base = qkv + (long)b * T * C3 + h * hs;
+    const Tq* base = qkv + (long)b * T * C3 + h * hs;
     att_load_tile<DK>(sk, base + C, C3, j0, T, hs);
     att_load_tile<DK>(sv, base + 2 * C, C3, j0, T, hs);
     float dk[4][DK], dv[4][DK];
@@ -1448,7 +1450,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(Tm* d
     for (int i = 0; i < 4; i++) {
         const int c = j0 + ty + 16 * i;
         if (c >= T) continue;
-        Tm* row = dqkv + ((long)b * T + c) * C3 + h * hs;
+        float* row = dqkv + ((long)b * T + c) * C3 + h * hs;
         #pragma unroll
         for (int k = 0; k < DK; k++) {
             const int d = tx + 16 * k;
@@ -1459,8 +1461,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(Tm* d
 
 // dq (in dqkv) <- query tile qt of (b, h), over the key tiles up to the diagonal. Grid (B*NH, query tiles),
 // the last first. Entry (r, c) = query ty + 16i, key tx + 16j.
-template <int DK, class Tm>
-__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqkv, const Tm* dout, const Tm* qkv, const float* lse,
+template <int DK, class Tq>
+__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(float* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                                                         const float* dsum, int T, int NH, int hs, float scale) {
     extern __shared__ float att_sm[];
     const int HP = 16 * DK + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -1469,7 +1471,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqk
     const long C3 = 3L * C;
     float *sq = att_sm, *sdo = sq + ATT_TILE * HP, *sk = sdo + ATT_TILE * HP, *sv = sk + ATT_TILE * HP;
     float *sp = sv + ATT_TILE * HP, *sl = sp + ATT_TILE * 65, *sd = sl + ATT_TILE;
-    const Tm* base = qkv + (long)b * T * C3 + h * hs;
+    const Tq* base = qkv + (long)b * T * C3 + h * hs;
     att_load_query_tile<DK>(sq, sdo, sl, sd, qkv, dout, lse, dsum, b, h, NH, i0, T, hs);
     float dq[4][DK];
     #pragma unroll
@@ -1510,7 +1512,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(Tm* dqk
     for (int i = 0; i < 4; i++) {
         const int r = i0 + ty + 16 * i;
         if (r >= T) continue;
-        Tm* row = dqkv + ((long)b * T + r) * C3 + h * hs;
+        float* row = dqkv + ((long)b * T + r) * C3 + h * hs;
         #pragma unroll
         for (int k = 0; k < DK; k++) {
             const int d = tx + 16 * k;
@@ -1586,8 +1588,8 @@ __device__ __forceinline__ void att_tc_scores(float* sc, const float* x, const f
 
 // out, lse <- qkv, as attention_fused_forward_kernel. O is kept in shared memory (so): its rows are rescaled
 // by the threads that own them when a row's max grows, and each warp adds P v into its output tiles there.
-template <int DK>
-__global__ void __launch_bounds__(ATT_THREADS) attention_tc_forward_kernel(float* out, float* lse, const float* qkv, int T, int NH,
+template <int DK, class Tq>
+__global__ void __launch_bounds__(ATT_THREADS) attention_tc_forward_kernel(float* out, float* lse, const Tq* qkv, int T, int NH,
                                                                           int hs, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // (att_tc never launches these below sm_80)
@@ -1599,7 +1601,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_forward_kernel(float
     const int C = NH * hs, i0 = qt * ATT_TILE;
     const long C3 = 3L * C;
     float *sq = att_tc_sm, *sk = sq + ATT_TILE * HS, *sv = sk + ATT_TILE * HS, *so = sv + ATT_TILE * HS, *ss = so + ATT_TILE * HS;
-    const float* base = qkv + (long)b * T * C3 + h * hs;
+    const Tq* base = qkv + (long)b * T * C3 + h * hs;
     att_load_tile<DK>(sq, base, C3, i0, T, hs, HS);
     for (int i = threadIdx.x; i < ATT_TILE * HS; i += ATT_THREADS) so[i] = 0.0f;
     float m[4], l[4];
@@ -1710,8 +1712,8 @@ __device__ __forceinline__ void att_tc_write(float* dst, long ld, int r0, int T,
 
 // dk, dv (in dqkv) <- key tile kt of (b, h), as attention_fused_dkdv_kernel; each warp keeps its tiles of dk
 // and dv in fragments over the whole loop (no rescaling here)
-template <int DK>
-__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+template <int DK, class Tq>
+__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                                                        const float* dsum, int T, int NH, int hs, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();
@@ -1724,7 +1726,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* d
     const long C3 = 3L * C;
     float *sk = att_tc_sm, *sv = sk + ATT_TILE * HS, *sq = sv + ATT_TILE * HS, *sdo = sq + ATT_TILE * HS;
     float *sp = sdo + ATT_TILE * HS, *sg = sp + ATT_TILE * PS, *sl = sg + ATT_TILE * PS, *sd = sl + ATT_TILE;
-    const float* base = qkv + (long)b * T * C3 + h * hs;
+    const Tq* base = qkv + (long)b * T * C3 + h * hs;
     att_load_tile<DK>(sk, base + C, C3, j0, T, hs, HS);
     att_load_tile<DK>(sv, base + 2 * C, C3, j0, T, hs, HS);
     AttTcC dk[NW], dv[NW];
@@ -1755,8 +1757,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* d
 }
 
 // dq (in dqkv) <- query tile qt of (b, h), as attention_fused_dq_kernel
-template <int DK>
-__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+template <int DK, class Tq>
+__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dq_kernel(float* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                                                      const float* dsum, int T, int NH, int hs, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();
@@ -1769,7 +1771,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dq_kernel(float* dqk
     const long C3 = 3L * C;
     float *sq = att_tc_sm, *sdo = sq + ATT_TILE * HS, *sk = sdo + ATT_TILE * HS, *sv = sk + ATT_TILE * HS;
     float *sp = sv + ATT_TILE * HS, *sg = sp + ATT_TILE * PS, *sl = sg + ATT_TILE * PS, *sd = sl + ATT_TILE;
-    const float* base = qkv + (long)b * T * C3 + h * hs;
+    const Tq* base = qkv + (long)b * T * C3 + h * hs;
     att_load_query_tile<DK>(sq, sdo, sl, sd, qkv, dout, lse, dsum, b, h, NH, i0, T, hs, HS);
     AttTcC dq[NW];
     #pragma unroll
@@ -1811,49 +1813,51 @@ static size_t att_smem(int tiles, int dk, bool rows) {
     return ((size_t)tiles * ATT_TILE * (16 * dk + 1) + ATT_TILE * 65 + (rows ? 2 * ATT_TILE : 0)) * sizeof(float);
 }
 
-template <int DK>
-static void attention_fused_forward_launch(CudaCtx* cx, float* out, float* lse, const float* qkv, int B, int T, int NH, int hs) {
+template <int DK, class Tq>
+static void attention_fused_forward_launch(CudaCtx* cx, float* out, float* lse, const Tq* qkv, int B, int T, int NH, int hs) {
     dim3 grid(B * NH, ceil_div(T, ATT_TILE));
     if (att_tc(cx, DK, false)) {
         size_t sm = att_tc_smem(DK, false);
-        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_forward_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        attention_tc_forward_kernel<DK><<<grid, ATT_THREADS, sm, cx->stream>>>(out, lse, qkv, T, NH, hs, 1.0f / sqrtf((float)hs));
+        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_forward_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        attention_tc_forward_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(out, lse, qkv, T, NH, hs, 1.0f / sqrtf((float)hs));
         CUDA_LAUNCH_CHECK(cx->rank, "attention_tc_forward_kernel");
         return;
     }
     size_t sm = att_smem(3, DK, false);
-    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_forward_kernel<DK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attention_fused_forward_kernel<DK, float><<<grid, ATT_THREADS, sm, cx->stream>>>(out, lse, qkv, T, NH, hs, 1.0f / sqrtf((float)hs));
+    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_forward_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attention_fused_forward_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(out, lse, qkv, T, NH, hs, 1.0f / sqrtf((float)hs));
     CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_forward_kernel");
 }
 
-template <int DK>
-static void attention_fused_backward_launch(CudaCtx* cx, float* dqkv, const float* dout, const float* qkv, const float* lse,
+template <int DK, class Tq>
+static void attention_fused_backward_launch(CudaCtx* cx, float* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                             const float* dsum, int B, int T, int NH, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
     dim3 grid(B * NH, ceil_div(T, ATT_TILE));
     if (att_tc(cx, DK, true)) {
         size_t sm = att_tc_smem(DK, true);
-        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dkdv_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        attention_tc_dkdv_kernel<DK><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dkdv_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        attention_tc_dkdv_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
         CUDA_LAUNCH_CHECK(cx->rank, "attention_tc_dkdv_kernel");
-        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dq_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        attention_tc_dq_kernel<DK><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dq_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        attention_tc_dq_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
         CUDA_LAUNCH_CHECK(cx->rank, "attention_tc_dq_kernel");
         return;
     }
     size_t sm = att_smem(4, DK, true);
-    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dkdv_kernel<DK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attention_fused_dkdv_kernel<DK, float><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dkdv_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attention_fused_dkdv_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
     CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_dkdv_kernel");
-    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dq_kernel<DK, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attention_fused_dq_kernel<DK, float><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dq_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attention_fused_dq_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
     CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_dq_kernel");
 }
 
 // out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  lse (B, NH, T) = the log-sum-exp of each
-// row's scaled scores. qkv (B, T, 3*NH*hs) as attention_forward reads it; hs <= ATT_HS_MAX.
-static void attention_fused_forward_cuda(CudaCtx* cx, float* out, float* lse, const float* qkv, int B, int T, int NH, int hs) {
+// row's scaled scores. qkv (B, T, 3*NH*hs) as attention_forward reads it, in fp32 words or (a --dtype bf16
+// run's, as the layer keeps it) bf16 storage; hs <= ATT_HS_MAX.
+template <class Tq>
+static void attention_fused_forward_cuda(CudaCtx* cx, float* out, float* lse, const Tq* qkv, int B, int T, int NH, int hs) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
     switch (att_dk(hs)) {
     case 1: attention_fused_forward_launch<1>(cx, out, lse, qkv, B, T, NH, hs); break;
@@ -1862,12 +1866,18 @@ static void attention_fused_forward_cuda(CudaCtx* cx, float* out, float* lse, co
     default: attention_fused_forward_launch<8>(cx, out, lse, qkv, B, T, NH, hs); break;
     }
 }
+static void attention_fused_forward_cuda(CudaCtx* cx, float* out, float* lse, Input qkv, int B, int T, int NH, int hs) {
+    if (qkv.h) attention_fused_forward_cuda(cx, out, lse, qkv.h, B, T, NH, hs);
+    else attention_fused_forward_cuda(cx, out, lse, qkv.f, B, T, NH, hs);
+}
 
 // dqkv (B, T, 3*NH*hs) = gradient of attention_fused_forward given dout (B, T, NH*hs)   (written), from
 // qkv, the forward's out and lse; dsum (B, NH, T) scratch: D = rowsum(dout * out). Three kernels: D, then
 // dk and dv per key tile, then dq per query tile (the two read q, k, v and recompute P each). out: fp32,
-// or a bf16 run's kept bf16 copy of it, read where it lies (D is all the backward takes from it).
-static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum, const float* dout, const float* qkv,
+// or a bf16 run's kept bf16 copy of it, read where it lies (D is all the backward takes from it); qkv as
+// attention_fused_forward_cuda reads it.
+template <class Tq>
+static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum, const float* dout, const Tq* qkv,
                                           Input out, const float* lse, int B, int T, int NH, int hs) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
     long warps = (long)B * T * NH;
@@ -1881,6 +1891,11 @@ static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum,
     case 4: attention_fused_backward_launch<4>(cx, dqkv, dout, qkv, lse, dsum, B, T, NH, hs); break;
     default: attention_fused_backward_launch<8>(cx, dqkv, dout, qkv, lse, dsum, B, T, NH, hs); break;
     }
+}
+static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum, const float* dout, Input qkv, Input out,
+                                          const float* lse, int B, int T, int NH, int hs) {
+    if (qkv.h) attention_fused_backward_cuda(cx, dqkv, dsum, dout, qkv.h, out, lse, B, T, NH, hs);
+    else attention_fused_backward_cuda(cx, dqkv, dsum, dout, qkv.f, out, lse, B, T, NH, hs);
 }
 
 // ----------------------------------------------------------------------------

@@ -1047,14 +1047,31 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
 // tiles meet every query tile below them).
 struct AttPanels { float bt[ATT_TILE / GEMM_NR][ATT_HS_MAX][GEMM_NR]; };
 
-static void att_tile_panels(AttPanels* p, const float* Bm, long ldb, int nc, int hs) {
+// (Q: fp32 words, or a --dtype bf16 run's qkv in bf16 storage, widened exactly as it is read)
+template <typename Q>
+static void att_tile_panels(AttPanels* p, const Q* Bm, long ldb, int nc, int hs) {
     static_assert(ATT_TILE % GEMM_NR == 0, "a tile of keys is whole panels");
     for (int pnl = 0; pnl < ATT_TILE / GEMM_NR; pnl++)
         for (int c = 0; c < GEMM_NR; c++) {
             const int key = pnl * GEMM_NR + c;
-            const float* b = Bm + (long)key * ldb;
-            for (int d = 0; d < hs; d++) p->bt[pnl][d][c] = key < nc ? b[d] : 0.0f;
+            const Q* b = Bm + (long)key * ldb;
+            for (int d = 0; d < hs; d++) p->bt[pnl][d][c] = key < nc ? as_fp32(b[d]) : 0.0f;
         }
+}
+
+// Rows 0..n-1 (hs values each, row stride ld) of q, k or v as the tile products read them: fp32 words where
+// they lie (*ld_out = ld), or, from a --dtype bf16 run's qkv in bf16 storage, widened into buf (*ld_out =
+// ATT_HS_MAX). The products do the same arithmetic at any row stride, so the two give the same bits.
+struct AttRows { float r[ATT_TILE][ATT_HS_MAX]; };
+static const float* att_rows(const float* src, long ld, int, int, AttRows*, long* ld_out) {
+    *ld_out = ld;
+    return src;
+}
+static const float* att_rows(const bf16* src, long ld, int n, int hs, AttRows* buf, long* ld_out) {
+    for (int r = 0; r < n; r++)
+        for (int d = 0; d < hs; d++) buf->r[r][d] = as_fp32(src[(long)r * ld + d]);
+    *ld_out = ATT_HS_MAX;
+    return buf->r[0];
 }
 
 // S (nr, ATT_TILE) = A rows 0..nr-1 (row stride lda) . the tile's rows^T over hs (p: att_tile_panels; its
@@ -1119,12 +1136,12 @@ static void att_tile_gemm(float* acc, long lda, int m, const float* P, long p_rs
     }
 }
 
-// P (nr, ATT_TILE) of the tile of queries i0.. and keys j0.. (kp: their panels): exp(scale * q.k - lse[row]),
-// 0 where the key is past the query (causal) or past T (nc). lse is the forward's, so P is its
-// probabilities again.
-static void att_tile_probs(float* P, const float* q, const AttPanels* kp, const float* lse, int i0, int nr, int j0, int nc,
-                           int hs, int C3, float scale) {
-    att_tile_dots(P, q + (long)i0 * C3, C3, nr, kp, hs, i0 - j0);
+// P (nr, ATT_TILE) of the tile of queries i0.. (q: their rows, row stride ldq) and keys j0.. (kp: their
+// panels): exp(scale * q.k - lse[row]), 0 where the key is past the query (causal) or past T (nc). lse is
+// the forward's, so P is its probabilities again.
+static void att_tile_probs(float* P, const float* q, long ldq, const AttPanels* kp, const float* lse, int i0, int nr, int j0,
+                           int nc, int hs, float scale) {
+    att_tile_dots(P, q, ldq, nr, kp, hs, i0 - j0);
     for (int r = 0; r < nr; r++) {
         float* p = P + (long)r * ATT_TILE;
         int ncv = i0 + r - j0 + 1 < nc ? i0 + r - j0 + 1 : nc;  // the keys row r sees in this tile
@@ -1134,21 +1151,27 @@ static void att_tile_probs(float* P, const float* q, const AttPanels* kp, const 
     }
 }
 
-// qkv (B, T, 3*NH*hs) as attention_forward reads it.
+// qkv (B, T, 3*NH*hs) as attention_forward reads it: fp32 words, or (Q bf16) a --dtype bf16 run's q, k and v
+// in the bf16 storage the layer keeps them in (gpt.cu's qkv_input), widened tile by tile: the bits of the
+// same values in fp32 words.
 // out (B, T, NH*hs) = softmax(q k^T / sqrt(hs), causal) v;  lse (B, NH, T) = log sum_u exp(q.k_u / sqrt(hs))
 // over the keys u <= t of each row: all the backward needs besides q, k, v and out.
-static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv, int B, int T, int NH, int hs) {
+template <typename Q>
+static void attention_fused_forward_cpu(float* out, float* lse, const Q* qkv, int B, int T, int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C, NT = (T + ATT_TILE - 1) / ATT_TILE;
     const float scale = 1.0f / sqrtf((float)hs);
     cpu_for((long)B * NH * NT, [&](long task) {
         int qt = (int)(task % NT), h = (int)(task / NT % NH), b = (int)(task / NT / NH);
         const float sc = scale;  // (a local: through the captured reference, which s[c] below might alias, the max's loop ran scalar)
-        const float* q = qkv + (size_t)b * T * C3 + h * hs;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
+        const Q* q = qkv + (size_t)b * T * C3 + h * hs;
+        const Q* k = q + C;
+        const Q* v = q + 2 * C;
         int i0 = qt * ATT_TILE, nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
         float S[ATT_TILE * ATT_TILE], acc[ATT_TILE][ATT_HS_MAX], m[ATT_TILE], l[ATT_TILE];
         AttPanels kp;
+        AttRows qbuf, vbuf;
+        long ldq, ldv;
+        const float* qr = att_rows(q + (long)i0 * C3, C3, nr, hs, &qbuf, &ldq);
         for (int r = 0; r < nr; r++) {
             m[r] = -FLT_MAX;
             l[r] = 0.0f;
@@ -1157,7 +1180,7 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
         for (int j0 = 0; j0 < i0 + nr; j0 += ATT_TILE) {  // key tiles up to the diagonal one
             int nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
             att_tile_panels(&kp, k + (long)j0 * C3, C3, nc, hs);
-            att_tile_dots(S, q + (long)i0 * C3, C3, nr, &kp, hs, i0 - j0);
+            att_tile_dots(S, qr, ldq, nr, &kp, hs, i0 - j0);
             for (int r = 0; r < nr; r++) {
                 float* s = S + (long)r * ATT_TILE;
                 int ncv = i0 + r - j0 + 1 < nc ? i0 + r - j0 + 1 : nc;
@@ -1175,7 +1198,8 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
                 for (int d = 0; d < hs; d++) a[d] *= corr;
                 for (int c = ncv; c < nc; c++) s[c] = 0.0f;  // masked: no weight
             }
-            att_tile_gemm(acc[0], ATT_HS_MAX, nr, S, ATT_TILE, 1, nc, v + (long)j0 * C3, C3, hs, i0 - j0, false);  // acc += P v
+            const float* vr = att_rows(v + (long)j0 * C3, C3, nc, hs, &vbuf, &ldv);
+            att_tile_gemm(acc[0], ATT_HS_MAX, nr, S, ATT_TILE, 1, nc, vr, ldv, hs, i0 - j0, false);  // acc += P v
         }
         for (int r = 0; r < nr; r++) {
             float inv = 1.0f / l[r];
@@ -1184,6 +1208,11 @@ static void attention_fused_forward_cpu(float* out, float* lse, const float* qkv
             lse[((size_t)b * NH + h) * T + i0 + r] = m[r] + logf(l[r]);
         }
     });
+}
+// the recipe's form: qkv as the layer keeps it (Input)
+static void attention_fused_forward_cpu(float* out, float* lse, Input qkv, int B, int T, int NH, int hs) {
+    if (qkv.h) attention_fused_forward_cpu(out, lse, qkv.h, B, T, NH, hs);
+    else attention_fused_forward_cpu(out, lse, qkv.f, B, T, NH, hs);
 }
 
 // D of one row of one head: the dot product of its dout and out (hs <= ATT_HS_MAX), in vector lanes
@@ -1204,10 +1233,11 @@ static float att_dsum_row(const float* d, const bf16* o, int hs) {
 // dqkv (B, T, 3*NH*hs) = gradient of attention_fused_forward given dout (B, T, NH*hs)   (written), from
 // qkv, the forward's out and lse. dsum (B, NH, T) is scratch: D = rowsum(dout * out) per head. out is
 // fp32 words, or (a --dtype bf16 run's, the bf16 copy of atty the layer keeps) bf16 storage, read where
-// it lies: D is all the backward takes from it.
+// it lies: D is all the backward takes from it. qkv: as attention_fused_forward_cpu reads it (Q).
 // D first; then, with enough heads for the threads, one pass per head over its key tiles that makes dk,
 // dv and dq together, else two: dk and dv per key tile (over the query tiles that see it), dq per query tile.
-static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* dout, const float* qkv, Input out,
+template <typename Q>
+static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* dout, const Q* qkv, Input out,
                                          const float* lse, int B, int T, int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C, NT = (T + ATT_TILE - 1) / ATT_TILE;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -1219,15 +1249,16 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
         }
     });
     // the operands of head h of batch row b: its q, k, v (rows C3 apart), dout rows, lse and D
-    struct Head { const float *q, *k, *v, *dO, *ls, *D; };
+    struct Head { const Q *q, *k, *v; const float *dO, *ls, *D; };
     auto head_of = [&](long b, int h) {
-        const float* q = qkv + (size_t)b * T * C3 + h * hs;
+        const Q* q = qkv + (size_t)b * T * C3 + h * hs;
         return Head{q, q + C, q + 2 * C, dout + (size_t)b * T * C + h * hs, lse + ((size_t)b * NH + h) * T, dsum + ((size_t)b * NH + h) * T};
     };
-    // dS (nr, ATT_TILE) = P * (dP - D) * scale in place over dP, the gradient of the scaled scores (kp, vp:
-    // the panels of key tile j0's k and v)
-    auto tile_grad = [&](float* P, float* dP, const Head& hd, int i0, int nr, int j0, int nc, const AttPanels* kp, const AttPanels* vp) {
-        att_tile_probs(P, hd.q, kp, hd.ls, i0, nr, j0, nc, hs, C3, scale);
+    // dS (nr, ATT_TILE) = P * (dP - D) * scale in place over dP, the gradient of the scaled scores (q: the
+    // query tile's rows, att_rows; kp, vp: the panels of key tile j0's k and v)
+    auto tile_grad = [&](float* P, float* dP, const Head& hd, const float* q, long ldq, int i0, int nr, int j0, int nc,
+                         const AttPanels* kp, const AttPanels* vp) {
+        att_tile_probs(P, q, ldq, kp, hd.ls, i0, nr, j0, nc, hs, scale);
         att_tile_dots(dP, hd.dO + (long)i0 * C, C, nr, vp, hs, i0 - j0);  // dP = dO v^T
         for (int r = 0; r < nr; r++) {
             float* g = dP + (long)r * ATT_TILE;
@@ -1244,17 +1275,21 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
         int j0 = kt * ATT_TILE, nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
         float P[ATT_TILE * ATT_TILE], dS[ATT_TILE * ATT_TILE], dk[ATT_TILE][ATT_HS_MAX], dv[ATT_TILE][ATT_HS_MAX];
         AttPanels kp, vp;  // the tile's k and v, for every query tile below it
+        AttRows qbuf, kbuf;
+        long ldq, ldk;
         att_tile_panels(&kp, hd.k + (long)j0 * C3, C3, nc, hs);
         att_tile_panels(&vp, hd.v + (long)j0 * C3, C3, nc, hs);
+        const float* kr = dq_rows ? att_rows(hd.k + (long)j0 * C3, C3, nc, hs, &kbuf, &ldk) : nullptr;
         for (int c = 0; c < nc; c++)
             for (int d = 0; d < hs; d++) dk[c][d] = dv[c][d] = 0.0f;
         for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
             int nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
-            tile_grad(P, dS, hd, i0, nr, j0, nc, &kp, &vp);
-            att_tile_gemm(dv[0], ATT_HS_MAX, nc, P, 1, ATT_TILE, nr, hd.dO + (long)i0 * C, C, hs, i0 - j0, true);   // dv += P^T dO
-            att_tile_gemm(dk[0], ATT_HS_MAX, nc, dS, 1, ATT_TILE, nr, hd.q + (long)i0 * C3, C3, hs, i0 - j0, true);  // dk += dS^T q
+            const float* qr = att_rows(hd.q + (long)i0 * C3, C3, nr, hs, &qbuf, &ldq);
+            tile_grad(P, dS, hd, qr, ldq, i0, nr, j0, nc, &kp, &vp);
+            att_tile_gemm(dv[0], ATT_HS_MAX, nc, P, 1, ATT_TILE, nr, hd.dO + (long)i0 * C, C, hs, i0 - j0, true);  // dv += P^T dO
+            att_tile_gemm(dk[0], ATT_HS_MAX, nc, dS, 1, ATT_TILE, nr, qr, ldq, hs, i0 - j0, true);                  // dk += dS^T q
             if (dq_rows)  // dq += dS k (dS 0 past the diagonal)
-                att_tile_gemm(dq_rows + (long)i0 * C3, C3, nr, dS, ATT_TILE, 1, nc, hd.k + (long)j0 * C3, C3, hs, i0 - j0, false);
+                att_tile_gemm(dq_rows + (long)i0 * C3, C3, nr, dS, ATT_TILE, 1, nc, kr, ldk, hs, i0 - j0, false);
         }
         for (int c = 0; c < nc; c++) {
             float* row = dqkv + ((size_t)b * T + j0 + c) * C3 + h * hs;
@@ -1285,17 +1320,27 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
         int i0 = qt * ATT_TILE, nr = T - i0 < ATT_TILE ? T - i0 : ATT_TILE;
         float P[ATT_TILE * ATT_TILE], dS[ATT_TILE * ATT_TILE], dq[ATT_TILE][ATT_HS_MAX];
         AttPanels kp, vp;
+        AttRows qbuf, kbuf;
+        long ldq, ldk;
+        const float* qr = att_rows(hd.q + (long)i0 * C3, C3, nr, hs, &qbuf, &ldq);
         for (int r = 0; r < nr; r++)
             for (int d = 0; d < hs; d++) dq[r][d] = 0.0f;
         for (int j0 = 0; j0 < i0 + nr; j0 += ATT_TILE) {
             int nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
             att_tile_panels(&kp, hd.k + (long)j0 * C3, C3, nc, hs);
             att_tile_panels(&vp, hd.v + (long)j0 * C3, C3, nc, hs);
-            tile_grad(P, dS, hd, i0, nr, j0, nc, &kp, &vp);
-            att_tile_gemm(dq[0], ATT_HS_MAX, nr, dS, ATT_TILE, 1, nc, hd.k + (long)j0 * C3, C3, hs, i0 - j0, false);  // dq += dS k (dS 0 past the diagonal)
+            tile_grad(P, dS, hd, qr, ldq, i0, nr, j0, nc, &kp, &vp);
+            const float* kr = att_rows(hd.k + (long)j0 * C3, C3, nc, hs, &kbuf, &ldk);
+            att_tile_gemm(dq[0], ATT_HS_MAX, nr, dS, ATT_TILE, 1, nc, kr, ldk, hs, i0 - j0, false);  // dq += dS k (dS 0 past the diagonal)
         }
         for (int r = 0; r < nr; r++) memcpy(dqkv + ((size_t)b * T + i0 + r) * C3 + h * hs, dq[r], hs * sizeof(float));
     });
+}
+// the recipe's form: qkv as the layer keeps it (Input)
+static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* dout, Input qkv, Input out, const float* lse,
+                                         int B, int T, int NH, int hs) {
+    if (qkv.h) attention_fused_backward_cpu(dqkv, dsum, dout, qkv.h, out, lse, B, T, NH, hs);
+    else attention_fused_backward_cpu(dqkv, dsum, dout, qkv.f, out, lse, B, T, NH, hs);
 }
 
 // ----------------------------------------------------------------------------

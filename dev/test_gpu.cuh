@@ -347,6 +347,26 @@ static void test_attention_fused(CudaCtx* cx) {
                      "%-22s %-44s out in bf16 storage against its values in fp32 words: floats differing (dqkv, D)", "attention_fused", s);
             cuda_free(cx, ch);
             cuda_free(cx, cr.base);
+            // q, k and v in bf16 storage (a bf16 run's qkv_kept), forward and backward: the bits of their values in fp32 words
+            std::vector<bf16> qkv16(n_qkv);
+            std::vector<float> qkv_r(n_qkv);
+            bf16_pack_cpu(qkv16.data(), qkv.data(), n_qkv);
+            bf16_widen_cpu(qkv_r.data(), qkv16.data(), n_qkv);
+            float* qh = cuda_alloc(cx, (n_qkv + 1) / 2);
+            cuda_upload(cx, qh, qkv16.data(), n_qkv * sizeof(bf16));
+            DevBuf qr = dev_up(cx, qkv_r);
+            attention_fused_forward_cuda(cx, go.p, gl.p, Input{nullptr, (const bf16*)qh}, k.B, k.T, k.NH, k.hs);
+            auto out_h = dev_down(cx, go.p, n_out), lse_h = dev_down(cx, gl.p, n_l);
+            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, Input{nullptr, (const bf16*)qh}, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
+            auto dqkv_q = dev_down(cx, gg.p, n_qkv), dsum_q = dev_down(cx, gs.p, n_l);
+            attention_fused_forward_cuda(cx, go.p, gl.p, Input{qr.p, nullptr}, k.B, k.T, k.NH, k.hs);
+            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, Input{qr.p, nullptr}, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
+            check_le(count_diff(dev_down(cx, go.p, n_out), out_h) + count_diff(dev_down(cx, gl.p, n_l), lse_h) +
+                     count_diff(dev_down(cx, gg.p, n_qkv), dqkv_q) + count_diff(dev_down(cx, gs.p, n_l), dsum_q), 0,
+                     "%-22s %-44s q, k, v in bf16 storage against their values in fp32 words: floats differing (out, lse, dqkv, D)",
+                     "attention_fused", s);
+            cuda_free(cx, qh);
+            cuda_free(cx, qr.base);
         }
         for (DevBuf* b : {&dq, &dd, &co, &cl, &go, &gl, &gs, &gg}) cuda_free(cx, b->base);
     }

@@ -393,9 +393,11 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
                 int C = c->C, Cl = s->Cl, C4l = s->C4l, Vl = s->Vl, NHl = s->NHl, hs = m.hs, BT = B * T;
                 float* in = x->lnf;  // (B, T, C): an input of every token
                 double t3 = comm_now();
-                OP(&rk, matmul_forward, la.qkv, in, WEIGHT(&m, qkvw, 0), p->qkvb, BT, C, 3 * Cl);
-                if (m.fused) OP(&rk, attention_fused_forward, la.atty, la.lse, la.qkv, B, T, NHl, hs);
-                else OP(&rk, attention_forward, la.atty, la.att, la.qkv, B, T, NHl, hs);
+                float* qkv = qkv_sums(&m, &la);
+                OP(&rk, matmul_forward, qkv, in, WEIGHT(&m, qkvw, 0), p->qkvb, BT, C, 3 * Cl);
+                Input qkv_in = qkv_input(&m, &rk, &la, qkv, false);  // (a bf16 run's fused attention: rounded into bf16)
+                if (m.fused) OP(&rk, attention_fused_forward, la.atty, la.lse, qkv_in, B, T, NHl, hs);
+                else OP(&rk, attention_forward, la.atty, la.att, qkv, B, T, NHl, hs);
                 OP(&rk, matmul_forward, x->partial, la.atty, WEIGHT(&m, attprojw, 0), nullptr, BT, Cl, C);
                 // (fc's output and fcproj's input, the GELU's output, in one buffer of their shape: dfch, which every
                 // run has, where a bf16 run has no fp32 fch or fch_gelu; these are timed, their values unused)
@@ -404,8 +406,8 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
                 OP(&rk, matmul_backward, x->dfch, GRAD(&m, fcprojw, 0), GRAD(&m, fcprojb, 0), x->partial, x->dfch, WEIGHT(&m, fcprojw, 0), BT, C4l, C);
                 OP(&rk, matmul_backward, x->dln, GRAD(&m, fcw, 0), GRAD(&m, fcb, 0), x->dfch, in, WEIGHT(&m, fcw, 0), BT, C, C4l);
                 OP(&rk, matmul_backward, x->datty, GRAD(&m, attprojw, 0), GRAD(&m, attprojb, 0), x->partial, la.atty, WEIGHT(&m, attprojw, 0), BT, Cl, C);
-                if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, la.qkv, Input{la.atty, nullptr}, la.lse, B, T, NHl, hs);
-                else OP(&rk, attention_backward, x->dqkv, x->datty, la.qkv, la.att, B, T, NHl, hs);
+                if (m.fused) OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, qkv_in, Input{la.atty, nullptr}, la.lse, B, T, NHl, hs);
+                else OP(&rk, attention_backward, x->dqkv, x->datty, qkv, la.att, B, T, NHl, hs);
                 OP(&rk, matmul_backward, x->dln, GRAD(&m, qkvw, 0), GRAD(&m, qkvb, 0), x->dqkv, in, WEIGHT(&m, qkvw, 0), BT, C, 3 * Cl);
                 plan_sync(&rk);
                 double t4 = comm_now();
