@@ -1552,15 +1552,19 @@ static void gpt_backward(GPT* m, Rank* rk) {
         Input atty = kept_input(ACT_USED(m, atty_kept), la.atty, la.atty_kept);  // bf16: kept in bf16
         OP(rk, matmul_backward, a->datty, GRAD(m, attprojw, (long)l * C * Cl), GRAD(m, attprojb, l * C), dout, atty,
            WEIGHT(m, attprojw, (long)l * C * Cl), BT, Cl, C);
+        // qkv's output gradient, in a bf16 run as bf16 storage in dfch's buffer (fc's backward is done):
+        // fused attention's backward rounds each sum into it as it stores it, matmul attention's is packed
+        Input dqkv;
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse (and atty for D)
-            OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, kept_input(ACT_USED(m, qkv_kept), la.qkv, la.qkv_kept), atty,
-               la.lse, B, T, NHl, hs);
+            Input qkv = kept_input(ACT_USED(m, qkv_kept), la.qkv, la.qkv_kept);
+            if (m->bf16) OP(rk, attention_fused_backward, as_bf16(a->dfch), a->attd, a->datty, qkv, atty, la.lse, B, T, NHl, hs);
+            else OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, qkv, atty, la.lse, B, T, NHl, hs);
+            dqkv = m->bf16 ? Input{nullptr, as_bf16(a->dfch)} : Input{a->dqkv, nullptr};
         } else {
             if (m->recompute >= 3) OP(rk, attention_probs, la.att, la.qkv, B, T, NHl, hs);  // -r 3: from q and k again
             OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);
+            dqkv = grad_input(m, rk, a->dqkv, a->dfch, (long)BT * 3 * Cl);
         }
-        // qkv's output gradient, in a bf16 run as bf16 storage in dfch's buffer (fc's backward is done)
-        Input dqkv = grad_input(m, rk, a->dqkv, a->dfch, (long)BT * 3 * Cl);
         if (m->recompute >= 2) {
             OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
             keep_bf16(m, rk, la.ln1, (long)N * C);

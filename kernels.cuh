@@ -1225,6 +1225,7 @@ static void attention_backward_cuda(CudaCtx* cx, float* dqkv, const float* dout,
 __device__ __forceinline__ float att_ld(const float* p) { return *p; }
 __device__ __forceinline__ float att_ld(const bf16* p) { return bf16_to_float(*p); }
 __device__ __forceinline__ void att_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void att_st(bf16* p, float v) { *p = bf16_round(v); }  // (a bf16 run's dqkv)
 
 // sm (64, 16 DK + 1) <- rows r0..r0+63 of src (row stride ld), columns 0..hs-1; zeros past T and past hs.
 // HP: the tile's row stride in shared memory (the tensor-core kernels' is 16 DK + 4)
@@ -1381,8 +1382,8 @@ __global__ void attention_fused_dsum_kernel(float* dsum, const Tm* dout, const T
 
 // dk, dv (in dqkv) <- key tile kt of (b, h), over the query tiles at or after it. Grid (B*NH, key tiles),
 // the first (the most query tiles) first. The tile is held transposed: entry (c, r) = key ty + 16i, query tx + 16j.
-template <int DK, class Tq>
-__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(float* dqkv, const float* dout, const Tq* qkv, const float* lse,
+template <int DK, class Tq, class To>
+__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(To* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                                                           const float* dsum, int T, int NH, int hs, float scale) {
     extern __shared__ float att_sm[];
     const int HP = 16 * DK + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -1450,7 +1451,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(float
     for (int i = 0; i < 4; i++) {
         const int c = j0 + ty + 16 * i;
         if (c >= T) continue;
-        float* row = dqkv + ((long)b * T + c) * C3 + h * hs;
+        To* row = dqkv + ((long)b * T + c) * C3 + h * hs;
         #pragma unroll
         for (int k = 0; k < DK; k++) {
             const int d = tx + 16 * k;
@@ -1461,8 +1462,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dkdv_kernel(float
 
 // dq (in dqkv) <- query tile qt of (b, h), over the key tiles up to the diagonal. Grid (B*NH, query tiles),
 // the last first. Entry (r, c) = query ty + 16i, key tx + 16j.
-template <int DK, class Tq>
-__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(float* dqkv, const float* dout, const Tq* qkv, const float* lse,
+template <int DK, class Tq, class To>
+__global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(To* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                                                         const float* dsum, int T, int NH, int hs, float scale) {
     extern __shared__ float att_sm[];
     const int HP = 16 * DK + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -1512,7 +1513,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_fused_dq_kernel(float* 
     for (int i = 0; i < 4; i++) {
         const int r = i0 + ty + 16 * i;
         if (r >= T) continue;
-        float* row = dqkv + ((long)b * T + r) * C3 + h * hs;
+        To* row = dqkv + ((long)b * T + r) * C3 + h * hs;
         #pragma unroll
         for (int k = 0; k < DK; k++) {
             const int d = tx + 16 * k;
@@ -1693,8 +1694,8 @@ __device__ __forceinline__ void att_tc_probs(float* sp, float* sg, const float* 
 
 // a 64-row tile of 16 x 16 accumulators (n of them, this warp's: tile t = warp + 8 n, rows 16 (t / DK), dims
 // 16 (t % DK)) written to rows r0.. of dst (row stride ld, up to T rows, hs columns) through st (64 x HS)
-template <int DK, int NW>
-__device__ __forceinline__ void att_tc_write(float* dst, long ld, int r0, int T, int hs, float* st, AttTcC* acc) {
+template <int DK, int NW, class To>
+__device__ __forceinline__ void att_tc_write(To* dst, long ld, int r0, int T, int hs, float* st, AttTcC* acc) {
     constexpr int HS = 16 * DK + 4;
     #pragma unroll
     for (int n = 0; n < NW; n++) {
@@ -1705,15 +1706,15 @@ __device__ __forceinline__ void att_tc_write(float* dst, long ld, int r0, int T,
     const int W = 16 * DK;
     for (int i = threadIdx.x; i < ATT_TILE * W; i += ATT_THREADS) {
         const int r = i / W, d = i - r * W;
-        if (r0 + r < T && d < hs) dst[(long)(r0 + r) * ld + d] = st[r * HS + d];
+        if (r0 + r < T && d < hs) att_st(dst + (long)(r0 + r) * ld + d, st[r * HS + d]);
     }
 }
 #endif
 
 // dk, dv (in dqkv) <- key tile kt of (b, h), as attention_fused_dkdv_kernel; each warp keeps its tiles of dk
 // and dv in fragments over the whole loop (no rescaling here)
-template <int DK, class Tq>
-__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* dqkv, const float* dout, const Tq* qkv, const float* lse,
+template <int DK, class Tq, class To>
+__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(To* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                                                        const float* dsum, int T, int NH, int hs, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();
@@ -1750,15 +1751,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tc_dkdv_kernel(float* d
         }
     }
     __syncthreads();
-    float* row = dqkv + (long)b * T * C3 + h * hs;
+    To* row = dqkv + (long)b * T * C3 + h * hs;
     att_tc_write<DK, NW>(row + C, C3, j0, T, hs, sq, dk);
     att_tc_write<DK, NW>(row + 2 * C, C3, j0, T, hs, sdo, dv);
 #endif
 }
 
 // dq (in dqkv) <- query tile qt of (b, h), as attention_fused_dq_kernel
-template <int DK, class Tq>
-__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dq_kernel(float* dqkv, const float* dout, const Tq* qkv, const float* lse,
+template <int DK, class Tq, class To>
+__global__ void __launch_bounds__(ATT_THREADS) attention_tc_dq_kernel(To* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                                                      const float* dsum, int T, int NH, int hs, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();
@@ -1829,27 +1830,27 @@ static void attention_fused_forward_launch(CudaCtx* cx, float* out, float* lse, 
     CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_forward_kernel");
 }
 
-template <int DK, class Tq>
-static void attention_fused_backward_launch(CudaCtx* cx, float* dqkv, const float* dout, const Tq* qkv, const float* lse,
+template <int DK, class Tq, class To>
+static void attention_fused_backward_launch(CudaCtx* cx, To* dqkv, const float* dout, const Tq* qkv, const float* lse,
                                             const float* dsum, int B, int T, int NH, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
     dim3 grid(B * NH, ceil_div(T, ATT_TILE));
     if (att_tc(cx, DK, true)) {
         size_t sm = att_tc_smem(DK, true);
-        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dkdv_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        attention_tc_dkdv_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dkdv_kernel<DK, Tq, To>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        attention_tc_dkdv_kernel<DK, Tq, To><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
         CUDA_LAUNCH_CHECK(cx->rank, "attention_tc_dkdv_kernel");
-        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dq_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        attention_tc_dq_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+        CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_tc_dq_kernel<DK, Tq, To>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        attention_tc_dq_kernel<DK, Tq, To><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
         CUDA_LAUNCH_CHECK(cx->rank, "attention_tc_dq_kernel");
         return;
     }
     size_t sm = att_smem(4, DK, true);
-    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dkdv_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attention_fused_dkdv_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dkdv_kernel<DK, Tq, To>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attention_fused_dkdv_kernel<DK, Tq, To><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
     CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_dkdv_kernel");
-    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dq_kernel<DK, Tq>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attention_fused_dq_kernel<DK, Tq><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
+    CUDA_CHECK(cx->rank, cudaFuncSetAttribute(attention_fused_dq_kernel<DK, Tq, To>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attention_fused_dq_kernel<DK, Tq, To><<<grid, ATT_THREADS, sm, cx->stream>>>(dqkv, dout, qkv, lse, dsum, T, NH, hs, scale);
     CUDA_LAUNCH_CHECK(cx->rank, "attention_fused_dq_kernel");
 }
 
@@ -1875,9 +1876,10 @@ static void attention_fused_forward_cuda(CudaCtx* cx, float* out, float* lse, In
 // qkv, the forward's out and lse; dsum (B, NH, T) scratch: D = rowsum(dout * out). Three kernels: D, then
 // dk and dv per key tile, then dq per query tile (the two read q, k, v and recompute P each). out: fp32,
 // or a bf16 run's kept bf16 copy of it, read where it lies (D is all the backward takes from it); qkv as
-// attention_fused_forward_cuda reads it.
-template <class Tq>
-static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum, const float* dout, const Tq* qkv,
+// attention_fused_forward_cuda reads it. dqkv: fp32, or (a bf16 run's, which qkv's matmuls take in bf16)
+// bf16 storage, each fp32 sum rounded to nearest as it is stored.
+template <class Tq, class To>
+static void attention_fused_backward_cuda(CudaCtx* cx, To* dqkv, float* dsum, const float* dout, const Tq* qkv,
                                           Input out, const float* lse, int B, int T, int NH, int hs) {
     if (B <= 0 || T <= 0 || NH <= 0) return;
     long warps = (long)B * T * NH;
@@ -1892,7 +1894,8 @@ static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum,
     default: attention_fused_backward_launch<8>(cx, dqkv, dout, qkv, lse, dsum, B, T, NH, hs); break;
     }
 }
-static void attention_fused_backward_cuda(CudaCtx* cx, float* dqkv, float* dsum, const float* dout, Input qkv, Input out,
+template <class To>
+static void attention_fused_backward_cuda(CudaCtx* cx, To* dqkv, float* dsum, const float* dout, Input qkv, Input out,
                                           const float* lse, int B, int T, int NH, int hs) {
     if (qkv.h) attention_fused_backward_cuda(cx, dqkv, dsum, dout, qkv.h, out, lse, B, T, NH, hs);
     else attention_fused_backward_cuda(cx, dqkv, dsum, dout, qkv.f, out, lse, B, T, NH, hs);

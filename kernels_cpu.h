@@ -1230,14 +1230,34 @@ static float att_dsum_row(const float* d, const bf16* o, int hs) {
     return att_dsum_row(d, w, hs);
 }
 
+// hs fp32 sums stored as a row of dqkv: themselves, or into bf16 storage each rounded to nearest (store_as)
+static void att_store_row(float* dst, const float* src, int hs) { memcpy(dst, src, hs * sizeof(float)); }
+static void att_store_row(bf16* dst, const float* src, int hs) {
+    for (int d = 0; d < hs; d++) store_as(dst + d, src[d]);
+}
+
+// where the backward's one pass per head sums dq: in the head's columns of an fp32 dqkv (row stride C3),
+// or in rows of its own (own, T x hs) where dqkv is bf16 storage
+static float* att_dq_sums(float* dq_out, std::vector<float>*, int, int, long C3, long* ld) {
+    *ld = C3;
+    return dq_out;
+}
+static float* att_dq_sums(bf16*, std::vector<float>* own, int T, int hs, long, long* ld) {
+    own->resize((size_t)T * hs);
+    *ld = hs;
+    return own->data();
+}
+
 // dqkv (B, T, 3*NH*hs) = gradient of attention_fused_forward given dout (B, T, NH*hs)   (written), from
 // qkv, the forward's out and lse. dsum (B, NH, T) is scratch: D = rowsum(dout * out) per head. out is
 // fp32 words, or (a --dtype bf16 run's, the bf16 copy of atty the layer keeps) bf16 storage, read where
-// it lies: D is all the backward takes from it. qkv: as attention_fused_forward_cpu reads it (Q).
+// it lies: D is all the backward takes from it. qkv: as attention_fused_forward_cpu reads it (Q). O: dqkv
+// in fp32, or (a bf16 run's: qkv's output gradient, which its matmuls take in bf16) bf16 storage, each
+// fp32 sum rounded to nearest as it is stored: the bits of the fp32 dqkv rounded afterwards.
 // D first; then, with enough heads for the threads, one pass per head over its key tiles that makes dk,
 // dv and dq together, else two: dk and dv per key tile (over the query tiles that see it), dq per query tile.
-template <typename Q>
-static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* dout, const Q* qkv, Input out,
+template <typename Q, typename O>
+static void attention_fused_backward_cpu(O* dqkv, float* dsum, const float* dout, const Q* qkv, Input out,
                                          const float* lse, int B, int T, int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C, NT = (T + ATT_TILE - 1) / ATT_TILE;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -1269,8 +1289,8 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
         }
     };
     // dk, dv of key tile kt: sums over the query tiles qt >= kt, in order, and rows in order. With dq_rows
-    // (this head's q columns of dqkv, zeroed), each tile's dS k is added to the dq of its query tile too.
-    auto key_tile = [&](long b, int h, int kt, float* dq_rows) {
+    // (this head's dq, T rows dq_ld apart, zeroed), each tile's dS k is added to the dq of its query tile too.
+    auto key_tile = [&](long b, int h, int kt, float* dq_rows, long dq_ld) {
         Head hd = head_of(b, h);
         int j0 = kt * ATT_TILE, nc = T - j0 < ATT_TILE ? T - j0 : ATT_TILE;
         float P[ATT_TILE * ATT_TILE], dS[ATT_TILE * ATT_TILE], dk[ATT_TILE][ATT_HS_MAX], dv[ATT_TILE][ATT_HS_MAX];
@@ -1289,12 +1309,12 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
             att_tile_gemm(dv[0], ATT_HS_MAX, nc, P, 1, ATT_TILE, nr, hd.dO + (long)i0 * C, C, hs, i0 - j0, true);  // dv += P^T dO
             att_tile_gemm(dk[0], ATT_HS_MAX, nc, dS, 1, ATT_TILE, nr, qr, ldq, hs, i0 - j0, true);                  // dk += dS^T q
             if (dq_rows)  // dq += dS k (dS 0 past the diagonal)
-                att_tile_gemm(dq_rows + (long)i0 * C3, C3, nr, dS, ATT_TILE, 1, nc, kr, ldk, hs, i0 - j0, false);
+                att_tile_gemm(dq_rows + (long)i0 * dq_ld, dq_ld, nr, dS, ATT_TILE, 1, nc, kr, ldk, hs, i0 - j0, false);
         }
         for (int c = 0; c < nc; c++) {
-            float* row = dqkv + ((size_t)b * T + j0 + c) * C3 + h * hs;
-            memcpy(row + C, dk[c], hs * sizeof(float));
-            memcpy(row + 2 * C, dv[c], hs * sizeof(float));
+            O* row = dqkv + ((size_t)b * T + j0 + c) * C3 + h * hs;
+            att_store_row(row + C, dk[c], hs);
+            att_store_row(row + 2 * C, dv[c], hs);
         }
     };
     // One pass per head when there are at least twice as many heads as threads: its key tiles in order, so
@@ -1302,17 +1322,24 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
     // sums them (the same bits either way), and each tile's P and dS are computed once instead of twice
     // (the two passes do 9 tile products a tile, this one 5: 1.3-1.4x faster). Fewer heads than that would
     // leave threads idle, and the two passes split finer, by tiles, as the CUDA kernels do.
+    // dq is summed over the key tiles in place: in the head's columns of an fp32 dqkv, else in fp32 rows of
+    // its own, stored rounded once it is whole.
     if ((long)B * NH >= 2L * cpu_pool_threads()) {
         cpu_for((long)B * NH, [&](long task) {
             int h = (int)(task % NH);
             long b = task / NH;
-            float* dq_rows = dqkv + (size_t)b * T * C3 + h * hs;
-            for (int t = 0; t < T; t++) memset(dq_rows + (long)t * C3, 0, hs * sizeof(float));
-            for (int kt = 0; kt < NT; kt++) key_tile(b, h, kt, dq_rows);
+            O* dq_out = dqkv + (size_t)b * T * C3 + h * hs;
+            std::vector<float> own;
+            long dq_ld;
+            float* dq_rows = att_dq_sums(dq_out, &own, T, hs, C3, &dq_ld);
+            for (int t = 0; t < T; t++) memset(dq_rows + (long)t * dq_ld, 0, hs * sizeof(float));
+            for (int kt = 0; kt < NT; kt++) key_tile(b, h, kt, dq_rows, dq_ld);
+            if (!own.empty())
+                for (int t = 0; t < T; t++) att_store_row(dq_out + (long)t * C3, dq_rows + (long)t * dq_ld, hs);
         });
         return;
     }
-    cpu_for((long)B * NH * NT, [&](long task) { key_tile(task / NT / NH, (int)(task / NT % NH), (int)(task % NT), nullptr); });
+    cpu_for((long)B * NH * NT, [&](long task) { key_tile(task / NT / NH, (int)(task / NT % NH), (int)(task % NT), nullptr, 0); });
     // dq of query tile qt: sums over the key tiles up to the diagonal, in order
     cpu_for((long)B * NH * NT, [&](long task) {
         int qt = (int)(task % NT), h = (int)(task / NT % NH), b = (int)(task / NT / NH);
@@ -1333,11 +1360,12 @@ static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* 
             const float* kr = att_rows(hd.k + (long)j0 * C3, C3, nc, hs, &kbuf, &ldk);
             att_tile_gemm(dq[0], ATT_HS_MAX, nr, dS, ATT_TILE, 1, nc, kr, ldk, hs, i0 - j0, false);  // dq += dS k (dS 0 past the diagonal)
         }
-        for (int r = 0; r < nr; r++) memcpy(dqkv + ((size_t)b * T + i0 + r) * C3 + h * hs, dq[r], hs * sizeof(float));
+        for (int r = 0; r < nr; r++) att_store_row(dqkv + ((size_t)b * T + i0 + r) * C3 + h * hs, dq[r], hs);
     });
 }
-// the recipe's form: qkv as the layer keeps it (Input)
-static void attention_fused_backward_cpu(float* dqkv, float* dsum, const float* dout, Input qkv, Input out, const float* lse,
+// the recipe's form: qkv as the layer keeps it (Input); dqkv fp32, or bf16 storage (O)
+template <typename O>
+static void attention_fused_backward_cpu(O* dqkv, float* dsum, const float* dout, Input qkv, Input out, const float* lse,
                                          int B, int T, int NH, int hs) {
     if (qkv.h) attention_fused_backward_cpu(dqkv, dsum, dout, qkv.h, out, lse, B, T, NH, hs);
     else attention_fused_backward_cpu(dqkv, dsum, dout, qkv.f, out, lse, B, T, NH, hs);

@@ -518,7 +518,8 @@ static void test_bf16_elementwise_ops() {
 
 // Fused attention with a --dtype bf16 run's operands in bf16 storage against the same values in fp32 words:
 // q, k and v (the layer's qkv_kept, read by the forward and the backward where it lies, widened tile by
-// tile), and the backward's out (the kept atty, read for D = rowsum(dout * out)), each alone and together.
+// tile), and the backward's out (the kept atty, read for D = rowsum(dout * out)), each alone and together;
+// and its dqkv written into bf16 storage (a bf16 run's: qkv's matmuls take it so) against the fp32 one packed.
 // The same bits in out, lse, D and dqkv, at head sizes 16, 24, 64 and 128 (ATT_HS_MAX), T within a tile
 // and across tiles (both backward passes: one task per head where the heads are many, else per tile),
 // 1 and 3 threads.
@@ -551,12 +552,18 @@ static void test_bf16_attention_out() {
                 attention_fused_backward_cpu(g16.data(), d16.data(), dout.data(), q_in, o_in, lse.data(), k.B, k.T, k.NH, k.hs);
                 differ += vectors_differ(d32, d16) + vectors_differ(g32, g16);
                 compared += n_l + n_qkv;
+                // dqkv written into bf16 storage: the fp32 dqkv rounded to nearest
+                std::vector<bf16> gh(n_qkv), g32_packed(n_qkv);
+                attention_fused_backward_cpu(gh.data(), d16.data(), dout.data(), q_in, o_in, lse.data(), k.B, k.T, k.NH, k.hs);
+                bf16_pack_cpu(g32_packed.data(), g32.data(), n_qkv);
+                for (long i = 0; i < n_qkv; i++) differ += gh[i] != g32_packed[i];
+                compared += n_qkv;
             }
         }
     });
-    check(differ == 0, "fused attention with q, k, v and out in bf16 storage gives the bits of the same values in fp32 words: %ld of "
-          "%ld values of out, lse, D and dqkv differ (5 shapes, head sizes 16 to 128, both backward passes, 1 and 3 threads)", differ,
-          compared);
+    check(differ == 0, "fused attention with q, k, v and out in bf16 storage gives the bits of the same values in fp32 words, and dqkv "
+          "written into bf16 storage the fp32 dqkv rounded: %ld of %ld values of out, lse, D and dqkv differ (5 shapes, head sizes 16 to "
+          "128, both backward passes, 1 and 3 threads)", differ, compared);
 }
 
 // The bf16 GEMM of one ragged shape (333 x 130 x 301, B a transpose) on a rank thread with `threads`

@@ -365,6 +365,17 @@ static void test_attention_fused(CudaCtx* cx) {
                      count_diff(dev_down(cx, gg.p, n_qkv), dqkv_q) + count_diff(dev_down(cx, gs.p, n_l), dsum_q), 0,
                      "%-22s %-44s q, k, v in bf16 storage against their values in fp32 words: floats differing (out, lse, dqkv, D)",
                      "attention_fused", s);
+            // dqkv written into bf16 storage (a bf16 run's, for qkv's matmuls): the fp32 dqkv rounded to nearest
+            float* gh = cuda_alloc(cx, (n_qkv + 1) / 2);
+            attention_fused_backward_cuda(cx, (bf16*)gh, gs.p, dd.p, Input{nullptr, (const bf16*)qh}, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH,
+                                          k.hs);
+            std::vector<bf16> dh(n_qkv), want(n_qkv);
+            cuda_download(cx, dh.data(), gh, n_qkv * sizeof(bf16));
+            bf16_pack_cpu(want.data(), dqkv_q.data(), n_qkv);
+            long dh_diff = 0;
+            for (long i = 0; i < n_qkv; i++) dh_diff += dh[i] != want[i];
+            check_le(dh_diff, 0, "%-22s %-44s dqkv into bf16 storage against the fp32 dqkv rounded: values differing", "attention_fused", s);
+            cuda_free(cx, gh);
             cuda_free(cx, qh);
             cuda_free(cx, qr.base);
         }
