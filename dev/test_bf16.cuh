@@ -20,6 +20,14 @@ static long vectors_differ(const std::vector<float>& x, const std::vector<float>
     for (size_t i = 0; i < x.size() && i < y.size(); i++) n += bf16_test_bits(x[i]) != bf16_test_bits(y[i]);
     return n;
 }
+// how many of h (bf16 storage) are not x (fp32) rounded to nearest (bf16_pack), element by element
+static long packed_differ(const std::vector<bf16>& h, const std::vector<float>& x) {
+    std::vector<bf16> packed(x.size());
+    bf16_pack_cpu(packed.data(), x.data(), (long)x.size());
+    long n = h.size() == x.size() ? 0 : 1;
+    for (size_t i = 0; i < h.size() && i < x.size(); i++) n += h[i] != packed[i];
+    return n;
+}
 
 // C (M x N) = A . B in float64 from the bf16 operands, and sum_k |a||b| per element (the error scale)
 static void gemm_bf16_ref(int M, int N, int K, const bf16* A, long a_rs, long a_cs, const bf16* B, long b_rs, long b_cs,
@@ -501,13 +509,12 @@ static void test_bf16_elementwise_ops() {
             // its backward from the kept bf16 into bf16 storage against the fp32 backward from the widened
             // values, rounded in place and packed
             std::vector<float> d32 = dout, widened(n);
-            std::vector<bf16> d16(n), d32_packed(n);
+            std::vector<bf16> d16(n);
             bf16_widen_cpu(widened.data(), kept.data(), n);
             gelu_backward_bf16_cpu(d16.data(), kept.data(), dout.data(), n);
             gelu_backward_cpu(d32.data(), widened.data(), d32.data(), n);
             round_bf16_cpu(d32.data(), n);
-            bf16_pack_cpu(d32_packed.data(), d32.data(), n);
-            for (long i = 0; i < n; i++) differ += d16[i] != d32_packed[i];
+            differ += packed_differ(d16, d32);
             compared += n;
         }
     });
@@ -553,10 +560,9 @@ static void test_bf16_attention_out() {
                 differ += vectors_differ(d32, d16) + vectors_differ(g32, g16);
                 compared += n_l + n_qkv;
                 // dqkv written into bf16 storage: the fp32 dqkv rounded to nearest
-                std::vector<bf16> gh(n_qkv), g32_packed(n_qkv);
+                std::vector<bf16> gh(n_qkv);
                 attention_fused_backward_cpu(gh.data(), d16.data(), dout.data(), q_in, o_in, lse.data(), k.B, k.T, k.NH, k.hs);
-                bf16_pack_cpu(g32_packed.data(), g32.data(), n_qkv);
-                for (long i = 0; i < n_qkv; i++) differ += gh[i] != g32_packed[i];
+                differ += packed_differ(gh, g32);
                 compared += n_qkv;
             }
         }

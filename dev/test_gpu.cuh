@@ -332,32 +332,33 @@ static void test_attention_fused(CudaCtx* cx) {
         long diff = count_diff(dev_down(cx, go.p, n_out), out_g) + count_diff(dev_down(cx, gl.p, n_l), lse_g) +
                     count_diff(dev_down(cx, gg.p, n_qkv), dqkv_g);
         check_le(diff, 0, "%-22s %-44s a second run: floats differing (out, lse, dqkv)", "attention_fused", s);
-        if (k.T <= 256) {  // out in bf16 storage (a bf16 run's kept atty, for D): the bits of its values in fp32 words
-            std::vector<bf16> out16(n_out);
-            std::vector<float> out_r(n_out);
-            bf16_pack_cpu(out16.data(), out_c.data(), n_out);
-            bf16_widen_cpu(out_r.data(), out16.data(), n_out);
-            float* ch = cuda_alloc(cx, (n_out + 1) / 2);
-            cuda_upload(cx, ch, out16.data(), n_out * sizeof(bf16));
-            DevBuf cr = dev_up(cx, out_r);
-            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, Input{nullptr, (const bf16*)ch}, cl.p, k.B, k.T, k.NH, k.hs);
+        if (k.T <= 256) {
+            // x rounded to nearest: in bf16 storage on the device (h) and the same values in fp32 words (f)
+            struct Twin { bf16* h; DevBuf f; };
+            auto bf16_twin = [&](const std::vector<float>& x) {
+                long n = (long)x.size();
+                std::vector<bf16> x16(n);
+                std::vector<float> xr(n);
+                bf16_pack_cpu(x16.data(), x.data(), n);
+                bf16_widen_cpu(xr.data(), x16.data(), n);
+                float* h = cuda_alloc(cx, (n + 1) / 2);
+                cuda_upload(cx, h, x16.data(), n * sizeof(bf16));
+                return Twin{(bf16*)h, dev_up(cx, xr)};
+            };
+            // out in bf16 storage (a bf16 run's kept atty, for D): the bits of its values in fp32 words
+            Twin o16 = bf16_twin(out_c);
+            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, Input{nullptr, o16.h}, cl.p, k.B, k.T, k.NH, k.hs);
             auto dqkv_h = dev_down(cx, gg.p, n_qkv), dsum_h = dev_down(cx, gs.p, n_l);
-            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, Input{cr.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
+            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, dq.p, Input{o16.f.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
             check_le(count_diff(dev_down(cx, gg.p, n_qkv), dqkv_h) + count_diff(dev_down(cx, gs.p, n_l), dsum_h), 0,
                      "%-22s %-44s out in bf16 storage against its values in fp32 words: floats differing (dqkv, D)", "attention_fused", s);
-            cuda_free(cx, ch);
-            cuda_free(cx, cr.base);
             // q, k and v in bf16 storage (a bf16 run's qkv_kept), forward and backward: the bits of their values in fp32 words
-            std::vector<bf16> qkv16(n_qkv);
-            std::vector<float> qkv_r(n_qkv);
-            bf16_pack_cpu(qkv16.data(), qkv.data(), n_qkv);
-            bf16_widen_cpu(qkv_r.data(), qkv16.data(), n_qkv);
-            float* qh = cuda_alloc(cx, (n_qkv + 1) / 2);
-            cuda_upload(cx, qh, qkv16.data(), n_qkv * sizeof(bf16));
-            DevBuf qr = dev_up(cx, qkv_r);
-            attention_fused_forward_cuda(cx, go.p, gl.p, Input{nullptr, (const bf16*)qh}, k.B, k.T, k.NH, k.hs);
+            Twin q16 = bf16_twin(qkv);
+            const bf16* qh = q16.h;
+            DevBuf& qr = q16.f;
+            attention_fused_forward_cuda(cx, go.p, gl.p, Input{nullptr, qh}, k.B, k.T, k.NH, k.hs);
             auto out_h = dev_down(cx, go.p, n_out), lse_h = dev_down(cx, gl.p, n_l);
-            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, Input{nullptr, (const bf16*)qh}, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
+            attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, Input{nullptr, qh}, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
             auto dqkv_q = dev_down(cx, gg.p, n_qkv), dsum_q = dev_down(cx, gs.p, n_l);
             attention_fused_forward_cuda(cx, go.p, gl.p, Input{qr.p, nullptr}, k.B, k.T, k.NH, k.hs);
             attention_fused_backward_cuda(cx, gg.p, gs.p, dd.p, Input{qr.p, nullptr}, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH, k.hs);
@@ -367,7 +368,7 @@ static void test_attention_fused(CudaCtx* cx) {
                      "attention_fused", s);
             // dqkv written into bf16 storage (a bf16 run's, for qkv's matmuls): the fp32 dqkv rounded to nearest
             float* gh = cuda_alloc(cx, (n_qkv + 1) / 2);
-            attention_fused_backward_cuda(cx, (bf16*)gh, gs.p, dd.p, Input{nullptr, (const bf16*)qh}, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH,
+            attention_fused_backward_cuda(cx, (bf16*)gh, gs.p, dd.p, Input{nullptr, qh}, Input{co.p, nullptr}, cl.p, k.B, k.T, k.NH,
                                           k.hs);
             std::vector<bf16> dh(n_qkv), want(n_qkv);
             cuda_download(cx, dh.data(), gh, n_qkv * sizeof(bf16));
@@ -375,9 +376,7 @@ static void test_attention_fused(CudaCtx* cx) {
             long dh_diff = 0;
             for (long i = 0; i < n_qkv; i++) dh_diff += dh[i] != want[i];
             check_le(dh_diff, 0, "%-22s %-44s dqkv into bf16 storage against the fp32 dqkv rounded: values differing", "attention_fused", s);
-            cuda_free(cx, gh);
-            cuda_free(cx, qh);
-            cuda_free(cx, qr.base);
+            for (void* p : {(void*)gh, (void*)o16.h, (void*)o16.f.base, (void*)q16.h, (void*)q16.f.base}) cuda_free(cx, p);
         }
         for (DevBuf* b : {&dq, &dd, &co, &cl, &go, &gl, &gs, &gg}) cuda_free(cx, b->base);
     }
