@@ -900,6 +900,20 @@ static Input qkv_input(GPT* m, Rank* rk, LayerActs* la, float* qkv, bool words) 
     return {nullptr, as_bf16(la->qkv_kept)};
 }
 
+// Fused attention's backward, from datty and q, k, v as qkv_input gave them (atty for D), into qkv's output
+// gradient as qkv's two backward matmuls take it: an fp32 run's in dqkv; a bf16 run's written into bf16
+// storage in dfch's buffer (free once fc's backward is done), each sum rounded to nearest as it is stored.
+static Input attention_fused_backward_input(GPT* m, Rank* rk, LayerActs* la, Input qkv, Input atty) {
+    Acts* a = &m->acts;
+    int B = m->B, T = m->T, NHl = m->plan.NHl, hs = m->hs;
+    if (!m->bf16) {
+        OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, qkv, atty, la->lse, B, T, NHl, hs);
+        return {a->dqkv, nullptr};
+    }
+    OP(rk, attention_fused_backward, as_bf16(a->dfch), a->attd, a->datty, qkv, atty, la->lse, B, T, NHl, hs);
+    return {nullptr, as_bf16(a->dfch)};
+}
+
 // The LM head's logits (and dlogits) in this allocation's storage (Logits, kernels_cpu.h). A bf16 run
 // keeps them in bf16, as it keeps the matmuls' other operands: the head's GEMM rounds each fp32 sum to
 // nearest as it stores it, the cross-entropy reads them widened and sums in fp32, and it writes dlogits
@@ -1556,10 +1570,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // fused attention's backward rounds each sum into it as it stores it, matmul attention's is packed
         Input dqkv;
         if (m->fused) {  // the probabilities again, tile by tile, from q, k and the forward's lse (and atty for D)
-            Input qkv = kept_input(ACT_USED(m, qkv_kept), la.qkv, la.qkv_kept);
-            if (m->bf16) OP(rk, attention_fused_backward, as_bf16(a->dfch), a->attd, a->datty, qkv, atty, la.lse, B, T, NHl, hs);
-            else OP(rk, attention_fused_backward, a->dqkv, a->attd, a->datty, qkv, atty, la.lse, B, T, NHl, hs);
-            dqkv = m->bf16 ? Input{nullptr, as_bf16(a->dfch)} : Input{a->dqkv, nullptr};
+            dqkv = attention_fused_backward_input(m, rk, &la, kept_input(ACT_USED(m, qkv_kept), la.qkv, la.qkv_kept), atty);
         } else {
             if (m->recompute >= 3) OP(rk, attention_probs, la.att, la.qkv, B, T, NHl, hs);  // -r 3: from q and k again
             OP(rk, attention_backward, a->dqkv, a->datty, la.qkv, la.att, B, T, NHl, hs);

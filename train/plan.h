@@ -406,15 +406,9 @@ static void plan_measure_compute(const Run* run, int P, int threads, int togethe
                 OP(&rk, matmul_backward, x->dfch, GRAD(&m, fcprojw, 0), GRAD(&m, fcprojb, 0), x->partial, x->dfch, WEIGHT(&m, fcprojw, 0), BT, C4l, C);
                 OP(&rk, matmul_backward, x->dln, GRAD(&m, fcw, 0), GRAD(&m, fcb, 0), x->dfch, in, WEIGHT(&m, fcw, 0), BT, C, C4l);
                 OP(&rk, matmul_backward, x->datty, GRAD(&m, attprojw, 0), GRAD(&m, attprojb, 0), x->partial, la.atty, WEIGHT(&m, attprojw, 0), BT, Cl, C);
-                Input dqkv = {x->dqkv, nullptr};  // (a bf16 run's fused attention writes it in bf16, into dfch's buffer)
-                if (m.fused && m.bf16) {
-                    OP(&rk, attention_fused_backward, as_bf16(x->dfch), x->attd, x->datty, qkv_in, Input{la.atty, nullptr}, la.lse, B, T, NHl, hs);
-                    dqkv = {nullptr, as_bf16(x->dfch)};
-                } else if (m.fused) {
-                    OP(&rk, attention_fused_backward, x->dqkv, x->attd, x->datty, qkv_in, Input{la.atty, nullptr}, la.lse, B, T, NHl, hs);
-                } else {
-                    OP(&rk, attention_backward, x->dqkv, x->datty, qkv, la.att, B, T, NHl, hs);
-                }
+                Input dqkv = {x->dqkv, nullptr};
+                if (m.fused) dqkv = attention_fused_backward_input(&m, &rk, &la, qkv_in, Input{la.atty, nullptr});
+                else OP(&rk, attention_backward, x->dqkv, x->datty, qkv, la.att, B, T, NHl, hs);
                 OP(&rk, matmul_backward, x->dln, GRAD(&m, qkvw, 0), GRAD(&m, qkvb, 0), dqkv, Input{in, nullptr}, WEIGHT(&m, qkvw, 0), BT, C, 3 * Cl);
                 plan_sync(&rk);
                 double t4 = comm_now();
