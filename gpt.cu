@@ -380,6 +380,8 @@ static long params_vector_floats(const ShardPlan* s) {
 // one place, acts_layout; LayerActs is layer l's view of the per-layer buffers.
 struct Acts {
     float* encoded;                    // (N, C) embedding output, the first layer's residual input
+                                       // (the residual stream: encoded, residual2, residual3, in a bf16
+                                       // run bf16 storage, stream_of)
     float *ln1, *ln1_mean, *ln1_rstd;  // per layer: (N, C), (N), (N)
     float* qkv;                        // per layer: (B, T, 3 Cl) q, k, v of the local heads (a bf16 run's
                                        // fused attention: in bf16, qkv_kept)
@@ -441,6 +443,9 @@ static long act_copies(const ActsLayout* lay, int i, int L) {
 // GEMM with a bf16 output need not sum in the order of its fp32 one.)
 static bool g_bf16_in_fp32 = false;
 
+// the floats n bf16 take, in whole 16-byte units (so that each layer's part of a buffer starts on 16 bytes)
+static long bf16_floats(long n) { return (n + 7) / 8 * 4; }
+
 // split: sequence parallelism on (N = B*T/P tokens per rank); recompute: -r 0..3 (0..2 with fused);
 // fused: --attention fused (else matmul); bf16: --dtype bf16 (the kept activations in bf16 and SP's bf16
 // gather buffer, sized in floats: two bf16 a float)
@@ -449,7 +454,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
     long C = c->C, BT = (long)B * T, N = split ? BT / s->P : BT;
     const int LAYER = ACT_PER_LAYER, ONCE = ACT_ONCE;
     // bf16 keeps ln1, ln2 and fch_gelu in bf16 (the *_kept buffers) unless -r recomputes them, atty and fch
-    // always, and with fused attention q, k and v.
+    // always, and with fused attention q, k and v; and its residual stream is bf16 storage.
     const bool logits_bf16 = bf16;  // (the logits are bf16 storage in every bf16 run: the hook leaves them)
     bf16 = bf16 && !g_bf16_in_fp32;
     // Where the layernorms and the GELU write their bf16 output straight into the kept copy (layernorm_input,
@@ -461,32 +466,32 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
     int gelu = recompute >= 1 ? ACT_REUSED : gelu_kept ? ACT_UNUSED : LAYER;
     int att = fused ? ACT_UNUSED : recompute >= 3 ? ACT_REUSED : LAYER;
     long rows = B * s->NHl * (long)T;  // one float per (b, local head, t): the log-sum-exp, and D
-    auto half = [](long n) { return (n + 7) / 8 * 4; };  // the floats n bf16 take, in whole 16-byte units
+    long stream = bf16 ? bf16_floats(N * C) : N * C;  // the residual stream's (N, C): bf16 storage in a bf16 run
     struct { long size; int kind; } t[] = {
-        {N * C, ONCE},                                                          // encoded
+        {stream, ONCE},                                                         // encoded
         {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln1, ln1_mean, ln1_rstd
         {BT * 3 * s->Cl, bf16 && fused ? ACT_UNUSED : LAYER},                   // qkv (bf16 and fused: qkv_kept)
         {BT * s->Cl, bf16 ? ACT_REUSED : LAYER},                                // atty
         {B * s->NHl * (long)T * T, att},                                        // att
         {rows, fused ? LAYER : ACT_UNUSED},                                     // lse
-        {N * C, LAYER},                                                         // residual2
+        {stream, LAYER},                                                        // residual2
         {N * C, ln}, {N, LAYER}, {N, LAYER},                                    // ln2, ln2_mean, ln2_rstd
-        {BT * s->C4l, gelu_kept ? ACT_UNUSED : bf16 ? ACT_REUSED : LAYER},       // fch (gelu_kept: in dfch, fc_sums)
+        {BT * s->C4l, gelu_kept ? ACT_UNUSED : bf16 ? ACT_REUSED : LAYER},      // fch (gelu_kept: in dfch, fc_sums)
         {BT * s->C4l, gelu},                                                    // fch_gelu
-        {N * C, LAYER},                                                         // residual3
+        {stream, LAYER},                                                        // residual3
         {BT * C, ONCE}, {N, ONCE}, {N, ONCE},                                   // lnf, lnf_mean, lnf_rstd
-        {logits_bf16 ? half(BT * s->Vl) : BT * s->Vl, ONCE},                    // logits
+        {logits_bf16 ? bf16_floats(BT * s->Vl) : BT * s->Vl, ONCE},             // logits
         {BT, ONCE}, {2 * BT, ONCE}, {BT, ONCE},                                 // ce_max, ce_sums, losses
         {BT * C, ONCE},                                                         // partial
         {BT * C, split ? ONCE : ACT_UNUSED},                                    // gathered
         {(BT * C + 1) / 2, wire ? ONCE : ACT_UNUSED},                           // wire (sp_wire_bf16)
         {N * C, ONCE}, {BT * C, ONCE}, {BT * s->Cl, ONCE}, {BT * 3 * s->Cl, ONCE}, {BT * s->C4l, ONCE},  // dres, dln, datty, dqkv, dfch
         {rows, fused ? ONCE : ACT_UNUSED},                                      // attd
-        {half(N * C), ln_kept ? LAYER : ACT_UNUSED}, {half(N * C), ln_kept ? LAYER : ACT_UNUSED},  // ln1_kept, ln2_kept
-        {half(BT * s->Cl), bf16 ? LAYER : ACT_UNUSED},                          // atty_kept
-        {half(BT * s->C4l), gelu_kept ? LAYER : ACT_UNUSED},                    // gelu_kept
-        {half(BT * s->C4l), bf16 ? LAYER : ACT_UNUSED},                         // fch_kept
-        {half(BT * 3 * s->Cl), bf16 && fused ? LAYER : ACT_UNUSED},             // qkv_kept
+        {bf16_floats(N * C), ln_kept ? LAYER : ACT_UNUSED}, {bf16_floats(N * C), ln_kept ? LAYER : ACT_UNUSED},  // ln1_kept, ln2_kept
+        {bf16_floats(BT * s->Cl), bf16 ? LAYER : ACT_UNUSED},                   // atty_kept
+        {bf16_floats(BT * s->C4l), gelu_kept ? LAYER : ACT_UNUSED},             // gelu_kept
+        {bf16_floats(BT * s->C4l), bf16 ? LAYER : ACT_UNUSED},                  // fch_kept
+        {bf16_floats(BT * 3 * s->Cl), bf16 && fused ? LAYER : ACT_UNUSED},      // qkv_kept
     };
     static_assert(sizeof(t) / sizeof(t[0]) == NUM_ACTS, "Acts and acts_layout disagree");
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -585,6 +590,7 @@ struct GPT {
     int B, T;
     bool split;     // this allocation splits the tokens (sp_splits)
     bool acts_bf16; // this allocation is a --dtype bf16 run's (its kept activations, SP's wire buffer, the logits)
+    bool stream_bf16;  // ... and its residual stream (encoded, residual2, residual3) is bf16 storage (stream_of)
     int ntok, t0;   // the tokens of the token-wise regions on this rank: N and the first one
     float* acts_mem;
     Acts acts;
@@ -811,6 +817,25 @@ static void keep_bf16(GPT* m, Rank* rk, float* x, long n) {
 #define ACT_USED(m, name) ((m)->layout.kind[offsetof(Acts, name) / sizeof(float*)] != ACT_UNUSED)
 static bf16* as_bf16(float* p) { return (bf16*)(void*)p; }
 
+// The residual stream (encoded, and each layer's residual2 and residual3) as the ops read it: fp32 words,
+// or a bf16 run's bf16 storage (stream_bf16: half the bytes of what was a layer's largest fp32 activation,
+// and of what a pipeline stage sends the next). A bf16 run's stream holds bf16 values either way: each
+// residual add rounds its fp32 sum to nearest (residual_add), as the embedding does (stream_keep); the
+// fp32-words test hook keeps those values in fp32 words, to show that the storage changes no bit.
+static Input stream_of(const GPT* m, float* x) { return m->stream_bf16 ? Input{nullptr, as_bf16(x)} : Input{x, nullptr}; }
+// out (N, C) = res + (x + bias), both the stream's, rounded to nearest in a bf16 run
+static void residual_add(GPT* m, Rank* rk, float* out, float* res, const float* x, const float* bias) {
+    OP(rk, residual_forward, out, stream_of(m, res), x, bias, m->ntok, m->cfg.C);
+    if (!m->stream_bf16) keep_bf16(m, rk, out, (long)m->ntok * m->cfg.C);
+}
+// out (N, C), the stream's, from fp32 sums x (N, C): x (out itself) in an fp32 run, rounded to nearest in a
+// bf16 run, in place (the hook) or into out's bf16 storage (x then a scratch)
+static void stream_keep(GPT* m, Rank* rk, float* out, float* x) {
+    long n = (long)m->ntok * m->cfg.C;
+    if (m->stream_bf16) OP(rk, bf16_pack, as_bf16(out), x, n);
+    else keep_bf16(m, rk, x, n);
+}
+
 // A matmul's input x (n), made in this layer's forward, as the matmul takes it. An fp32 run: x. A bf16 run
 // whose backward reads a bf16 copy of it (kept: its buffer, else NULL): x rounded to nearest into that copy
 // (bf16_pack), which the matmul reads where it lies, x left as computed (nothing reads it again); else x
@@ -843,7 +868,7 @@ static Input kept_input(bool kept, const float* x, float* kept_buf) {
     return kept ? Input{nullptr, as_bf16(kept_buf)} : Input{x, nullptr};
 }
 
-// A layer's layernorm in the forward, (N, C) from the residual stream inp, as the matmul after it takes it
+// A layer's layernorm in the forward, (N, C) from the residual stream inp (stream_of), as the matmul after it takes it
 // (with SP the rank's rows, which all_tokens_input gathers). A bf16 run that keeps the output in bf16
 // (kept: the layer's copy, else NULL) writes it there straight, each value rounded to nearest as it is
 // stored: keep_input's bits, with no fp32 copy (acts_layout makes none); under SP its gather then moves
@@ -851,7 +876,7 @@ static Input kept_input(bool kept, const float* x, float* kept_buf) {
 // fp32 run, the layernorm writes out (fp32) and keep_input rounds and keeps that.
 static bool sp_wire_bf16(const GPTConfig* c, bool bf16);
 static Input layernorm_input(GPT* m, Rank* rk, float* out, float* kept, bool keep, float* mean, float* rstd,
-                             const float* inp, const float* w, const float* b) {
+                             Input inp, const float* w, const float* b) {
     int N = m->ntok, C = m->cfg.C;
     if (m->bf16 && kept && (!m->split || sp_wire_bf16(&m->cfg, m->bf16))) {
         OP(rk, layernorm_forward, as_bf16(kept), mean, rstd, inp, w, b, N, C);
@@ -1071,6 +1096,7 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
     m->T = T;
     m->split = split;
     m->acts_bf16 = m->bf16;
+    m->stream_bf16 = m->bf16 && !g_bf16_in_fp32;  // (acts_layout's choice)
     m->ntok = split ? B * T / rk->P : B * T;
     m->t0 = split ? rk->rank * m->ntok : 0;
     long stage = m->bf16 ? grad_stage_floats(&m->cfg, &m->plan, m->npad, rk->dp.P, rk->S, split, T) : 0;
@@ -1258,14 +1284,14 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
     Acts* a = &m->acts;
     Params* p = &m->params;
     int B = m->B, T = m->T, C = c->C, NHl = s->NHl, Cl = s->Cl, C4l = s->C4l, hs = m->hs;
-    int BT = B * T, N = m->ntok;
+    int BT = B * T;
     LayerActs la = layer_acts(m, l);
     int lg = s->l0 + l;  // the layer's index in the model (l is the stage's), for the collectives' labels
 
     // attention block. ln1 is replicated: every rank normalises the same residual stream (with SP,
     // its own tokens of it).
     Input ln1_in = layernorm_input(m, rk, la.ln1, ACT_USED(m, ln1_kept) ? la.ln1_kept : nullptr, keep, la.ln1_mean,
-                                   la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C);
+                                   la.ln1_rstd, stream_of(m, la.residual), p->ln1w + l * C, p->ln1b + l * C);
     // qkv is column-parallel by head: this rank computes q, k, v of its NHl heads only, for every
     // token. f: the input is already every rank's (TP); SP all-gathers the tokens.
     ln1_in = all_tokens_input(m, rk, ln1_in, la.ln1, "ln1 fwd", lg);
@@ -1284,19 +1310,19 @@ static void gpt_layer_forward(GPT* m, Rank* rk, int l, KVCache* kv, bool decode,
     // the heads of all ranks into the full projection, the same on every rank (SP: reduce-scatter).
     OP(rk, matmul_forward, a->partial, atty_in, WEIGHT(m, attprojw, (long)l * C * Cl), nullptr, BT, Cl, C);
     float* attn_out = my_tokens_summed(m, rk, a->partial, "attproj fwd", lg);
-    OP(rk, residual_forward, la.residual2, la.residual, attn_out, p->attprojb + l * C, N, C);  // bias once, after the sum
+    residual_add(m, rk, la.residual2, la.residual, attn_out, p->attprojb + l * C);  // bias once, after the sum
 
     // MLP block: fc is column-parallel (this rank's 4C/P hidden units), GELU is elementwise on them,
     // fcproj is row-parallel over the same units: again a partial sum, again g.
     Input ln2_in = layernorm_input(m, rk, la.ln2, ACT_USED(m, ln2_kept) ? la.ln2_kept : nullptr, keep, la.ln2_mean,
-                                   la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C);
+                                   la.ln2_rstd, stream_of(m, la.residual2), p->ln2w + l * C, p->ln2b + l * C);
     ln2_in = all_tokens_input(m, rk, ln2_in, la.ln2, "ln2 fwd", lg);
     float* fch = fc_sums(m, &la);
     OP(rk, matmul_forward, fch, ln2_in, WEIGHT(m, fcw, (long)l * C4l * C), p->fcb + l * C4l, BT, C, C4l);
     Input gelu_in = gelu_input(m, rk, &la, fch, keep);
     OP(rk, matmul_forward, a->partial, gelu_in, WEIGHT(m, fcprojw, (long)l * C * C4l), nullptr, BT, C4l, C);
     float* mlp_out = my_tokens_summed(m, rk, a->partial, "fcproj fwd", lg);
-    OP(rk, residual_forward, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C, N, C);
+    residual_add(m, rk, la.residual3, la.residual2, mlp_out, p->fcprojb + l * C);
 }
 
 // The embedding, the layers and the LM head on the tokens already in m->tokens (B, T): logits (B, T, Vl).
@@ -1321,16 +1347,20 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode, bool 
         // Vocab-parallel embedding: each rank holds wte rows [v0, v0+Vl) and looks up only the tokens it
         // owns, writing zeros for the rest. Summing over ranks puts every token's row in place (the other
         // ranks add exact zeros, so this is bit-identical to TP=1): g, an all-reduce; with SP a
-        // reduce-scatter, which leaves each rank its own tokens. Then the replicated wpe is added.
+        // reduce-scatter, which leaves each rank its own tokens. Then the replicated wpe is added. The sums
+        // are fp32 (in a scratch where the stream is bf16 storage: gathered is free until the first layer's
+        // all-gather), and go into the stream rounded like every addition to it (stream_keep).
+        float* emb = !m->stream_bf16 ? a->encoded : m->split ? a->gathered : a->partial;
         if (!m->split) {
-            OP(rk, encoder_forward, a->encoded, m->tokens, WEIGHT(m, wte, 0), s->v0, Vl, BT, C);
-            comm_allreduce(tp, a->encoded, (long)BT * C, COMM_SUM, "embedding fwd", -1);
+            OP(rk, encoder_forward, emb, m->tokens, WEIGHT(m, wte, 0), s->v0, Vl, BT, C);
+            comm_allreduce(tp, emb, (long)BT * C, COMM_SUM, "embedding fwd", -1);
         } else {
             OP(rk, encoder_forward, a->partial, m->tokens, WEIGHT(m, wte, 0), s->v0, Vl, BT, C);
-            comm_reducescatter(tp, a->encoded, a->partial, (long)N * C, "embedding fwd", -1);
+            comm_reducescatter(tp, emb, a->partial, (long)N * C, "embedding fwd", -1);
         }
-        if (decode) OP(rk, position_rows_forward, a->encoded, p->wpe, kv->pos + m->t0, N, C);  // T = 1: token n is row n
-        else OP(rk, position_forward, a->encoded, p->wpe, N, m->t0, T, C);
+        if (decode) OP(rk, position_rows_forward, emb, p->wpe, kv->pos + m->t0, N, C);  // T = 1: token n is row n
+        else OP(rk, position_forward, emb, p->wpe, N, m->t0, T, C);
+        stream_keep(m, rk, a->encoded, emb);
     }
 
     for (int l = 0; l < L; l++) gpt_layer_forward(m, rk, l, kv, decode, keep);
@@ -1340,7 +1370,7 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode, bool 
     // The full (B, T, Vp) logits never exist on one rank. The head needs every token: with SP the
     // layernorm writes this rank's tokens in place at row t0 and an all-gather fills in the rest.
     float* last = LAYER_BUF(m, residual3, L - 1);
-    OP(rk, layernorm_forward, a->lnf + (long)m->t0 * C, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, N, C);
+    OP(rk, layernorm_forward, a->lnf + (long)m->t0 * C, a->lnf_mean, a->lnf_rstd, stream_of(m, last), p->lnfw, p->lnfb, N, C);
     keep_bf16(m, rk, a->lnf + (long)m->t0 * C, (long)N * C);
     if (m->split) gather_tokens(m, rk, a->lnf, a->lnf + (long)m->t0 * C, true, "lnf fwd", -1);
     OP(rk, matmul_forward, logits_of(m), a->lnf, WEIGHT(m, wte, 0), nullptr, BT, C, Vl);
@@ -1389,7 +1419,9 @@ static void gpt_forward(GPT* m, Rank* rk, const int* tokens, const int* targets,
 static float* gpt_stage_input(GPT* m) { return m->acts.encoded; }
 static float* gpt_stage_output(GPT* m) { return LAYER_BUF(m, residual3, m->plan.L - 1); }
 static float* gpt_stage_grad(GPT* m) { return m->acts.dres; }
-static long gpt_stage_floats(const GPT* m) { return (long)m->ntok * m->cfg.C; }
+static long gpt_stage_grad_floats(const GPT* m) { return (long)m->ntok * m->cfg.C; }
+// (the stream in a bf16 run is bf16 storage, which goes as it lies: half the bytes; its gradient is fp32)
+static long gpt_stage_floats(const GPT* m) { return m->stream_bf16 ? bf16_floats((long)m->ntok * m->cfg.C) : gpt_stage_grad_floats(m); }
 
 // Prefill: tokens (B, T) (host memory, rows right-padded to T; causal attention makes the padding change
 // nothing before it) through the normal forward, which also writes every layer's k and v into the cache
@@ -1513,7 +1545,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
         dev_zero(rk, a->dres, (long)N * C);
         my_tokens_summed_wait(rk);
         float* last = LAYER_BUF(m, residual3, L - 1);
-        OP(rk, layernorm_backward, a->dres, GRAD(m, lnfw, 0), GRAD(m, lnfb, 0), dlnf, last, p->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
+        OP(rk, layernorm_backward, a->dres, GRAD(m, lnfw, 0), GRAD(m, lnfb, 0), dlnf, stream_of(m, last), p->lnfw, a->lnf_mean,
+           a->lnf_rstd, N, C);
     }
 
     for (int l = L - 1; l >= 0; l--) {
@@ -1548,7 +1581,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
         // Its weight gradient needs the input of every token: with SP the all-gather of ln2 is done again
         // (the first of SP's two extra costs: it keeps only its own tokens' rows, as Megatron does).
         if (m->recompute >= 2) {  // -r 2: not kept
-            OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p->ln2w + l * C, p->ln2b + l * C, N, C);
+            OP(rk, layernorm_forward, la.ln2, la.ln2_mean, la.ln2_rstd, stream_of(m, la.residual2), p->ln2w + l * C,
+               p->ln2b + l * C, N, C);
             keep_bf16(m, rk, la.ln2, (long)N * C);
         }
         Input ln2_in = all_tokens_input(m, rk, kept_input(ACT_USED(m, ln2_kept), la.ln2, la.ln2_kept), la.ln2, "ln2 bwd", lg);
@@ -1557,7 +1591,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         OP(rk, matmul_backward, nullptr, GRAD(m, fcw, (long)l * C4l * C), GRAD(m, fcb, l * C4l), dfch, ln2_in,
            WEIGHT(m, fcw, (long)l * C4l * C), BT, C, C4l);  // under the sum
         my_tokens_summed_wait(rk);
-        OP(rk, layernorm_backward, a->dres, GRAD(m, ln2w, l * C), GRAD(m, ln2b, l * C), dln2, la.residual2, p->ln2w + l * C,
+        OP(rk, layernorm_backward, a->dres, GRAD(m, ln2w, l * C), GRAD(m, ln2b, l * C), dln2, stream_of(m, la.residual2), p->ln2w + l * C,
            la.ln2_mean, la.ln2_rstd, N, C);
 
         // attention block, the same pattern: attproj row-parallel (no communication, SP: all-gather),
@@ -1577,7 +1611,8 @@ static void gpt_backward(GPT* m, Rank* rk) {
             dqkv = grad_input(m, rk, a->dqkv, a->dfch, (long)BT * 3 * Cl);
         }
         if (m->recompute >= 2) {
-            OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, la.residual, p->ln1w + l * C, p->ln1b + l * C, N, C);
+            OP(rk, layernorm_forward, la.ln1, la.ln1_mean, la.ln1_rstd, stream_of(m, la.residual), p->ln1w + l * C,
+               p->ln1b + l * C, N, C);
             keep_bf16(m, rk, la.ln1, (long)N * C);
         }
         Input ln1_in = all_tokens_input(m, rk, kept_input(ACT_USED(m, ln1_kept), la.ln1, la.ln1_kept), la.ln1, "ln1 bwd", lg);
@@ -1586,7 +1621,7 @@ static void gpt_backward(GPT* m, Rank* rk) {
         OP(rk, matmul_backward, nullptr, GRAD(m, qkvw, (long)l * 3 * Cl * C), GRAD(m, qkvb, l * 3 * Cl), dqkv, ln1_in,
            WEIGHT(m, qkvw, (long)l * 3 * Cl * C), BT, C, 3 * Cl);  // under the sum
         my_tokens_summed_wait(rk);
-        OP(rk, layernorm_backward, a->dres, GRAD(m, ln1w, l * C), GRAD(m, ln1b, l * C), dln1, la.residual, p->ln1w + l * C,
+        OP(rk, layernorm_backward, a->dres, GRAD(m, ln1w, l * C), GRAD(m, ln1b, l * C), dln1, stream_of(m, la.residual), p->ln1w + l * C,
            la.ln1_mean, la.ln1_rstd, N, C);
     }
 

@@ -202,6 +202,12 @@ template <int VEC> __device__ __forceinline__ Fv<VEC> ldv(const bf16* p) {
             r.v[2 * k] = bf16_to_float((bf16)(w[k] & 0xffff));
             r.v[2 * k + 1] = bf16_to_float((bf16)(w[k] >> 16));
         }
+    } else if constexpr (VEC == 4) {
+        uint2 t = *reinterpret_cast<const uint2*>(p);
+        r.v[0] = bf16_to_float((bf16)(t.x & 0xffff));
+        r.v[1] = bf16_to_float((bf16)(t.x >> 16));
+        r.v[2] = bf16_to_float((bf16)(t.y & 0xffff));
+        r.v[3] = bf16_to_float((bf16)(t.y >> 16));
     } else {
         #pragma unroll
         for (int k = 0; k < VEC; k++) r.v[k] = bf16_to_float(p[k]);
@@ -293,6 +299,8 @@ __device__ double block_sum_d(double v) {
 }
 
 static bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+// whether 4 elements from p are one load: 16 bytes of fp32, 8 of bf16
+template <typename T> static bool aligned4(const T* p) { return (uintptr_t)p % (4 * sizeof(T)) == 0; }
 static unsigned ceil_div(long a, long b) { return (unsigned)((a + b - 1) / b); }
 
 // Row kernels use one warp per row, 8 rows per block of 256 threads.
@@ -423,8 +431,10 @@ __global__ void bias_grad_partial_kernel(float* partial, const D* dout, int N, i
 }
 
 // partial_w, partial_b (nsplit, C): split sums of dout * xhat and of dout, xhat = (inp - mean) * rstd
+// (TI: inp fp32, or bf16 storage widened exactly)
+template <typename TI>
 __global__ void layernorm_param_grad_partial_kernel(float* partial_w, float* partial_b, const float* dout,
-                                                    const float* inp, const float* mean, const float* rstd, int N, int C) {
+                                                    const TI* inp, const float* mean, const float* rstd, int N, int C) {
     __shared__ float shw[8][33], shb[8][33];
     int c = blockIdx.y * 32 + threadIdx.x;
     int n0 = blockIdx.x * COLSUM_ROWS, n1 = min(n0 + COLSUM_ROWS, N);
@@ -433,7 +443,7 @@ __global__ void layernorm_param_grad_partial_kernel(float* partial_w, float* par
         for (int n = n0 + threadIdx.y; n < n1; n += 8) {
             long i = (long)n * C + c;
             float d = dout[i];
-            aw += d * ((inp[i] - mean[n]) * rstd[n]);
+            aw += d * ((ldv<1>(inp + i).v[0] - mean[n]) * rstd[n]);
             ab += d;
         }
     shw[threadIdx.y][threadIdx.x] = aw;
@@ -799,14 +809,15 @@ static void position_backward_cuda(CudaCtx* cx, Grad dwpe, const float* dout, in
 
 // out (N, C) = (inp - mean) * rstd * w + b; mean (N), rstd (N). A warp per row, two passes over the row
 // (mean, then the variance about it) as the CPU op, then the output. TO: out fp32, or bf16 storage (a bf16
-// run's kept ln1 and ln2, each value rounded to nearest as it is stored, as the CPU op).
-template <int VEC, typename TO>
-__global__ void layernorm_forward_kernel(TO* out, float* mean, float* rstd, const float* inp, const float* w,
+// run's kept ln1 and ln2, each value rounded to nearest as it is stored, as the CPU op). TI: inp fp32, or
+// bf16 storage (a bf16 run's residual stream), widened exactly as it is loaded: the same sums in the same order.
+template <int VEC, typename TO, typename TI>
+__global__ void layernorm_forward_kernel(TO* out, float* mean, float* rstd, const TI* inp, const float* w,
                                          const float* b, int N, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     int lane = threadIdx.x % 32;
-    const float* x = inp + n * C;
+    const TI* x = inp + n * C;
     float s = 0.0f;
     for (int i = lane * VEC; i < C; i += 32 * VEC) {
         Fv<VEC> a = ldv<VEC>(x + i);
@@ -832,27 +843,34 @@ __global__ void layernorm_forward_kernel(TO* out, float* mean, float* rstd, cons
     }
 }
 
-// (4 elements of out a store: 16 bytes of fp32, 8 of bf16, where out is aligned to that)
-template <typename TO>
-static void layernorm_forward_cuda(CudaCtx* cx, TO* out, float* mean, float* rstd, const float* inp, const float* w,
+// (4 elements of out and of inp a load or store: 16 bytes of fp32, 8 of bf16, where each is aligned to that)
+template <typename TO, typename TI = float>
+static void layernorm_forward_cuda(CudaCtx* cx, TO* out, float* mean, float* rstd, const TI* inp, const float* w,
                                    const float* b, int N, int C) {
     if (N <= 0) return;
     unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
-    if (C % 4 == 0 && (uintptr_t)out % (4 * sizeof(TO)) == 0 && aligned16(inp) && aligned16(w) && aligned16(b))
-        layernorm_forward_kernel<4, TO><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
+    if (C % 4 == 0 && aligned4(out) && aligned4(inp) && aligned16(w) && aligned16(b))
+        layernorm_forward_kernel<4, TO, TI><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
     else
-        layernorm_forward_kernel<1, TO><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
+        layernorm_forward_kernel<1, TO, TI><<<grid, ROW_THREADS, 0, cx->stream>>>(out, mean, rstd, inp, w, b, N, C);
     CUDA_LAUNCH_CHECK(cx->rank, "layernorm_forward_kernel");
+}
+// the recipe's form: inp the residual stream as it lies (Input: fp32, or a bf16 run's bf16 storage)
+template <typename TO>
+static void layernorm_forward_cuda(CudaCtx* cx, TO* out, float* mean, float* rstd, Input inp, const float* w,
+                                   const float* b, int N, int C) {
+    if (inp.h) layernorm_forward_cuda(cx, out, mean, rstd, inp.h, w, b, N, C);
+    else layernorm_forward_cuda(cx, out, mean, rstd, inp.f, w, b, N, C);
 }
 
 // dinp (N, C) += ((dnorm - mean(dnorm)) - xhat * mean(dnorm * xhat)) * rstd, dnorm = w * dout; a warp per row
-template <int VEC>
-__global__ void layernorm_backward_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+template <int VEC, typename TI>
+__global__ void layernorm_backward_kernel(float* dinp, const float* dout, const TI* inp, const float* w,
                                           const float* mean, const float* rstd, int N, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     int lane = threadIdx.x % 32;
-    const float* x = inp + n * C;
+    const TI* x = inp + n * C;
     const float* d = dout + n * C;
     float m = mean[n], s = rstd[n];
     float dm = 0.0f, dnm = 0.0f;
@@ -880,32 +898,39 @@ __global__ void layernorm_backward_kernel(float* dinp, const float* dout, const 
 }
 
 // dinp (N, C) += d(layernorm)/d(inp) . dout;  dw (C) += sum_n dout * xhat;  db (C) += sum_n dout
-// (dw and db through the deterministic two-pass column sums)
-static void layernorm_backward_cuda(CudaCtx* cx, float* dinp, Grad dw, Grad db, const float* dout, const float* inp,
+// (dw and db through the deterministic two-pass column sums; TI: inp fp32, or bf16 storage as the forward's)
+template <typename TI>
+static void layernorm_backward_cuda(CudaCtx* cx, float* dinp, Grad dw, Grad db, const float* dout, const TI* inp,
                                     const float* w, const float* mean, const float* rstd, int N, int C) {
     if (N <= 0) return;
     unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
-    if (C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w))
-        layernorm_backward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+    if (C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned4(inp) && aligned16(w))
+        layernorm_backward_kernel<4, TI><<<grid, ROW_THREADS, 0, cx->stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
     else
-        layernorm_backward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+        layernorm_backward_kernel<1, TI><<<grid, ROW_THREADS, 0, cx->stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
     CUDA_LAUNCH_CHECK(cx->rank, "layernorm_backward_kernel");
     dim3 g2 = colsum_grid(cx, N, C);
     float* pw = (float*)cuda_scratch(cx, &cx->red, &cx->red_bytes, 2 * (size_t)g2.x * C * sizeof(float));
     float* pb = pw + (size_t)g2.x * C;
-    layernorm_param_grad_partial_kernel<<<g2, dim3(32, 8), 0, cx->stream>>>(pw, pb, dout, inp, mean, rstd, N, C);
+    layernorm_param_grad_partial_kernel<TI><<<g2, dim3(32, 8), 0, cx->stream>>>(pw, pb, dout, inp, mean, rstd, N, C);
     CUDA_LAUNCH_CHECK(cx->rank, "layernorm_param_grad_partial_kernel");
     if (dw.h) colsum_finish_kernel<::bf16><<<ceil_div(C, 256), 256, 0, cx->stream>>>(dw.h, pw, db.h, pb, (int)g2.x, C);
     else colsum_finish_kernel<float><<<ceil_div(C, 256), 256, 0, cx->stream>>>(dw.f, pw, db.f, pb, (int)g2.x, C);
     CUDA_LAUNCH_CHECK(cx->rank, "colsum_finish_kernel");
 }
+static void layernorm_backward_cuda(CudaCtx* cx, float* dinp, Grad dw, Grad db, const float* dout, Input inp,
+                                    const float* w, const float* mean, const float* rstd, int N, int C) {
+    if (inp.h) layernorm_backward_cuda(cx, dinp, dw, db, dout, inp.h, w, mean, rstd, N, C);
+    else layernorm_backward_cuda(cx, dinp, dw, db, dout, inp.f, w, mean, rstd, N, C);
+}
 
 // ----------------------------------------------------------------------------
 // Residual + bias, GELU
 
-// out (N, C) = res + (x + bias): the row-parallel layer's bias, added once after its all-reduce
-template <int VEC>
-__global__ void residual_forward_kernel(float* out, const float* res, const float* x, const float* bias, int N, int C) {
+// out (N, C) = res + (x + bias): the row-parallel layer's bias, added once after its all-reduce. TO, TR: out
+// and res fp32, or bf16 storage (a bf16 run's residual stream: res widened, the sum rounded to nearest)
+template <int VEC, typename TO, typename TR>
+__global__ void residual_forward_kernel(TO* out, const TR* res, const float* x, const float* bias, int N, int C) {
     long n = (long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (n >= N) return;
     int lane = threadIdx.x % 32;
@@ -917,14 +942,20 @@ __global__ void residual_forward_kernel(float* out, const float* res, const floa
     }
 }
 
-static void residual_forward_cuda(CudaCtx* cx, float* out, const float* res, const float* x, const float* bias, int N, int C) {
+template <typename TO, typename TR>
+static void residual_forward_cuda(CudaCtx* cx, TO* out, const TR* res, const float* x, const float* bias, int N, int C) {
     if (N <= 0) return;
     unsigned grid = ceil_div(N, ROWS_PER_BLOCK);
-    if (C % 4 == 0 && aligned16(out) && aligned16(res) && aligned16(x) && aligned16(bias))
-        residual_forward_kernel<4><<<grid, ROW_THREADS, 0, cx->stream>>>(out, res, x, bias, N, C);
+    if (C % 4 == 0 && aligned4(out) && aligned4(res) && aligned16(x) && aligned16(bias))
+        residual_forward_kernel<4, TO, TR><<<grid, ROW_THREADS, 0, cx->stream>>>(out, res, x, bias, N, C);
     else
-        residual_forward_kernel<1><<<grid, ROW_THREADS, 0, cx->stream>>>(out, res, x, bias, N, C);
+        residual_forward_kernel<1, TO, TR><<<grid, ROW_THREADS, 0, cx->stream>>>(out, res, x, bias, N, C);
     CUDA_LAUNCH_CHECK(cx->rank, "residual_forward_kernel");
+}
+// the recipe's form: res and out are both the residual stream, in its storage (res.h: bf16, out too)
+static void residual_forward_cuda(CudaCtx* cx, float* out, Input res, const float* x, const float* bias, int N, int C) {
+    if (res.h) residual_forward_cuda(cx, (bf16*)(void*)out, res.h, x, bias, N, C);
+    else residual_forward_cuda(cx, out, res.f, x, bias, N, C);
 }
 
 // e^(2u) for u = sqrt(2/pi) (x + 0.044715 x^3), with the exponent clamped as the CPU's exp_fast does:

@@ -785,15 +785,28 @@ static void position_backward_cpu(Grad dwpe, const float* dout, int N, int t0, i
 // ----------------------------------------------------------------------------
 // LayerNorm (eps 1e-5, biased variance, as llm.c)
 
+// row n of x (C) in fp32 words: the row itself, or a bf16 row widened exactly into this thread's buffer. (An
+// op on a bf16 row, the residual stream of a --dtype bf16 run, then sums the very words it sums on the same
+// values in fp32, in the same vectors: the lanes GCC chose for the fp32 loop; a loop over bf16 loads would
+// take 32-lane vectors, and another order of the sums.)
+static inline const float* row_fp32(const float* x, long n, int C) { return x + (size_t)n * C; }
+static inline const float* row_fp32(const bf16* x, long n, int C) {
+    static thread_local std::vector<float> row;
+    if ((int)row.size() < C) row.resize(C);
+    row_as_fp32(row.data(), x + (size_t)n * C, C);
+    return row.data();
+}
+
 // out (N, C) = (inp - mean) * rstd * w + b; saves mean (N) and rstd (N) for the backward.
 // TO: out fp32, or bf16 storage (a --dtype bf16 run's kept ln1 and ln2: each fp32 value rounded to nearest
-// as it is stored, the bits bf16_pack would give the fp32 output, with no fp32 copy written first)
-template <typename TO>
-static void layernorm_forward_cpu(TO* out, float* mean, float* rstd, const float* inp,
+// as it is stored, the bits bf16_pack would give the fp32 output, with no fp32 copy written first).
+// TI: inp fp32, or bf16 storage (a --dtype bf16 run's residual stream), each row widened (row_fp32)
+template <typename TO, typename TI = float>
+static void layernorm_forward_cpu(TO* out, float* mean, float* rstd, const TI* inp,
                                   const float* w, const float* b, int N, int C) {
     cpu_for(N, [&](long n_) {
         int n = (int)n_;
-        const float* x = inp + (size_t)n * C;
+        const float* x = row_fp32(inp, n, C);
         float m = 0.0f;
         #pragma omp simd reduction(+ : m)
         for (int c = 0; c < C; c++) m += x[c];
@@ -808,6 +821,12 @@ static void layernorm_forward_cpu(TO* out, float* mean, float* rstd, const float
         mean[n] = m;
         rstd[n] = s;
     });
+}
+// the recipe's form: inp the residual stream as it lies (Input: fp32, or a bf16 run's bf16 storage)
+template <typename TO>
+static void layernorm_forward_cpu(TO* out, float* mean, float* rstd, Input inp, const float* w, const float* b, int N, int C) {
+    if (inp.h) layernorm_forward_cpu(out, mean, rstd, inp.h, w, b, N, C);
+    else layernorm_forward_cpu(out, mean, rstd, inp.f, w, b, N, C);
 }
 
 // one row of layernorm_backward_cpu's dinp: di (C) += d(layernorm)/d(x) . d, x's mean m and rstd s.
@@ -833,11 +852,13 @@ static inline void layernorm_backward_row(float* di, const float* x, const float
 }
 
 // dinp (N, C) += d(layernorm)/d(inp) . dout;  dw (C) += sum_n dout * xhat;  db (C) += sum_n dout
-// (dw, db: fp32, or a bf16 run's bf16 storage, each sum added once, grad_add)
-static void layernorm_backward_cpu(float* dinp, Grad dw, Grad db, const float* dout, const float* inp,
+// (dw, db: fp32, or a bf16 run's bf16 storage, each sum added once, grad_add; TI: inp fp32, or bf16 storage
+// as the forward's)
+template <typename TI>
+static void layernorm_backward_cpu(float* dinp, Grad dw, Grad db, const float* dout, const TI* inp,
                                    const float* w, const float* mean, const float* rstd, int N, int C) {
     cpu_for(N, [&](long n) {
-        layernorm_backward_row(dinp + (size_t)n * C, inp + (size_t)n * C, dout + (size_t)n * C, w, mean[n], rstd[n], C);
+        layernorm_backward_row(dinp + (size_t)n * C, row_fp32(inp, n, C), dout + (size_t)n * C, w, mean[n], rstd[n], C);
     });
     // parameter gradients: parallel over blocks of 64 channels so each sum runs over n in order, with the
     // rows read contiguously and the 64 sums side by side in vectors (channel by channel, the loads would
@@ -847,11 +868,11 @@ static void layernorm_backward_cpu(float* dinp, Grad dw, Grad db, const float* d
         float sw[64] = {0}, sb[64] = {0};
         for (int n = 0; n < N; n++) {
             const float* d = dout + (size_t)n * C + c0;
-            const float* x = inp + (size_t)n * C + c0;
+            const TI* x = inp + (size_t)n * C + c0;
             float m = mean[n], s = rstd[n];
             #pragma omp simd
             for (int j = 0; j < w; j++) {
-                sw[j] += d[j] * (x[j] - m) * s;
+                sw[j] += d[j] * (as_fp32(x[j]) - m) * s;
                 sb[j] += d[j];
             }
         }
@@ -863,18 +884,31 @@ static void layernorm_backward_cpu(float* dinp, Grad dw, Grad db, const float* d
         }
     });
 }
+static void layernorm_backward_cpu(float* dinp, Grad dw, Grad db, const float* dout, Input inp, const float* w,
+                                   const float* mean, const float* rstd, int N, int C) {
+    if (inp.h) layernorm_backward_cpu(dinp, dw, db, dout, inp.h, w, mean, rstd, N, C);
+    else layernorm_backward_cpu(dinp, dw, db, dout, inp.f, w, mean, rstd, N, C);
+}
 
 // ----------------------------------------------------------------------------
 // Residual + bias, GELU
 
-// out (N, C) = res + (x + bias): the row-parallel layer's bias, added once after its all-reduce
-static void residual_forward_cpu(float* out, const float* res, const float* x, const float* bias, int N, int C) {
+// out (N, C) = res + (x + bias): the row-parallel layer's bias, added once after its all-reduce.
+// TO, TR: out and res fp32, or bf16 storage (a --dtype bf16 run's residual stream: res widened exactly, the
+// sum rounded to nearest as it is stored)
+template <typename TO, typename TR>
+static void residual_forward_cpu(TO* out, const TR* res, const float* x, const float* bias, int N, int C) {
     cpu_for(N, [&](long n) {
         for (int c = 0; c < C; c++) {
             size_t i = (size_t)n * C + c;
-            out[i] = res[i] + (x[i] + bias[c]);
+            store_as(out + i, as_fp32(res[i]) + (x[i] + bias[c]));
         }
     });
+}
+// the recipe's form: res and out are both the residual stream, in its storage (res.h: bf16, out too)
+static void residual_forward_cpu(float* out, Input res, const float* x, const float* bias, int N, int C) {
+    if (res.h) residual_forward_cpu((bf16*)(void*)out, res.h, x, bias, N, C);
+    else residual_forward_cpu(out, res.f, x, bias, N, C);
 }
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)

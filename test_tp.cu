@@ -490,7 +490,8 @@ static void test_acts_table() {
                     // per layer: token-wise N*(aC + 4), head-wise B*T*bC/P, attention B*NH*T*T/P with matmul or
                     // the log-sum-exps B*NH*T/P with fused (as printed)
                     long per_layer = N * ((r >= 2 ? 2 : 4) * C + 4) + (r >= 1 ? 8 : 12) * HT + (fused ? rows : r >= 3 ? 0 : att);
-                    // bf16: ln1, ln2 (unless -r 2), atty, fch, fch_gelu (unless -r 1) and fused attention's qkv kept in bf16, each
+                    // bf16: the residual stream (encoded, residual2, residual3), ln1, ln2 (unless -r 2), atty, fch,
+                    // fch_gelu (unless -r 1) and fused attention's qkv kept in bf16, each
                     // layer's in whole 16-byte units, and one fp32 copy of each that the layers share, except
                     // the GELU's output (written as bf16 alone), fch (fc's sums go to dfch) without -r 1, and
                     // the layernorms' without SP or where SP's gathers move bf16 (written as bf16 alone, gathered
@@ -499,6 +500,7 @@ static void test_acts_table() {
                     long shared = 0;
                     if (bf16) {
                         long HTl = BT * (C / P);
+                        per_layer += 2 * (half(N * C) - N * C), shared += half(N * C) - N * C;  // the stream
                         if (r < 2) per_layer += 2 * (half(N * C) - N * C), shared += split && C % 2 ? 2 * N * C : 0;
                         per_layer += half(HTl) - HTl, shared += HTl;
                         per_layer += half(4 * HTl) - 4 * HTl, shared += r < 1 ? 0 : 4 * HTl;

@@ -108,7 +108,7 @@ struct StepStats {
     double pp_seconds;    // waiting on the other pipeline stages (the bubble): for a neighbour's activations or
                           // gradient, and in the step's sums over the stages (the norm, the tied wte), where a
                           // stage that finished its micro-batches first waits for the others
-    double pp_bytes;      // bytes sent to the neighbouring stages (the residual stream: fp32 in either dtype)
+    double pp_bytes;      // bytes sent to the neighbouring stages (the stream forward: bf16 in a bf16 run)
 };
 
 #include "train/pipeline.h"

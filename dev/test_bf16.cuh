@@ -464,8 +464,9 @@ static void test_bf16_logits_ops() {
 // the passes they replace, bit for bit: layernorm_forward into bf16 against its fp32 output packed
 // (bf16_pack); gelu_forward_bf16 against rounding fc's sums in place (round_bf16), packing them, the fp32
 // GELU and packing its output; gelu_backward_bf16 against the fp32 backward from the same values widened,
-// rounded in place (round_bf16) and packed.
-// Inputs include ties between two bf16, NaN, infinities and values past bf16's range; with 1 and 3 threads
+// rounded in place (round_bf16) and packed. And the ops on a bf16 run's residual stream, in bf16 storage,
+// against fp32 words holding the same values: layernorm_forward and _backward reading it, residual_forward
+// writing it. Inputs include ties between two bf16, NaN, infinities and values past bf16's range; with 1 and 3 threads
 // (and both GEMM paths, which these ops do not use: the helper is shared).
 static void test_bf16_elementwise_ops() {
     long differ = 0, compared = 0;
@@ -493,6 +494,33 @@ static void test_bf16_elementwise_ops() {
             for (int r = 0; r < N; r++)
                 differ += (bf16_test_bits(mean16[r]) != bf16_test_bits(mean32[r])) + (bf16_test_bits(rstd16[r]) != bf16_test_bits(rstd32[r]));
             compared += n + 2 * N;
+            // the residual stream in bf16 storage against fp32 words of the same values: the layernorm
+            // reading it (out in fp32 and in bf16, the statistics), its backward (dinp, dw, db), and the
+            // residual add writing it (against the fp32 add packed)
+            std::vector<bf16> res16(n);
+            bf16_pack_cpu(res16.data(), inp.data(), n);
+            std::vector<float> res32(n);
+            bf16_widen_cpu(res32.data(), res16.data(), n);
+            std::vector<float> o32(n), m32(N), r32(N), o32s(n), m32s(N), r32s(N);
+            std::vector<bf16> o16(n), o16s(n);
+            layernorm_forward_cpu(o32.data(), m32.data(), r32.data(), res32.data(), w.data(), b.data(), N, C);
+            layernorm_forward_cpu(o32s.data(), m32s.data(), r32s.data(), Input{nullptr, res16.data()}, w.data(), b.data(), N, C);
+            layernorm_forward_cpu(o16.data(), mean16.data(), rstd16.data(), res32.data(), w.data(), b.data(), N, C);
+            layernorm_forward_cpu(o16s.data(), mean32.data(), rstd32.data(), res16.data(), w.data(), b.data(), N, C);
+            differ += vectors_differ(o32, o32s) + vectors_differ(m32, m32s) + vectors_differ(r32, r32s);
+            for (long i = 0; i < n; i++) differ += o16[i] != o16s[i];
+            std::vector<float> dx32(n, 0.5f), dx16(n, 0.5f), dw32(C, 0.25f), db32(C, -0.25f), dw16 = dw32, db16 = db32;
+            layernorm_backward_cpu(dx32.data(), Grad(dw32.data()), Grad(db32.data()), dout.data(), res32.data(), w.data(),
+                                   m32.data(), r32.data(), N, C);
+            layernorm_backward_cpu(dx16.data(), Grad(dw16.data()), Grad(db16.data()), dout.data(), Input{nullptr, res16.data()},
+                                   w.data(), m32.data(), r32.data(), N, C);
+            differ += vectors_differ(dx32, dx16) + vectors_differ(dw32, dw16) + vectors_differ(db32, db16);
+            std::vector<float> add32(n);
+            std::vector<bf16> add16(n);
+            residual_forward_cpu(add32.data(), res32.data(), dout.data(), b.data(), N, C);
+            residual_forward_cpu((float*)(void*)add16.data(), Input{nullptr, res16.data()}, dout.data(), b.data(), N, C);
+            differ += packed_differ(add16, add32);
+            compared += 3 * n + 2 * N + 2 * n + 2 * C + n;
             // the GELU: fc's fp32 sums, with the special values spread through them
             std::vector<float> fch(n);
             for (long i = 0; i < n; i++) fch[i] = rnd() * 12.0f;
@@ -519,8 +547,9 @@ static void test_bf16_elementwise_ops() {
         }
     });
     check(differ == 0, "layernorm_forward into bf16, gelu_forward_bf16 and gelu_backward_bf16 give the bits of the passes "
-          "they replace (fp32 output packed; round, pack, GELU, pack; widened input, rounded, packed): %ld of %ld values differ (3 shapes, "
-          "NaN, infinities, ties, 1 and 3 threads)", differ, compared);
+          "they replace (fp32 output packed; round, pack, GELU, pack; widened input, rounded, packed); the layernorm's forward "
+          "and backward on a residual stream in bf16 storage and the residual add into it, the bits of fp32 words holding the "
+          "same values: %ld of %ld values differ (3 shapes, NaN, infinities, ties, 1 and 3 threads)", differ, compared);
 }
 
 // Fused attention with a --dtype bf16 run's operands in bf16 storage against the same values in fp32 words:
@@ -1275,13 +1304,14 @@ static void bf16_grid_against_tp1(const GPTConfig* cfg, const std::vector<float>
     // The weights: AdamW moves each weight by about the learning rate a step whatever its gradient's size, so
     // where a gradient's sum over the batch nearly cancels (a bias, a layernorm's vector), the flip of one
     // operand by a bf16 unit can turn the sign of its steps, and in a vector of 64 one such element moves
-    // the whole tensor's ratio. Measured over 16 seeds of the weights and the data, these 4 grids and both
-    // bits (the fma chain's and AMX's), 128 runs: the worst matrix of a run at most 0.0125 (median 0.0050),
-    // the worst vector at most 0.047 (lnfb; median 0.0031). The bounds are about twice those. (With q, k and
-    // v rounded to bf16 as well, as now, the same 128 runs: at most 0.0108 and 0.0121, medians 0.0043 and
-    // 0.0036.)
+    // the whole tensor's ratio. Measured over 32 seeds of the weights and the data, these 4 grids and both
+    // bits (the fma chain's and AMX's), 256 runs, with the residual stream, q, k and v in bf16, as now: the
+    // worst matrix of a run at most 0.0249 (wte, in one seed's four grids on the fma bits; the next worst
+    // 0.0112, median 0.0045), the worst vector at most 0.049 (attprojb, the same seed; median 0.0037). The
+    // bounds are about twice those. (The residual stream in fp32, the same 256 runs: 0.0108 and 0.046, medians
+    // 0.0046 and 0.0037, and 40 runs against 24 with a tensor past 0.01.)
     double drift = worst_tensor_drift(cfg, res->params_full, one.params_full, init, &name, DRIFT_MATRICES);
-    check_le(drift, 3e-2, "%-18s matrices after %d steps against TP=1's, per tensor against how far they moved: worst %s", what,
+    check_le(drift, 5e-2, "%-18s matrices after %d steps against TP=1's, per tensor against how far they moved: worst %s", what,
              steps, name);
     drift = worst_tensor_drift(cfg, res->params_full, one.params_full, init, &name, DRIFT_VECTORS);
     check_le(drift, 1e-1, "%-18s vectors after %d steps against TP=1's, per tensor against how far they moved (key bias aside): "
@@ -1419,9 +1449,10 @@ static void test_bf16_train() {
     // it) in a few elements. The step-0 gradients' bound is 100x fp32's (1e-5); over 16 seeds of the weights
     // and the data these grids measured at most 0.0024 on either path's bits (about 1e-3 where an operand
     // flipped, 1e-6 in the seeds where none did). The weights: bf16_grid_against_tp1. (Each rounding that
-    // follows such a flip rounds what it changed, so the recipe rounds no more values between the sums TP
-    // reorders and the loss than the matmuls need: q, k and v are not rounded, nor the residual-stream
-    // gradient, of which only the matmuls' copy is; README, bf16.)
+    // follows such a flip rounds what it changed. The residual-stream gradient is not rounded, only the
+    // matmuls' copy of it; the stream itself, and q, k and v, are, and over 32 seeds that moved TP=P no
+    // further from TP=1: the step-0 gradients' median 8e-4 with the stream in fp32, 4e-4 in bf16, at most
+    // 0.0024 and 0.0020; README, bf16.)
     int steps_tp = 10;
     TpResult one;
     run_tp(&cfg, init, 1, steps_tp, data, B, T, 1e-3f, 1.0f, &one, false, 0, true, true);

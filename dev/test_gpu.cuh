@@ -801,9 +801,11 @@ static void test_bf16_grads(CudaCtx* cx) {
 // fp32 output plus the fp32 ops' difference, and the same statistics; gelu_forward_bf16 (16-byte loads and
 // stores, and one by one): the kept pre-activation the CPU's bits exactly (a rounding of the same fp32
 // values), the GELU's output within half a bf16 unit of the CPU's fp32 GELU of it; gelu_backward from the
-// kept bf16 into bf16 storage (gelu_backward_bf16) within half a bf16 unit of the CPU's fp32 gradient.
+// kept bf16 into bf16 storage (gelu_backward_bf16) within half a bf16 unit of the CPU's fp32 gradient. And
+// the residual stream in bf16 storage: layernorm_forward and _backward reading it (8-byte loads of 4, and
+// one by one), the bits they give on fp32 words of the same values; residual_forward writing it, the CPU's.
 static void test_bf16_elementwise(CudaCtx* cx) {
-    printf("layernorm_forward into bf16, gelu_forward_bf16, gelu_backward_bf16\n");
+    printf("layernorm_forward into bf16, gelu_forward_bf16, gelu_backward_bf16; the residual stream in bf16\n");
     Rnd r = {47};
     const double ULP_BOUND = 0.51;
     struct { int N, C, off; } lcases[] = {{5, 64, 0}, {33, 100, 0}, {257, 768, 0}, {130, 770, 0}, {64, 96, 2}, {64, 96, 4}};
@@ -823,8 +825,43 @@ static void test_bf16_elementwise(CudaCtx* cx) {
         check_le(bf16_ulps_from(g16, out_c), ULP_BOUND, "%-22s %-44s bf16 units from the CPU's fp32 output", "layernorm_forward bf16", s);
         expect_close("layernorm_forward bf16 mean", s, dev_down(cx, dmean.p, k.N), mean_c, FP32_BOUND);
         expect_close("layernorm_forward bf16 rstd", s, dev_down(cx, drstd.p, k.N), rstd_c, FP32_BOUND);
+        // the residual stream in bf16 storage (off as out's): the layernorm's forward and backward reading it,
+        // the bits of the same kernels on fp32 words of the same values (as aligned: 4 bytes past, neither is
+        // read 4 at a time, and a warp's sums run in the order of its loads); the residual add writing it, the
+        // CPU op's bits
+        std::vector<bf16> res_h(NC);
+        bf16_pack_cpu(res_h.data(), inp.data(), NC);
+        std::vector<float> res_w(NC);
+        bf16_widen_cpu(res_w.data(), res_h.data(), NC);
+        bf16* rbase = (bf16*)cuda_alloc(cx, (NC + k.off + 1) / 2);
+        cuda_upload(cx, rbase + k.off, res_h.data(), NC * sizeof(bf16));
+        const Input res16 = {nullptr, rbase + k.off};
+        auto sevens = [&](long n) { return dev_up(cx, std::vector<float>(n, 7.0f)); };
+        auto dout = rnd_vec(&r, NC), x = rnd_vec(&r, NC);
+        DevBuf rw = dev_up(cx, res_w, k.off == 2), o1 = sevens(NC), o2 = sevens(NC), m1 = sevens(k.N), m2 = sevens(k.N), s1 = sevens(k.N),
+               s2 = sevens(k.N), dd = dev_up(cx, dout), dx1 = sevens(NC), dx2 = sevens(NC), gw1 = sevens(k.C), gw2 = sevens(k.C),
+               gb1 = sevens(k.C), gb2 = sevens(k.C), dx = dev_up(cx, x);
+        layernorm_forward_cuda(cx, o1.p, m1.p, s1.p, rw.p, dw.p, db.p, k.N, k.C);
+        layernorm_forward_cuda(cx, o2.p, m2.p, s2.p, res16, dw.p, db.p, k.N, k.C);
+        layernorm_backward_cuda(cx, dx1.p, gw1.p, gb1.p, dd.p, rw.p, dw.p, m1.p, s1.p, k.N, k.C);
+        layernorm_backward_cuda(cx, dx2.p, gw2.p, gb2.p, dd.p, res16, dw.p, m1.p, s1.p, k.N, k.C);
+        auto differ = [&](const DevBuf& a, const DevBuf& b, long n) { return count_diff(dev_down(cx, a.p, n), dev_down(cx, b.p, n)); };
+        long sd = differ(o1, o2, NC) + differ(m1, m2, k.N) + differ(s1, s2, k.N) + differ(dx1, dx2, NC) + differ(gw1, gw2, k.C) +
+                  differ(gb1, gb2, k.C);
+        check_le(sd, 0, "%-22s %-44s floats differing from fp32 words of the same values", "layernorm, bf16 stream", s);
+        std::vector<bf16> add_c(NC), add_g(NC);
+        residual_forward_cpu((float*)(void*)add_c.data(), Input{nullptr, res_h.data()}, x.data(), b.data(), k.N, k.C);
+        bf16* abase = (bf16*)cuda_alloc(cx, (NC + k.off + 1) / 2);
+        residual_forward_cuda(cx, (float*)(void*)(abase + k.off), res16, dx.p, db.p, k.N, k.C);
+        cuda_download(cx, add_g.data(), abase + k.off, NC * sizeof(bf16));
+        long ad = 0;
+        for (long i = 0; i < NC; i++) ad += add_g[i] != add_c[i];
+        check_le(ad, 0, "%-22s %-44s bf16 differing from the CPU's", "residual_forward bf16", s);
         cuda_free(cx, obase);
-        for (DevBuf* d : {&di, &dw, &db, &dmean, &drstd}) cuda_free(cx, d->base);
+        cuda_free(cx, rbase);
+        cuda_free(cx, abase);
+        for (DevBuf* d : {&di, &dw, &db, &dmean, &drstd, &rw, &o1, &o2, &m1, &m2, &s1, &s2, &dd, &dx1, &dx2, &gw1, &gw2, &gb1, &gb2, &dx})
+            cuda_free(cx, d->base);
     }
     long sizes[] = {1, 3, 8, 1000, 1025, 1 << 16};
     for (long n : sizes)

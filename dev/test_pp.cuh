@@ -283,23 +283,28 @@ static void test_pp_cli() {
     check(out2.find("pipeline: 2 stages x 2 TP ranks, 1F1B") != std::string::npos && out2.find("| pp wait ") != std::string::npos &&
               out2.find("stage 1 (layers 1-1, LM head): waited for its neighbours") != std::string::npos,
           "the run prints the stage table, the pipeline wait per step and each stage's measured wait");
-    // what stage 0 sends stage 1 in a step: each micro-batch's activations, B x T x C floats (B x T / P with
-    // SP), 4 bytes each; on the step line (in MB, to 2 places) and in log.csv's pp_bytes column
-    std::string pd = tmpdir() + "/ppbytes", out7;
-    int rc7 = run_cmd("-e L2C128H4 -t 64 -x 3 -v 0 -g 0 --threads 1 -b 4 -d 1024 --tp 2 --sp 1 --pp 2 -o " + pd, &out7, nullptr);
-    const double pp_bytes = 4.0 * 4 * (4 * 64 / 2) * 128;  // 4 micro-batches of (B T / P) x C floats
-    int pp_lines = 0, pp_off = 0;
-    for (size_t at = out7.find("| pp wait "); at != std::string::npos; at = out7.find("| pp wait ", at + 1)) {
-        float ms, mbytes;
-        if (sscanf(out7.c_str() + at, "| pp wait %f ms, %f MB", &ms, &mbytes) != 2) continue;
-        pp_lines++;
-        pp_off += fabs(mbytes - pp_bytes / 1e6) > 0.005;
+    // what stage 0 sends stage 1 in a step: each micro-batch's activations, the residual stream's B x T x C
+    // values (B x T / P with SP), 4 bytes each in fp32 and 2 in bf16, whose stream is bf16 storage (the
+    // gradients stage 1 sends back are fp32 in either); on the step line (in MB, to 2 places) and in
+    // log.csv's pp_bytes column
+    for (const char* dtype : {"fp32", "bf16"}) {
+        std::string pd = tmpdir() + "/ppbytes_" + dtype, out7;
+        int rc7 = run_cmd(std::string("-e L2C128H4 -t 64 -x 3 -v 0 -g 0 --threads 1 -b 4 -d 1024 --tp 2 --sp 1 --pp 2 --dtype ") +
+                              dtype + " -o " + pd, &out7, nullptr);
+        const double pp_bytes = (strcmp(dtype, "bf16") == 0 ? 2.0 : 4.0) * 4 * (4 * 64 / 2) * 128;  // 4 micro-batches of (B T / P) x C
+        int pp_lines = 0, pp_off = 0;
+        for (size_t at = out7.find("| pp wait "); at != std::string::npos; at = out7.find("| pp wait ", at + 1)) {
+            float ms, mbytes;
+            if (sscanf(out7.c_str() + at, "| pp wait %f ms, %f MB", &ms, &mbytes) != 2) continue;
+            pp_lines++;
+            pp_off += fabs(mbytes - pp_bytes / 1e6) > 0.005;
+        }
+        auto pp_rows = read_csv(pd + "/log.csv");
+        for (size_t i = 1; i < pp_rows.size(); i++) pp_off += pp_rows[i].size() != 15 || atof(pp_rows[i][14].c_str()) != pp_bytes;
+        check(rc7 == 0 && pp_lines == 3 && pp_rows.size() == 4 && pp_off == 0,
+              "--tp 2 --sp 1 --pp 2 --dtype %s, 4 micro-batches of 4 x 64 at C 128: stage 0 sends %.0f bytes a step, on %d step "
+              "lines and %zu rows of log.csv: %d disagree", dtype, pp_bytes, pp_lines, pp_rows.size() ? pp_rows.size() - 1 : 0, pp_off);
     }
-    auto pp_rows = read_csv(pd + "/log.csv");
-    for (size_t i = 1; i < pp_rows.size(); i++) pp_off += pp_rows[i].size() != 15 || atof(pp_rows[i][14].c_str()) != pp_bytes;
-    check(rc7 == 0 && pp_lines == 3 && pp_rows.size() == 4 && pp_off == 0,
-          "--tp 2 --sp 1 --pp 2, 4 micro-batches of 4 x 64 at C 128: stage 0 sends %.0f bytes a step, on %d step lines and "
-          "%zu rows of log.csv: %d disagree", pp_bytes, pp_lines, pp_rows.size() ? pp_rows.size() - 1 : 0, pp_off);
     // the sample after a --pp run comes from the gathered weights: the same text as -x 0 on its checkpoint
     std::string sd = tmpdir() + "/ppsample", out4, out5, out6;
     int rc4 = run_cmd("-e L2C64H4 -t 32 -x 3 -v 0 --threads 1 -b 2 --tp 2 --pp 2 -s 2 -g 24 -o " + sd, &out4, nullptr);

@@ -74,9 +74,9 @@ static void pp_forward(RankRun* rr, const int* tokens, const int* targets, int B
 static void pp_backward(RankRun* rr, int mb) {
     Rank* rk = &rr->rk;
     GPT* m = &rr->m;
-    if (!m->plan.last) comm_recv(&rk->pp, rk->stage + 1, gpt_stage_grad(m), gpt_stage_floats(m), "the gradient", mb);
+    if (!m->plan.last) comm_recv(&rk->pp, rk->stage + 1, gpt_stage_grad(m), gpt_stage_grad_floats(m), "the gradient", mb);
     gpt_backward(m, rk);
-    if (!m->plan.first) comm_send(&rk->pp, rk->stage - 1, gpt_stage_grad(m), gpt_stage_floats(m), "the gradient", mb);
+    if (!m->plan.first) comm_send(&rk->pp, rk->stage - 1, gpt_stage_grad(m), gpt_stage_grad_floats(m), "the gradient", mb);
 }
 
 // test hook: TP rank 0 of this stage stops for good before its second micro-batch (-1: never), the
@@ -175,11 +175,13 @@ static void pp_report(Run* run, RankRun* rr, double wait, double seconds, int n)
 // the startup lines: the stages, their memory, what crosses between them
 
 // Floats one rank sends to its neighbouring stages per step: m micro-batches' boundary tensor (N, C) of
-// its tokens (N = B T, or B T / P with SP) forward (all but the last stage) and backward (all but the first).
+// its tokens (N = B T, or B T / P with SP) forward (all but the last stage: the residual stream, in a bf16
+// run bf16 storage, gpt_stage_floats) and backward (all but the first: its gradient, fp32).
 static double pp_step_floats(const Run* run, int stage) {
     const Args* a = &run->args;
-    double N = (double)a->B * a->T / (sp_splits(a->sp, run->P, a->B, a->T) ? run->P : 1);
-    int dirs = (stage < run->S - 1) + (stage > 0);
-    return dirs * run->accum * N * run->cfg.C;
+    long N = (long)a->B * a->T / (sp_splits(a->sp, run->P, a->B, a->T) ? run->P : 1), NC = N * run->cfg.C;
+    bool bf16 = a->dtype == DTYPE_BF16 && !g_bf16_in_fp32;
+    double fwd = stage < run->S - 1 ? (bf16 ? bf16_floats(NC) : NC) : 0, bwd = stage > 0 ? NC : 0;
+    return run->accum * (fwd + bwd);
 }
 

@@ -167,7 +167,8 @@ static PlanStep plan_step(const GPTConfig* c, const PlanShape* sh, int P, int D,
 // matmul FLOPs is f_s = (L_s (24 C^2 + 4 T C) + [last] 2 C Vp) / (L (24 C^2 + 4 T C) + 2 C Vp), and it does
 // that share of the compute and of the TP collectives of a micro-batch (one1: plan_step's grid without
 // stages, per micro-batch compute / A and tp / A). It also sends the boundary tensor, B T C values (B T C / P
-// with SP), to each neighbour: a latency and e B T C / bw per direction, bw the NVLink bus inside a node or
+// with SP), to each neighbour: a latency and e B T C / bw per direction (tp's --dtype bf16: the stream forward
+// in bf16, 2 B T C, its gradient back in fp32), bw the NVLink bus inside a node or
 // the network when its replica's S P GPUs span nodes (pp_lat, pp_busbw). With c_s its time per micro-batch,
 // both schedules take
 //   pipe = (A - 1) max_s c_s + sum_s c_s
@@ -184,15 +185,16 @@ static PlanStep plan_pp_step(const GPTConfig* c, const PlanShape* sh, int P, int
     double layer = 24.0 * c->C * c->C + 4.0 * sh->T * c->C, head = 2.0 * c->C * c->Vp, all = c->L * layer + head;
     double compute_mb = k->slow * (k->split_s + k->rest_s), tp_mb = one1.tp_s / sh->A;
     double N = (double)sh->B * sh->T / (sp_splits(sh->sp, P, sh->B, sh->T) ? P : 1);
-    double hop = pp_lat + sh->e * N * c->C / pp_busbw;
+    double fwd_e = sh->e == 4 && sh->bf16 ? 2 : sh->e;  // (gpt_stage_floats, gpt_stage_grad_floats)
+    double hop_fwd = pp_lat + fwd_e * N * c->C / pp_busbw, hop_bwd = pp_lat + sh->e * N * c->C / pp_busbw;
     double cmax = 0, csum = 0, fmax = 0;
     PlanStep r = {};
     for (int s = 0; s < S; s++) {
         int l0, nl;
         pp_stage_layers(c->L, S, s, &l0, &nl);
         double f = (nl * layer + (s == S - 1 ? head : 0)) / all;
-        double hops = (s > 0) + (s < S - 1);  // its sends: forward to the next stage, backward to the previous
-        double cs = f * (compute_mb + tp_mb) + hops * hop;
+        // its sends: forward to the next stage, backward to the previous
+        double cs = f * (compute_mb + tp_mb) + (s < S - 1) * hop_fwd + (s > 0) * hop_bwd;
         cmax = std::max(cmax, cs);
         csum += cs;
         fmax = std::max(fmax, f);

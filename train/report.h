@@ -87,9 +87,9 @@ static void print_memory(const Run* run) {
     bool bf16 = a->dtype == DTYPE_BF16;
     double per_layer = 4.0 * acts_floats_per_layer(c, &s, a->B, a->T, split, r, fused, bf16);
     double total = 4.0 * acts_floats(c, &s, a->B, a->T, split, r, fused, bf16);
-    // bf16 keeps ln1, ln2 (unless -r 2), atty, fch and fch_gelu (unless -r 1), and with fused attention q, k
-    // and v, in bf16: half a float each
-    double token = r >= 2 ? 2 : bf16 ? 3 : 4, head = (bf16 && fused ? 1.5 : 3) + (bf16 ? 0.5 : 1) * (5 + (r >= 1 ? 0 : 4));
+    // bf16 keeps the residual stream, ln1, ln2 (unless -r 2), atty, fch and fch_gelu (unless -r 1), and with
+    // fused attention q, k and v, in bf16: half a float each
+    double token = (r >= 2 ? 2 : 4) / (bf16 ? 2.0 : 1.0), head = (bf16 && fused ? 1.5 : 3) + (bf16 ? 0.5 : 1) * (5 + (r >= 1 ? 0 : 4));
     printf("  activations per layer (%s attention): N*(%gC + 4) + B*T*%gC/P%s floats, N = %s tokens per rank: %.2f MB x %d layers,\n"
            "  plus %.2f MB outside the layers\n", fused ? "fused" : "matmul", token, head,
            fused ? " + B*NH*T/P" : r >= 3 ? "" : " + B*NH*T*T/P", split ? "B*T/P" : "B*T", per_layer / 1e6, c->L,
@@ -97,7 +97,7 @@ static void print_memory(const Run* run) {
     if (a->dtype == DTYPE_BF16)
         printf("  --dtype bf16: the parameters are the fp32 master weights and the layers' bf16 copy of them (2 bytes a weight);\n"
                "  the matrices' gradients are bf16 too, each op's fp32 sum rounded once (the vectors' fp32; summed over ranks in fp32);\n"
-               "  each layer keeps its bf16 activations (ln1, atty, ln2, fch, fch_gelu%s) as bf16, the residuals in fp32%s;\n"
+               "  each layer keeps its bf16 activations (the residual stream, ln1, atty, ln2, fch, fch_gelu%s) as bf16%s;\n"
                "  the LM head's logits and their gradient are bf16 too (B*T*Vp/P of them: half the fp32 bytes);\n"
                "  %s\n", fused ? ", and q, k, v for fused attention" : "; q, k, v in fp32 for matmul attention", split && sp_wire_bf16(c, true) ? " (SP's all-gathers move them as bf16, through a B*T*C bf16 buffer)" : "", run->device == DEV_CUDA ? "the GPU's matmuls pack them to bf16 and multiply them by the weights on bf16 tensor cores, with fp32 sums"
                          : bf16_path == BF16_AMX ? "the CPU's matmuls multiply them on AMX tiles (--bf16-gemm amx: fp32 sums, its own rounding)"
@@ -276,9 +276,10 @@ static void pp_print_stages(const Run* run) {
     printf("  (per rank; activations: the micro-batches a stage keeps in flight x one micro-batch's; the stages send each\n"
            "  other the residual stream of their tokens, point to point; the first and last stage also sum wte's gradient)\n");
     double N = (double)a->B * a->T / (sp_splits(a->sp, run->P, a->B, a->T) ? run->P : 1);
-    printf("  point to point per step: m x N x C = %d x %.0f x %d floats each way across each boundary (N: a rank's tokens of a\n"
-           "  micro-batch); and once a step wte's all-reduce between the first and last stage, Vp x C / P = %.0f floats\n",
-           m, N, c->C, (double)c->Vp * c->C / run->P);
+    printf("  point to point per step: m x N x C = %d x %.0f x %d values each way across each boundary (N: a rank's tokens of a\n"
+           "  micro-batch; %s); and once a step wte's all-reduce between the first and last stage, Vp x C / P = %.0f floats\n",
+           m, N, c->C, a->dtype == DTYPE_BF16 ? "the stream forward in bf16, its gradient back in fp32" : "fp32",
+           (double)c->Vp * c->C / run->P);
     printf("  the boundary tensors go %s\n", pp_boundary_path(run));
     if (a->gen_tokens > 0)
         printf("  samples (-g, -s) come from the stages' weights gathered into one rank on the CPU, not through the pipeline\n");
