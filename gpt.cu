@@ -1348,8 +1348,8 @@ static void gpt_forward_logits(GPT* m, Rank* rk, KVCache* kv, bool decode, bool 
         // owns, writing zeros for the rest. Summing over ranks puts every token's row in place (the other
         // ranks add exact zeros, so this is bit-identical to TP=1): g, an all-reduce; with SP a
         // reduce-scatter, which leaves each rank its own tokens. Then the replicated wpe is added. The sums
-        // are fp32 (in a scratch where the stream is bf16 storage: gathered is free until the first layer's
-        // all-gather), and go into the stream rounded like every addition to it (stream_keep).
+        // are fp32, in a scratch where the stream is bf16 storage (partial, or with SP gathered: both free
+        // until the first layer), and go into the stream rounded like every addition to it (stream_keep).
         float* emb = !m->stream_bf16 ? a->encoded : m->split ? a->gathered : a->partial;
         if (!m->split) {
             OP(rk, encoder_forward, emb, m->tokens, WEIGHT(m, wte, 0), s->v0, Vl, BT, C);
