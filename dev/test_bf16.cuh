@@ -1336,21 +1336,29 @@ static void test_bf16_amx_train() {
     const int B = su.B, T = su.T, steps = su.steps;
     const std::vector<float>& init = su.init;
     const std::vector<int>&data = su.data, &learn = su.learn;
-    TpResult f32, amx, chain;
-    run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &f32);
-    bf16_path = BF16_FMA;
-    run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &chain, false, 0, true, true);
-    bf16_path = BF16_AMX;
-    run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &amx, false, 0, true, true);
     const char* name;
-    check_le(loss_gap(amx.losses, f32.losses), 0.05, "AMX: L2 NH4 C64, B%d T%d, %d steps: bf16 losses against fp32's (%.4f to %.4f), "
-             "largest difference", B, T, steps, f32.losses.front(), f32.losses.back());
-    check(vectors_differ(amx.losses, chain.losses) > 0, "AMX computes other bits than the fma chain (%ld of %zu losses differ; "
-          "largest difference %.3g)", vectors_differ(amx.losses, chain.losses), chain.losses.size(), loss_gap(amx.losses, chain.losses));
-    double ge = worst_tensor_err(&cfg, amx.grads_full, f32.grads_full, &name);
-    check_le(ge, 5e-2, "AMX: step-0 gradients, bf16 against fp32: worst tensor %s, rel err", name);
-    double we = worst_tensor_drift(&cfg, amx.params_full, f32.params_full, init, &name);
-    check_le(we, 0.25, "AMX: weights after %d steps, bf16 against fp32, per tensor against how far they moved: worst %s", steps, name);
+    // bf16 against fp32 over 40 steps: three single-rank runs whose checks are numbers, not threads, so under
+    // TSan (16 of the group's 35 s there) they are left to make test; the TP grids below put the same GEMM on
+    // the ranks' and the pool's threads
+    if (under_tsan()) {
+        printf("  skip AMX against fp32 over %d steps under TSan: it checks numbers, not threads (make test runs it)\n", steps);
+        g_skipped++;
+    } else {
+        TpResult f32, amx, chain;
+        run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &f32);
+        bf16_path = BF16_FMA;
+        run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &chain, false, 0, true, true);
+        bf16_path = BF16_AMX;
+        run_tp(&cfg, init, 1, steps, learn, B, T, 3e-3f, 1.0f, &amx, false, 0, true, true);
+        check_le(loss_gap(amx.losses, f32.losses), 0.05, "AMX: L2 NH4 C64, B%d T%d, %d steps: bf16 losses against fp32's (%.4f to "
+                 "%.4f), largest difference", B, T, steps, f32.losses.front(), f32.losses.back());
+        check(vectors_differ(amx.losses, chain.losses) > 0, "AMX computes other bits than the fma chain (%ld of %zu losses differ; "
+              "largest difference %.3g)", vectors_differ(amx.losses, chain.losses), chain.losses.size(), loss_gap(amx.losses, chain.losses));
+        double ge = worst_tensor_err(&cfg, amx.grads_full, f32.grads_full, &name);
+        check_le(ge, 5e-2, "AMX: step-0 gradients, bf16 against fp32: worst tensor %s, rel err", name);
+        double we = worst_tensor_drift(&cfg, amx.params_full, f32.params_full, init, &name);
+        check_le(we, 0.25, "AMX: weights after %d steps, bf16 against fp32, per tensor against how far they moved: worst %s", steps, name);
+    }
 
     int steps_tp = 10;
     TpResult one, again;

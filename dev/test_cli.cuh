@@ -15,9 +15,12 @@ static std::string tp_bin() {
 // sample's words) skips itself: TSan makes that run 15-20x slower (minutes each: CI runs the suite five
 // times), and the threads of the same runs are what the smaller runs of the tp, dp, resume, interrupts
 // and mpi groups put under TSan. Returns whether it skipped.
-static bool skip_under_tsan(const char* group) {
+static bool under_tsan() {
     const char* b = getenv("TP_BIN");
-    if (!b || !strstr(b, "tsan")) return false;
+    return b && strstr(b, "tsan");
+}
+static bool skip_under_tsan(const char* group) {
+    if (!under_tsan()) return false;
     printf("  skip %s under TSan: it checks numbers, not threads (make test runs it)\n", group);
     g_skipped++;
     return true;
