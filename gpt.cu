@@ -442,6 +442,8 @@ static long act_copies(const ActsLayout* lay, int i, int L) {
 // same bits result. (Not the logits: their ops are checked against fp32 words one by one, as a GPU's
 // GEMM with a bf16 output need not sum in the order of its fp32 one.)
 static bool g_bf16_in_fp32 = false;
+// whether a run keeps its bf16 values in bf16 storage: a --dtype bf16 run (bf16), but not under the hook
+static bool bf16_storage(bool bf16) { return bf16 && !g_bf16_in_fp32; }
 
 // the floats n bf16 take, in whole 16-byte units (so that each layer's part of a buffer starts on 16 bytes)
 static long bf16_floats(long n) { return (n + 7) / 8 * 4; }
@@ -456,7 +458,7 @@ static void acts_layout(const GPTConfig* c, const ShardPlan* s, int B, int T, bo
     // bf16 keeps ln1, ln2 and fch_gelu in bf16 (the *_kept buffers) unless -r recomputes them, atty and fch
     // always, and with fused attention q, k and v; and its residual stream is bf16 storage.
     const bool logits_bf16 = bf16;  // (the logits are bf16 storage in every bf16 run: the hook leaves them)
-    bf16 = bf16 && !g_bf16_in_fp32;
+    bf16 = bf16_storage(bf16);
     // Where the layernorms and the GELU write their bf16 output straight into the kept copy (layernorm_input,
     // gelu_input) no fp32 copy of it is made: ln1 and ln2 then need one only for SP's all-gathers where they
     // move fp32 words (an odd C; where they move bf16, the wire, the matmuls read that: all_tokens_input),
@@ -1096,7 +1098,7 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
     m->T = T;
     m->split = split;
     m->acts_bf16 = m->bf16;
-    m->stream_bf16 = m->bf16 && !g_bf16_in_fp32;  // (acts_layout's choice)
+    m->stream_bf16 = bf16_storage(m->bf16);  // (acts_layout's choice)
     m->ntok = split ? B * T / rk->P : B * T;
     m->t0 = split ? rk->rank * m->ntok : 0;
     long stage = m->bf16 ? grad_stage_floats(&m->cfg, &m->plan, m->npad, rk->dp.P, rk->S, split, T) : 0;
@@ -1121,7 +1123,7 @@ static void gpt_alloc_acts(GPT* m, Rank* rk, int B, int T) {
 
 // Whether a --dtype bf16 run's SP all-gathers of bf16 values move as bf16: pairs of bf16 travel as 32-bit
 // words, so every rank's rows must be an even count, which an even C makes for any P (every GPT-2 size).
-static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16 && c->C % 2 == 0 && !g_bf16_in_fp32; }
+static bool sp_wire_bf16(const GPTConfig* c, bool bf16) { return bf16_storage(bf16) && c->C % 2 == 0; }
 
 // out (B, T, C) <- every rank's rows x (N, C), rank 0's first: SP's all-gather (the f operator's forward,
 // the g operator's backward). out may be x's own place in out (x = out + t0*C).
@@ -1794,7 +1796,7 @@ static void gpt_update(GPT* m, Rank* rk, Comm* cm, const AdamW* opt) {
             OP(rk, adamw, m->params_mem + a[i], (const float*)grad_at(i, a[i]), mm, vv, b[i] - a[i], opt->lr, opt->beta1,
                opt->beta2, opt->eps, wd, m->t, m->norm2, opt->clip);
     }
-    if (dp->P > 1 && m->zero && m->bf16 && !g_bf16_in_fp32) {
+    if (dp->P > 1 && m->zero && bf16_storage(m->bf16)) {
         // ZeRO-1 in bf16: the layers read the bf16 copy, so that is what the replicas exchange. This replica
         // rounds its slice (the bits any replica would round, being keyed on the full index), and the
         // all-gather moves the slices as bf16: half the bytes of gathering the fp32 masters. The masters

@@ -180,8 +180,7 @@ static void pp_report(Run* run, RankRun* rr, double wait, double seconds, int n)
 static double pp_step_floats(const Run* run, int stage) {
     const Args* a = &run->args;
     long N = (long)a->B * a->T / (sp_splits(a->sp, run->P, a->B, a->T) ? run->P : 1), NC = N * run->cfg.C;
-    bool bf16 = a->dtype == DTYPE_BF16 && !g_bf16_in_fp32;
-    double fwd = stage < run->S - 1 ? (bf16 ? bf16_floats(NC) : NC) : 0, bwd = stage > 0 ? NC : 0;
+    double fwd = stage < run->S - 1 ? (bf16_storage(a->dtype == DTYPE_BF16) ? bf16_floats(NC) : NC) : 0, bwd = stage > 0 ? NC : 0;
     return run->accum * (fwd + bwd);
 }
 
