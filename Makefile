@@ -3,7 +3,7 @@
 # make test        builds ./test_tp and runs the tests (all of them; TEST_GROUPS="ops tp" runs those groups)
 # make asan tsan   some of the tests again, under AddressSanitizer + UndefinedBehaviorSanitizer (the groups
 #                  of ASAN_GROUPS) and ThreadSanitizer (TSAN_GROUPS); ASAN_GROUPS= or TSAN_GROUPS= (empty)
-#                  runs every group under it (on 2 cores: about 6 and 17-21 minutes; the lists: 1.5 and 2.3)
+#                  runs every group under it (on 2 cores: about 6 and 17-21 minutes; the lists: about 2 each)
 # make debug       ./tp_debug and ./test_tp_debug for work on kernels: -O0 -g, device debug info with line
 #                  numbers (-G, for cuda-gdb and compute-sanitizer), every kernel launch waited for
 # make gpucheck    on a GPU machine: GPU tests, memcheck, GPT-2 124M benchmark (and gpucheck-dtype: bf16
@@ -153,7 +153,7 @@ test_tp_asan: $(TESTS) $(SOURCES) build/config
 # (owndata, prepare, bpe, export, servecli, corpus and words: the embedded corpus's tokens, tokenizer.bin),
 # the KV cache's indexing (serve); ops, every CPU kernel's loads and stores at the tile edges, and bf16 and
 # bf16_amx, the bf16 GEMM's packs at theirs (vdpbf16ps, the fp32 path, AMX): a pack that reads a row past M
-# puts nothing wrong in C (those rows are not stored), so only a sanitizer sees it. 80-100 s on 2 cores
+# puts nothing wrong in C (those rows are not stored), so only a sanitizer sees it. 95-115 s on 2 cores
 # (the whole suite: 350 s); the groups left out run the same code through other paths or at other sizes
 # (make test runs them all), or check numbers (bperun 46 s, readme 19 s) or timings (plan_sweep 19 s).
 ASAN_GROUPS ?= ops loader checkpoint checksums bf16_ckpt resume resume_epoch folders rundir cli bad_input flags \
@@ -169,7 +169,7 @@ test_tp_tsan: $(TESTS) $(SOURCES) build/config
 # dp), the pipeline's stages and messages (pp, pp_p2p, pp_stall), a rank that waits on the others' timeouts
 # (hangs), the worker pool, bf16's master copies written by every rank, the AMX GEMM's packs and tile
 # blocks on the pool's threads (bf16_amx, where the CPU has AMX), the KV cache at TP = 2 and 4
-# (serve), and a signal arriving while the ranks run (interrupts). About 135 s on 2 cores (the whole suite:
+# (serve), and a signal arriving while the ranks run (interrupts). About 120 s on 2 cores (the whole suite:
 # 17-21 minutes); the groups left out start the same threads from the command line or from files (resume,
 # rundir, dp_resume, mpi, mpi_pp, logs: 65-156 s each), or are ops (163 s), whose threads are the worker
 # pool's that pool puts under TSan; make test runs them all, make asan some.
