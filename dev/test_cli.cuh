@@ -14,7 +14,8 @@ static std::string tp_bin() {
 // Under ThreadSanitizer (make tsan) a group that only checks what a long run computes (a loss, a
 // sample's words) skips itself: TSan makes that run 15-20x slower (minutes each: CI runs the suite five
 // times), and the threads of the same runs are what the smaller runs of the tp, dp, resume, interrupts
-// and mpi groups put under TSan. Returns whether it skipped.
+// and mpi groups put under TSan. Returns whether it skipped. (under_tsan: whether this is make tsan's run,
+// for a group that shrinks or leaves out part of its work there.)
 static bool under_tsan() {
     const char* b = getenv("TP_BIN");
     return b && strstr(b, "tsan");
