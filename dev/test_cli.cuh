@@ -276,6 +276,7 @@ static void test_bad_input() {
     patch("ck_trunc.bin", -1, 0, 1024 + 100);
     patch("ck_short.bin", -1, 0, 10);
     patch("ck_header.bin", 24, 0, -1);  // C = 0
+    patch("ck_huge.bin", 1024, 0x7f61b1e6, -1);  // wte[0][0] = 3e38: finite, so the loader takes it, but its logit overflows
     // tokenizer.json files tp cannot encode with: another model type, BPE that is not GPT-2's byte-level kind
     write_bytes(d + "/wp.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}");
     write_bytes(d + "/ws.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
@@ -297,7 +298,7 @@ static void test_bad_input() {
     std::string data = " -i " + d + "/ok.bin -j " + d + "/ok.bin";
     std::string run = " -b 2 -t 16 -x 1 -v 0 -g 0 --threads 1";
     // flag: a bad command line, answered by the error line and a hint line (./tp --help), nothing on stdout
-    struct { const char* what; std::string args; const char* expect; bool flag = false; } cases[] = {
+    struct { const char* what; std::string args; std::string expect; bool flag = false; } cases[] = {
         {"missing train file", "-i " + d + "/nope.bin -j " + d + "/ok.bin -e " + m + run, "no train data matches"},
         {"empty token file", "-i " + d + "/empty.bin -j " + d + "/ok.bin -e " + m + run, "shorter than the 1024-byte header"},
         {"truncated token file", "-i " + d + "/trunc.bin -j " + d + "/ok.bin -e " + m + run, "truncated or corrupt"},
@@ -317,6 +318,8 @@ static void test_bad_input() {
         {"wrong-version checkpoint", "-e " + d + "/ck_version.bin" + data + run, "version 7"},
         {"checkpoint with an invalid header", "-e " + d + "/ck_header.bin" + data + run, "invalid header"},
         {"directory as checkpoint", "-e " + d + "/dir.bin" + data + run, "is a directory"},
+        // a NaN loss at a run's first step comes from the weights, not from -l: the hint names the file instead
+        {"checkpoint whose weights overflow", "-e " + d + "/ck_huge.bin" + data + run, "not finite before any update: the weights of " + d + "/ck_huge.bin"},
         // what a message quotes from the user stays on its line: control bytes as \xNN
         {"control bytes in a file name", "-e '" + d + "/no\nsuch\r.bin'" + data + run, "no\\x0asuch\\x0d.bin is neither"},
         {"T > maxT", "-e " + m + data + run + " -t 64", "exceeds the model's maximum 32"},
