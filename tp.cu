@@ -216,7 +216,7 @@ static bool setup_model_shape(Run* run) {
                 fatal("--vocab %d disagrees with checkpoint %s (vocab %d): drop --vocab", a->vocab, model, c->V);
         }
     }
-    tokenizer_setup(run, g_procs.me == 0);
+    tokenizer_setup(run, g_procs.me == 0, descriptor);
     procs_share(c, a->timeout);
     procs_share(&run->args.dtype, a->timeout);  // process 0 read the file that may have set it
     // a default -t longer than the model allows adapts to it (said); a -t the user gave is refused in setup_data

@@ -362,12 +362,19 @@ static void test_bad_input() {
         {"a WordPiece tokenizer.json", "-x 0 -g 4 --tokenizer " + d + "/wp.json", "is not a BPE tokenizer.json (model.type \"WordPiece\")"},
         {"BPE without the byte-level kind", "-x 0 -g 4 --tokenizer " + d + "/ws.json", "not GPT-2's byte-level kind (pre-tokenizer \"Whitespace\")"},
         {"a merge not \"left right\"", "-x 0 -g 4 --tokenizer " + d + "/merge_form.json", "merge 1 is neither \"left right\" nor [left, right]"},
+        {"training the embedded corpus with a BPE tokenizer", "-x 1 -v 0 -b 2 -t 16 -g 0 --tokenizer " + d + "/merge_ok.json",
+         "is a BPE tokenizer, but with no -i the run trains on the embedded corpus, tp's own words"},
         {"a merge of a token not in the vocab", "-x 0 -g 4 --tokenizer " + d + "/merge_unknown.json", "merge 1 (\"b\" \"a\") names a token that is not in the vocab"},
     };
     {
         std::string out, err;
         int rc = run_cmd("-x 0 -g 4 --vocab 257 --tokenizer " + d + "/merge_ok.json", &out, &err);
         check(rc == 0 && err.empty(), "the same tokenizer.json with its merges whole samples (exit %d)%s", rc, err.c_str());
+        // -x 0 of a new model reads no data: without --vocab it takes the tokenizer's, and its prompt encodes
+        rc = run_cmd("-x 0 -g 4 --prompt abab --tokenizer " + d + "/merge_ok.json", &out, &err);
+        check(rc == 0 && err.empty() && out.find("vocab 257 (padded 384; from tokenizer " + d + "/merge_ok.json, --tokenizer)") != std::string::npos &&
+                  out.find("prefill 2 tokens") != std::string::npos,
+              "-x 0 with a tokenizer.json and no --vocab: the model takes its vocab, 257, and \"abab\" is 2 tokens (exit %d)%s", rc, err.c_str());
     }
     for (auto& c : cases) {
         std::string out, err;

@@ -447,8 +447,9 @@ static bool embedded_words(const Run* run) {
 // The tokenizer: --tokenizer FILE, else a tokenizer file found next to -i, next to -e or in -o
 // (tokenizer_find), else the embedded corpus's words for a run on them. Every process reads it, as a BPE
 // tokenizer sets a new model's vocab; process 0 keeps a copy in -o (tokenizer.json, or the words as
-// tokenizer.bin), so the run folder samples and exports on its own.
-static void tokenizer_setup(Run* run, bool first) {
+// tokenizer.bin), so the run folder samples and exports on its own. A new model (a descriptor) with no
+// --vocab that reads no data, -x 0, takes a BPE tokenizer's vocab here, so that its prompt encodes.
+static void tokenizer_setup(Run* run, bool first, bool descriptor) {
     const Args* a = &run->args;
     Tokenizer* tk = &run->tokenizer;
     std::string where = "--tokenizer";
@@ -458,6 +459,15 @@ static void tokenizer_setup(Run* run, bool first) {
         tk->from = where;
     } else if (embedded_words(run)) {
         tokenizer_words(tk);
+    }
+    if (tk->bpe && descriptor && !a->vocab && !a->train && !run->sample_only)
+        fatal("tokenizer %s (%s) is a BPE tokenizer, but with no -i the run trains on the embedded corpus, tp's own %s and not text "
+              "it tokenized: give -i with the data prepare.py made with it, or drop --tokenizer", path.c_str(), where.c_str(),
+              a->corpus == CORPUS_WORDS ? "words" : "bytes");
+    if (tk->bpe && descriptor && !a->vocab && run->sample_only) {
+        run->cfg.V = (int)tk->pieces.size();
+        run->cfg.Vp = round_up(run->cfg.V, 128);
+        run->vocab_from = "from tokenizer " + path + ", " + where;
     }
     if (first && a->outdir && !run->sample_only && tk->bpe) tokenizer_copy(path, a->outdir);
     if (first && a->outdir && !run->sample_only && tk->words) tokenizer_write_bin(tk, (std::string(a->outdir) + "/tokenizer.bin").c_str());
