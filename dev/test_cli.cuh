@@ -364,6 +364,8 @@ static void test_bad_input() {
         {"a merge not \"left right\"", "-x 0 -g 4 --tokenizer " + d + "/merge_form.json", "merge 1 is neither \"left right\" nor [left, right]"},
         {"training the embedded corpus with a BPE tokenizer", "-x 1 -v 0 -b 2 -t 16 -g 0 --tokenizer " + d + "/merge_ok.json",
          "is a BPE tokenizer, but with no -i the run trains on the embedded corpus, tp's own words"},
+        {"--vocab against a tokenizer.json's", "-x 0 -g 4 --vocab 300 --tokenizer " + d + "/merge_ok.json",
+         "--vocab 300 disagrees with tokenizer " + d + "/merge_ok.json (--tokenizer, vocab 257): drop --vocab"},
         {"a merge of a token not in the vocab", "-x 0 -g 4 --tokenizer " + d + "/merge_unknown.json", "merge 1 (\"b\" \"a\") names a token that is not in the vocab"},
     };
     {

@@ -464,6 +464,9 @@ static void tokenizer_setup(Run* run, bool first, bool descriptor) {
         fatal("tokenizer %s (%s) is a BPE tokenizer, but with no -i the run trains on the embedded corpus, tp's own %s and not text "
               "it tokenized: give -i with the data prepare.py made with it, or drop --tokenizer", path.c_str(), where.c_str(),
               a->corpus == CORPUS_WORDS ? "words" : "bytes");
+    if (tk->bpe && descriptor && a->vocab && a->vocab != (int)tk->pieces.size())
+        fatal("--vocab %d disagrees with tokenizer %s (%s, vocab %zu): drop --vocab, and the new model takes the tokenizer's",
+              a->vocab, path.c_str(), where.c_str(), tk->pieces.size());
     if (tk->bpe && descriptor && !a->vocab && run->sample_only) {
         run->cfg.V = (int)tk->pieces.size();
         run->cfg.Vp = round_up(run->cfg.V, 128);
