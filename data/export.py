@@ -135,7 +135,12 @@ def from_hf(cfg, w, prog="import.py"):
         x = w[name]
         if tuple(x.shape) != tuple(shape):
             die(f"{name} has shape {tuple(x.shape)}, config.json implies {tuple(shape)}", prog)
-        return x.astype(np.float32)
+        x = x.astype(np.float32)
+        bad = np.argwhere(~np.isfinite(x))
+        if len(bad):  # refused here, with its name, rather than written into a checkpoint tp refuses
+            at = tuple(int(k) for k in bad[0])
+            die(f"{name} holds a non-finite weight ({x[at]}) at {list(at)}: the weights file is damaged, or its run had diverged", prog)
+        return x
 
     V, Vp, C, L, T = cfg["V"], cfg["Vp"], cfg["C"], cfg["L"], cfg["maxT"]
     wte = np.zeros((Vp, C), dtype=np.float32)

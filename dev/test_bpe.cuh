@@ -461,7 +461,8 @@ static void test_export() {
     // not an integer; a truncated model.safetensors: one line each, never a traceback. And GPT-2s that
     // tp's layers would compute wrongly (another GELU, layernorm epsilon, MLP width or attention scaling):
     // refused by name, not imported into a model that samples nonsense. (add: a key put last in x1's own
-    // config.json, where it overrides the one there; cut: the weights cut to 1/cut.)
+    // config.json, where it overrides the one there; cut: the weights cut to 1/cut, or -1: their last
+    // float a NaN, which import.py names rather than writing a checkpoint that tp refuses.)
     struct { const char* what; std::string config, add; long cut; const char* says; } broken[] = {
         {"a config.json that is a list", "[1, 2]", "", 0, "not an object"},
         {"a config.json nested 100,000 deep", std::string(100000, '[') + std::string(100000, ']'), "", 0, "recursion"},
@@ -473,6 +474,7 @@ static void test_export() {
         {"attention scaled by the inverse layer index", "", "\"scale_attn_by_inverse_layer_idx\": true", 0, "attention scaling"},
         {"attention not scaled", "", "\"scale_attn_weights\": false", 0, "attention scaling"},
         {"a model.safetensors cut in half", "", "", 2, "truncated or damaged"},
+        {"a NaN among the weights", "", "", -1, "holds a non-finite weight (nan) at"},
     };
     for (auto& b : broken) {
         std::string dir = d + "/broken";
@@ -487,10 +489,15 @@ static void test_export() {
                 if (last != std::string::npos) conf.insert(last, ", " + b.add);
             }
             write_bytes(dir + "/config.json", conf);
-        } else {
+        } else if (b.cut > 0) {
             struct stat st;
             if (stat((dir + "/model.safetensors").c_str(), &st) == 0 && truncate((dir + "/model.safetensors").c_str(), st.st_size / b.cut) != 0)
                 perror("truncate");
+        } else {
+            FILE* f = fopen((dir + "/model.safetensors").c_str(), "r+b");
+            uint32_t nan_bits = 0x7fc00000u;
+            if (f && fseek(f, -4, SEEK_END) == 0) fwrite(&nan_bits, 4, 1, f);
+            if (f) fclose(f);
         }
         rc = bpe_sh("python3 data/import.py " + dir + " " + dir + ".bin", &out);
         check(rc == 1 && std::count(out.begin(), out.end(), '\n') == 1 && out.find(b.says) != std::string::npos && !f_exists(dir + ".bin"),
