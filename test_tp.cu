@@ -1406,11 +1406,36 @@ static void test_fused_vs_matmul() {
     }
 }
 
+// The vocab-parallel loss with logits far from 0: the token embedding (tied to the LM head) scaled by 1000
+// puts them in the hundreds. Each rank shifts its exps by the row's maximum over the whole vocab (the
+// all-reduce MAX of the local maxima), so no exp overflows and a row's sum never underflows to 0: TP=P's
+// loss and gradients are TP=1's, and finite. (Any other shift, such as the sum of the ranks' maxima, is the
+// same function in exact arithmetic; here its exps underflow, and it puts P=2's loss 36% off, P=4's 110%.)
+static void test_tp_large_logits() {
+    GPTConfig c = make_config(2, 4, 32, 200, 32);
+    std::vector<float> init = init_weights(&c, 7);
+    for (long i = 0; i < (long)c.Vp * c.C; i++) init[i] *= 1000.0f;  // wte, the first tensor
+    std::vector<int> data = random_tokens(2 * 16 + 1, c.V, 5);
+    TpResult ref;
+    run_tp(&c, init, 1, 1, data, 2, 16, 1e-3f, 1.0f, &ref);
+    for (int P : {2, 4}) {
+        TpResult res;
+        run_tp(&c, init, P, 1, data, 2, 16, 1e-3f, 1.0f, &res);
+        const char* worst_name;
+        double worst = worst_tensor_err(&c, res.grads_full, ref.grads_full, &worst_name);
+        bool finite = std::isfinite(ref.losses[0]) && std::isfinite(res.losses[0]) && ref.losses[0] > 50;
+        check_le(finite ? fabs(res.losses[0] - ref.losses[0]) / ref.losses[0] : INFINITY, 1e-6,
+                 "P=%d logits in the hundreds (wte x 1000): step-0 loss %.4f vs TP=1's %.4f, rel err", P, res.losses[0], ref.losses[0]);
+        check_le(worst, 1e-5, "P=%d logits in the hundreds: gathered gradients, worst tensor %s, rel err", P, worst_name);
+    }
+}
+
 static void test_tp_all() {
     GPTConfig c4 = make_config(2, 4, 32, 200, 32);   // NH 4, Vp 256: P = 1, 2, 4
     test_tp_equivalence(&c4, {2, 4});
     GPTConfig c6 = make_config(2, 6, 48, 300, 32);   // NH 6, Vp 384: P = 3 (and 2, 6)
     test_tp_equivalence(&c6, {3, 6});
+    test_tp_large_logits();
     test_fused_vs_matmul();
 }
 
