@@ -441,12 +441,12 @@ static StepStats train_step(Run* run, RankRun* rr, int step) {
         st.comm_moved[k] = rk->tp.moved[k] - moved0[k];
         st.dp_moved[k] = rk->dp.moved[k] - dp_moved0[k];
     }
-    if ((!std::isfinite(st.loss) || !std::isfinite(st.norm)) && step == run->start_step)  // no update yet: not the learning rate
-        fatal("step %d: the loss (%f) or gradient norm (%f) is not finite before any update: the weights %s%s give it (damaged, or from a diverged run)",
-              step + 1, st.loss, st.norm, run->model_file.empty() ? "drawn from --seed" : "of ", run->model_file.c_str());
-    if (!std::isfinite(st.loss) || !std::isfinite(st.norm))
-        fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)",
-              step + 1, st.loss, st.norm);
+    if (!std::isfinite(st.loss) || !std::isfinite(st.norm)) {
+        if (step == run->start_step)  // no update yet: the weights give it, not the learning rate
+            fatal("step %d: the loss (%f) or gradient norm (%f) is not finite before any update: the weights %s%s give it (damaged, or from a diverged run)",
+                  step + 1, st.loss, st.norm, run->model_file.empty() ? "drawn from --seed" : "of ", run->model_file.c_str());
+        fatal("step %d: the loss (%f) or gradient norm (%f) is not finite; lower the learning rate (-l) or clip (--clip)", step + 1, st.loss, st.norm);
+    }
     return st;
 }
 

@@ -460,17 +460,20 @@ static void tokenizer_setup(Run* run, bool first, bool descriptor) {
     } else if (embedded_words(run)) {
         tokenizer_words(tk);
     }
-    if (tk->bpe && descriptor && !a->vocab && !a->train && !run->sample_only)
-        fatal("tokenizer %s (%s) is a BPE tokenizer, but with no -i the run trains on the embedded corpus, tp's own %s and not text "
-              "it tokenized: give -i with the data prepare.py made with it, or drop --tokenizer", path.c_str(), where.c_str(),
-              a->corpus == CORPUS_WORDS ? "words" : "bytes");
-    if (tk->bpe && descriptor && a->vocab && a->vocab != (int)tk->pieces.size())
-        fatal("--vocab %d disagrees with tokenizer %s (%s, vocab %zu): drop --vocab, and the new model takes the tokenizer's",
-              a->vocab, path.c_str(), where.c_str(), tk->pieces.size());
-    if (tk->bpe && descriptor && !a->vocab && run->sample_only) {
-        run->cfg.V = (int)tk->pieces.size();
-        run->cfg.Vp = round_up(run->cfg.V, 128);
-        run->vocab_from = "from tokenizer " + path + ", " + where;
+    if (tk->bpe && descriptor) {  // a new model beside a BPE tokenizer: its vocab is the tokenizer's
+        int n = (int)tk->pieces.size();
+        if (a->vocab && a->vocab != n)
+            fatal("--vocab %d disagrees with tokenizer %s (%s, vocab %d): drop --vocab, and the new model takes the tokenizer's",
+                  a->vocab, path.c_str(), where.c_str(), n);
+        if (!a->vocab && !a->train && !run->sample_only)
+            fatal("tokenizer %s (%s) is a BPE tokenizer, but with no -i the run trains on the embedded corpus, tp's own %s and not text "
+                  "it tokenized: give -i with the data prepare.py made with it, or drop --tokenizer", path.c_str(), where.c_str(),
+                  a->corpus == CORPUS_WORDS ? "words" : "bytes");
+        if (!a->vocab && run->sample_only) {  // (with -i, data_setup sets it)
+            run->cfg.V = n;
+            run->cfg.Vp = round_up(n, 128);
+            run->vocab_from = "from tokenizer " + path + ", " + where;
+        }
     }
     if (first && a->outdir && !run->sample_only && tk->bpe) tokenizer_copy(path, a->outdir);
     if (first && a->outdir && !run->sample_only && tk->words) tokenizer_write_bin(tk, (std::string(a->outdir) + "/tokenizer.bin").c_str());
