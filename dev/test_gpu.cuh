@@ -1557,6 +1557,9 @@ static void gpu_training_tests(int ndev) {
     g_tf32 = true;
 }
 
+// the serving ops' test (kv_write, attention_decode, position_rows_forward) lives with the serving tests
+static void test_kv_ops(CudaCtx* cx);
+
 static void gpu_op_tests(const char* argv0, int ndev) {
     CudaCtx cx;
     cuda_ctx_init(&cx, 0, 0);
@@ -1582,6 +1585,7 @@ static void gpu_op_tests(const char* argv0, int ndev) {
     test_bf16_logits(&cx);
     test_bf16_elementwise(&cx);
     test_bf16_grads(&cx);
+    test_kv_ops(&cx);
     cuda_ctx_free(&cx);
     for (int P = 1; P <= 4; P++) test_comm(std::vector<int>(P, 0), false);
     test_skip_detected(argv0, false);

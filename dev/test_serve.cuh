@@ -495,13 +495,10 @@ static void test_kv_ops(CudaCtx* cx) {
     }
 }
 
-// in the gpu group: the ops, then the logits from the cache against the full forward on the GPU (fp32;
-// fewer tokens than on the CPU: the emulated GPU is slow)
+// in the gpu group, after gpu_op_tests (which runs test_kv_ops with the other ops, so the gpu_ops group
+// has every CUDA op): the logits from the cache against the full forward on the GPU (fp32; fewer tokens
+// than on the CPU: the emulated GPU is slow)
 static void serve_gpu_tests(int ndev) {
-    CudaCtx cx;
-    cuda_ctx_init(&cx, 0, 0);
-    test_kv_ops(&cx);
-    cuda_ctx_free(&cx);
     int dev = g_device;
     bool tf32 = g_tf32;
     g_device = DEV_CUDA;
