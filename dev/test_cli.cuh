@@ -525,10 +525,14 @@ static void test_sample_cli() {
     for (unsigned char ch : out) raw += (ch < 0x20 && ch != '\n' && ch != '\t') || ch == 0x7f;
     check(rc == 0 && raw == 0 && out.find("---\nA\\x1b[31mB") != std::string::npos && out.find("\\x") != std::string::npos,
           "2000 random bytes and an ESC in the prompt: %d raw control bytes on stdout, escapes as \\xNN (exit %d)", raw, rc);
-    // Ctrl-C in a long evaluation (200000 val batches) and in a long sample: said at once, obeyed within a second
+    // Ctrl-C in a long evaluation (200000 val batches) and in a long sample: said at once, obeyed within a second.
+    // The evaluation at --tp 1 and 2: its ranks agree to stop through a sum of their flags, which one rank
+    // alone must also obey (the default --tp is one rank per core, so a 2-core machine would test only 2).
     struct { const char* what; std::string args; const char* wait; const char* said; const char* then; } cases[] = {
-        {"an evaluation", "-e L1C16H2 -b 1 -t 16 -m 200000 -v 1 -x 5 -g 0 --threads 1 -o " + d + "/sig", "data: the embedded corpus",
-         "tp: stopping after this evaluation batch", "interrupted before the first step"},
+        {"an evaluation at --tp 1", "-e L1C16H2 -b 1 -t 16 -m 200000 -v 1 -x 5 -g 0 --tp 1 --threads 1 -o " + d + "/sig1",
+         "data: the embedded corpus", "tp: stopping after this evaluation batch", "interrupted before the first step"},
+        {"an evaluation at --tp 2", "-e L1C16H2 -b 1 -t 16 -m 200000 -v 1 -x 5 -g 0 --tp 2 --threads 1 -o " + d + "/sig2",
+         "data: the embedded corpus", "tp: stopping after this evaluation batch", "interrupted before the first step"},
         {"a sample", "-e " + d + "/model.bin -x 0 -g 1000000 -t 64 --threads 1", "tp: no training", "tp: stopping this sample", "(interrupted)"},
     };
     for (auto& c : cases) {
