@@ -110,8 +110,7 @@ static void test_bpe() {
             fflush(stdout);
             _exit(wrong ? 2 : 0);
         }
-        int status = -1;
-        if (pid > 0) waitpid(pid, &status, 0);
+        int status = pid > 0 ? wait_exit(pid, 60) : -1;
         check(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the JSON reader's strings: 6 with every escape, \\u in both cases "
               "of hex, surrogate pairs (exit %d: 0 all read right, 1 one refused, 2 one read wrong)", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     }

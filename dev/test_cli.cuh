@@ -99,6 +99,21 @@ static pid_t spawn_tp(const std::string& args, const std::string& out) {
     return pid;
 }
 
+// Waits up to `seconds` for child pid to end; returns its wait status, or -1 when it had not ended: it is
+// then killed and reaped, so a check whose process never ends (a stop that is not obeyed, a hang) fails
+// instead of hanging the tests too. -1 reads as neither exited nor signalled.
+static int wait_exit(pid_t pid, double seconds) {
+    double t0 = comm_now();
+    int status = 0;
+    while (comm_now() - t0 < seconds) {
+        if (waitpid(pid, &status, WNOHANG) == pid) return status;
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
 static bool wait_for_text(const std::string& path, const char* text, double seconds) {
     double t0 = comm_now();
     while (comm_now() - t0 < seconds) {
@@ -115,8 +130,7 @@ static int interrupt_at_step5(const std::string& args, const std::string& dir, b
     pid_t pid = spawn_tp(args + " -o " + dir, dir + ".txt");
     *started = wait_for_text(dir + ".txt", "step    5/", 60);
     kill(pid, SIGINT);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    int status = wait_exit(pid, 60);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -542,8 +556,7 @@ static void test_sample_cli() {
         usleep(getenv("TP_BIN") ? 3000000 : 1000000);  // into the evaluation or the sample (sanitizer builds start slower)
         double t0 = comm_now();
         kill(pid, SIGINT);
-        int status = 0;
-        waitpid(pid, &status, 0);
+        int status = wait_exit(pid, 30);
         double sec = comm_now() - t0;
         std::vector<char> b = slurp_bytes(path);
         std::string o(b.begin(), b.end());

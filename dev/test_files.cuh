@@ -243,8 +243,7 @@ static void test_run_folders() {
     rc = run_in("timeout 60", base + "-y 1 -x 2000000 -o " + l, &out, &err);  // a tp without the lock would train on
     check(rc == 1 && err.find(pid) != std::string::npos, "-y 1 while it runs: exit %d, refused naming %s", rc, pid.c_str());
     kill(first, SIGINT);
-    int status = 0;
-    waitpid(first, &status, 0);
+    int status = wait_exit(first, 60);
     std::string fo = f_text(d + "/first.txt");
     check(WIFEXITED(status) && WEXITSTATUS(status) == 0 && fo.find("interrupted after step") != std::string::npos,
           "the first run then stops on Ctrl-C and saves (exit %d): %s", WIFEXITED(status) ? WEXITSTATUS(status) : -1,

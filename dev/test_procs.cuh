@@ -130,17 +130,6 @@ static int count_lines_with(const std::string& text, const char* what) {
 }
 
 #ifdef TP_MPI
-// waits up to `seconds` for child pid; returns its wait status, or -1 (then it is still running)
-static int wait_child(pid_t pid, double seconds) {
-    double t0 = comm_now();
-    int status = 0;
-    while (comm_now() - t0 < seconds) {
-        if (waitpid(pid, &status, WNOHANG) == pid) return status;
-        usleep(20000);
-    }
-    return -1;
-}
-
 // the pid of process p from the grid line "process p (host, pid N)"
 static int grid_pid(const std::string& out, int p) {
     std::string key = "process " + std::to_string(p) + " (";
@@ -172,12 +161,8 @@ static void expect_job_ends(int sig, std::vector<const char*> expect, const char
     int victim = grid_pid(std::string(o.begin(), o.end()), 1);
     double t0 = comm_now();
     if (started && victim > 0) kill(victim, sig);
-    int status = wait_child(job, timeout + 20);
+    int status = wait_exit(job, timeout + 20);  // still running: the test fails, and ends what it started
     double took = comm_now() - t0;
-    if (status == -1) {  // still running: the test fails, and ends what it started
-        kill(job, SIGKILL);
-        waitpid(job, &status, 0);
-    }
     if (victim > 0) kill(victim, SIGKILL);  // a stopped process that mpirun did not end
     std::vector<char> e = slurp_bytes(out + ".err");
     std::string err(e.begin(), e.end());

@@ -84,7 +84,7 @@ static void test_interrupts() {
         pid = spawn_tp(base + "-x 1000000 -o " + run, path);
         bool started = wait_for_text(path, "step    5/", 60);
         kill(pid, SIGINT);
-        waitpid(pid, &status, 0);
+        status = wait_exit(pid, 60);
         std::vector<char> o = slurp_bytes(path);
         std::string out(o.begin(), o.end());
         steps = ckpt_steps(run.c_str());
@@ -109,7 +109,7 @@ static void test_interrupts() {
         usleep(20000);
         double t0 = comm_now();
         kill(pid, SIGINT);
-        waitpid(pid, &status, 0);
+        status = wait_exit(pid, 60);
         double took = comm_now() - t0;
         std::vector<char> t = slurp_bytes(d + "/twice.txt");
         std::string twice(t.begin(), t.end());
@@ -155,9 +155,8 @@ static void expect_comm_abort(const char* what, const char* expect, std::functio
         for (auto& t : th) t.join();
         _exit(0);  // reaching here means nothing was reported
     }
-    int status = 0;
     double t0 = comm_now();
-    waitpid(pid, &status, 0);
+    int status = wait_exit(pid, 60);
     std::vector<char> b = slurp_bytes(errpath);
     std::string err(b.begin(), b.end());
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 1 && err.find(expect) != std::string::npos;

@@ -313,8 +313,7 @@ static void test_chat_pipe() {
         at = c.text.size();
         close(c.in);  // end of input
         bool ended = chat_wait(&c, at, "end of input", 20);
-        int status = 0;
-        waitpid(c.pid, &status, 0);
+        int status = wait_exit(c.pid, 20);
         close(c.out);
         bool exit0 = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         std::string text = c.text;
@@ -331,7 +330,7 @@ static void test_chat_pipe() {
         at = c.text.size();
         close(c.in);
         ended &= chat_wait(&c, at, "end of input", 20);
-        waitpid(c.pid, &status, 0);
+        status = wait_exit(c.pid, 20);
         close(c.out);
         exit0 &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
         // its startup says what it does (it once said "the run in (null) is finished" without -o)
