@@ -301,14 +301,7 @@ static void expect_peer_death(int sig, const char* expect) {
     bool started = wait_for_text(out, "saved checkpoint", 60) && wait_for_text(out, "step    5/", 60);
     int victim = f_grid_pid(f_text(out), 1);
     if (started && victim > 0) kill(victim, sig);
-    int status = 0;
-    double t0 = comm_now();
-    bool ended = false;
-    while (comm_now() - t0 < 30 && !(ended = waitpid(job, &status, WNOHANG) == job)) usleep(20000);
-    if (!ended) {
-        kill(job, SIGKILL);
-        waitpid(job, &status, 0);
-    }
+    bool ended = wait_exit(job, 30) != -1;
     if (victim > 0) kill(victim, SIGKILL);
     std::vector<int> steps = ckpt_steps((d + "/run").c_str());
     std::string err = f_text(out + ".err"), so = f_text(out);

@@ -241,13 +241,8 @@ static void test_pp_stall() {
             run_grid(&cfg, init, P, 1, 0, 4, 2, data, 2, 16, &res, false, 0, 3);
             _exit(0);  // not reached: the timeout ends the process
         }
-        int status = 0;
-        while (waitpid(pid, &status, WNOHANG) == 0 && comm_now() - t0 < 120) usleep(20000);
-        bool ended = waitpid(pid, &status, WNOHANG) != 0 || WIFEXITED(status);
-        if (!ended) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-        }
+        int status = wait_exit(pid, 120);
+        bool ended = status != -1;
         double took = comm_now() - t0;
         std::vector<char> b = slurp_bytes(err);
         std::string text(b.begin(), b.end());
