@@ -177,12 +177,20 @@ static void test_ops_gemm() {
 // thread idle for the last (a span 11-17% over the even share); the units chosen must come within the
 // search's step (3%) of the even share.
 // Over a grid of shapes (M, N from 64 to 4096) and 2 to 16 threads: never a longer span than the halving
-// alone gives, at least 4 units a thread, and each thread's share within 12% of even (worst: 0.889, a
-// 64 x 256 C on 3 threads; the halving alone: 0.844).
+// alone gives, at least 4 units a thread, and each thread's share within 12% of even, with the tiles of
+// AVX-512 (8 x 32), AVX2 (6 x 16) and 128-bit vectors (4 x 8) alike (worst: 0.889, 0.884, 0.889; the
+// halving alone: 0.844, 0.815, 0.844). With AVX2's tiles a search for smaller units only left 0.825 (a
+// 128 x 192 C on 16 threads), past the bound.
 static void test_ops_gemm_units() {
     struct Shape { int M, N; const char* what; };
     const Shape exact[] = {{1152, 384, "d6 qkv dweight, TP 1"}, {384, 1536, "d6 fcproj dweight, TP 1"}, {576, 384, "d6 qkv dweight, TP 2"}};
     const int dims[] = {64, 128, 192, 256, 384, 576, 768, 1024, 1152, 1536, 2048, 2304, 3072, 4096};
+    // the tiles of every build (kernels_cpu.h): the units see only tile counts, so every host checks them all
+    struct Tiles { int mr, nr; const char* isa; };
+    const Tiles tiles[] = {{8, 32, "AVX-512"}, {6, 16, "AVX2"}, {4, 8, "128-bit vectors"}};
+    bool listed = false;
+    for (const Tiles& tl : tiles) listed |= tl.mr == GEMM_MR && tl.nr == GEMM_NR;
+    check(listed, "gemm units: this build's %dx%d tiles are among those checked", GEMM_MR, GEMM_NR);
     auto work = [](int MB, int NB, int mt, int nt) {  // every unit's cost summed: the span on one thread
         long busy;
         return gemm_units_span(MB, NB, mt, nt, 1, &busy);
@@ -207,29 +215,33 @@ static void test_ops_gemm_units() {
                     values.push_back((double)span / ((work(MB, NB, mt, nt) + 1) / 2));
                     bounds.push_back(1.03);
                 }
-            double worst = 1;
-            long bad = 0, shapes = 0;
-            for (int M : dims)
-                for (int N : dims) {
-                    const int MB = (M + GEMM_MR - 1) / GEMM_MR, NB = (N + GEMM_NR - 1) / GEMM_NR;
-                    if ((long)MB * NB < 16L * threads) continue;  // too few tiles to share evenly whatever the units
-                    int mt = GEMM_MT, nt = GEMM_NT, m0 = GEMM_MT, n0 = GEMM_NT;
-                    gemm_units_cpu(MB, NB, &mt, &nt);
-                    gemm_units_halved(MB, NB, threads, &m0, &n0);  // the units before the search
-                    const long span = gemm_units_span(MB, NB, mt, nt, threads, busy.data());
-                    bad += span > gemm_units_span(MB, NB, m0, n0, threads, busy.data());
-                    bad += (long)((MB + mt - 1) / mt) * ((NB + nt - 1) / nt) < 4L * threads;
-                    worst = std::min(worst, (double)work(MB, NB, mt, nt) / threads / span);
-                    shapes++;
-                }
-            snprintf(line, sizeof(line), "gemm units, %d threads, %ld shapes: spans longer than the halving alone's, or fewer than 4 units a thread", threads, shapes);
-            lines.push_back(line);
-            values.push_back((double)bad);
-            bounds.push_back(0);
-            snprintf(line, sizeof(line), "gemm units, %d threads, %ld shapes: the least even share, 1 - work / threads / span", threads, shapes);
-            lines.push_back(line);
-            values.push_back(1 - worst);
-            bounds.push_back(0.12);
+            for (const Tiles& tl : tiles) {
+                double worst = 1;
+                long bad = 0, shapes = 0;
+                for (int M : dims)
+                    for (int N : dims) {
+                        const int MB = (M + tl.mr - 1) / tl.mr, NB = (N + tl.nr - 1) / tl.nr;
+                        if ((long)MB * NB < 16L * threads) continue;  // too few tiles to share evenly whatever the units
+                        int mt = GEMM_MT, nt = GEMM_NT, m0 = GEMM_MT, n0 = GEMM_NT;
+                        gemm_units_cpu(MB, NB, &mt, &nt);
+                        gemm_units_halved(MB, NB, threads, &m0, &n0);  // the units before the search
+                        const long span = gemm_units_span(MB, NB, mt, nt, threads, busy.data());
+                        bad += span > gemm_units_span(MB, NB, m0, n0, threads, busy.data());
+                        bad += (long)((MB + mt - 1) / mt) * ((NB + nt - 1) / nt) < 4L * threads;
+                        worst = std::min(worst, (double)work(MB, NB, mt, nt) / threads / span);
+                        shapes++;
+                    }
+                snprintf(line, sizeof(line), "gemm units, %dx%d tiles (%s), %d threads, %ld shapes: spans longer than the halving alone's, or fewer than 4 units a thread",
+                         tl.mr, tl.nr, tl.isa, threads, shapes);
+                lines.push_back(line);
+                values.push_back((double)bad);
+                bounds.push_back(0);
+                snprintf(line, sizeof(line), "gemm units, %dx%d tiles (%s), %d threads, %ld shapes: the least even share, 1 - work / threads / span",
+                         tl.mr, tl.nr, tl.isa, threads, shapes);
+                lines.push_back(line);
+                values.push_back(1 - worst);
+                bounds.push_back(0.12);
+            }
         });
         rank.join();
         for (size_t i = 0; i < lines.size(); i++) check_le(values[i], bounds[i], "%s", lines[i].c_str());
