@@ -263,7 +263,9 @@ static void test_bad_input() {
     write_tokens(d + "/version.bin", ok_tokens, 20240520, 2);
     write_tokens(d + "/version0.bin", ok_tokens, 20240520, 0);
     write_tokens(d + "/trunc.bin", ok_tokens, 20240520, 1, 5000);  // header claims more than the file has
+    write_tokens(d + "/longer.bin", ok_tokens, 20240520, 1, 2999);  // bytes past the tokens the header promises
     write_tokens(d + "/short.bin", std::vector<int>(100, 1));
+    write_tokens(d + "/short32.bin", std::vector<int>(32, 1));  // -b 2 -t 16 reads 33: one short
     std::vector<int> big = ok_tokens;
     big[1234] = 300;
     write_tokens(d + "/bigid.bin", big);
@@ -324,6 +326,8 @@ static void test_bad_input() {
         {"token id == vocab", "-i " + d + "/eqid.bin -j " + d + "/ok.bin -e " + m + " -b 4 -t 32 --shuffle 0 -x 20 -v 0 -g 0",
          "holds token id 256 at token 1234, but the model's vocab has 256"},
         {"fewer tokens than one batch", "-i " + d + "/short.bin -j " + d + "/ok.bin -e " + m + run + " -b 8", "fewer than one batch"},
+        {"one token fewer than one batch", "-i " + d + "/short32.bin -j " + d + "/ok.bin -e " + m + run, "has 32 tokens, fewer than one batch needs"},
+        {"bytes past the promised tokens", "-i " + d + "/longer.bin -j " + d + "/ok.bin -e " + m + run, "but its header promises 2999 tokens"},
         {"missing checkpoint", "-e " + d + "/nope.bin" + data + run, "neither a readable checkpoint file nor a descriptor"},
         {"empty checkpoint", "-e " + d + "/empty.bin" + data + run, "shorter than its 1024-byte header"},
         {"short checkpoint", "-e " + d + "/ck_short.bin" + data + run, "shorter than its 1024-byte header"},
@@ -402,6 +406,30 @@ static void test_bad_input() {
         std::string shown = err.substr(0, err.find('\n'));
         check(rc == 1 && lines == (c.flag ? 2 : 1) && found && hint, "%-34s exit %d, %d stderr line%s: %s", c.what, rc, lines,
               lines > 1 ? "s" : "", shown.c_str());
+    }
+    // a token file changed while tp runs: every batch is checked again as it is read (startup checked the
+    // file as it was then). 3 batches of 2 x 16 in order, epoch after epoch; once a run is under way the
+    // file's last token, the last batch's last target and in no other batch, becomes 300 (vocab 256)
+    {
+        std::vector<int> toks = random_tokens(3 * 32 + 1, 256, 9);
+        write_tokens(d + "/changing.bin", toks);
+        pid_t pid = spawn_tp("-i " + d + "/changing.bin -j " + d + "/ok.bin -e " + m + " -b 2 -t 16 --shuffle 0 -x 1000000 -v 0 -g 0 --threads 1",
+                             d + "/changing.txt");
+        bool started = wait_for_text(d + "/changing.txt", "step    5/", 60);
+        FILE* f = fopen((d + "/changing.bin").c_str(), "r+b");
+        uint16_t bad = 300;
+        if (f) {
+            fseek(f, 1024 + 2 * 96, SEEK_SET);
+            fwrite(&bad, 2, 1, f);
+            fclose(f);
+        }
+        int status = wait_exit(pid, 60);
+        std::vector<char> eb = slurp_bytes(d + "/changing.txt.err");
+        std::string said(eb.begin(), eb.end());
+        check(started && WIFEXITED(status) && WEXITSTATUS(status) == 1 && std::count(said.begin(), said.end(), '\n') == 1 &&
+                  said.find("changed while tp was running: it now holds token id 300 at token 96, beyond the vocab of 256") != std::string::npos,
+              "a token file changed under a run (its last token, a target only): exit %d: %s", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+              said.substr(0, said.find('\n')).c_str());
     }
     // a near miss gets a suggestion in the hint line
     std::string out, err;

@@ -183,6 +183,26 @@ static void test_checksums() {
     rc = run_cmd("-y 1 -x 8 --threads 1 -o " + dir, &out, &err);
     check(rc == 0 && out.find("has no checksums (an older tp wrote it)") != std::string::npos && ckpt_steps(dir.c_str()).back() == 8,
           "a version-3 state file (no checksums) resumes (exit %d): %s", rc, f_line_with(out, "checksums").c_str());
+    // a state file of version 1 (the first tp's: no saved flags either) resumes with its batch given again;
+    // with the same count of sequences of another length only the header's T can refuse it
+    dir = d + "/v1";
+    copy_step(d + "/a", dir, 6);
+    {
+        std::vector<char> b = slurp_bytes(dir + s6);
+        StateHeader h;
+        memcpy(&h, b.data(), sizeof(h));
+        int64_t version = 1;
+        memcpy(b.data() + 8, &version, 8);
+        b.erase(b.begin() + STATE_V1_HEADER_BYTES, b.begin() + sizeof(StateHeader) + h.flags_bytes);  // flags_bytes on, and the flags
+        FILE* f = fopen((dir + s6).c_str(), "wb");
+        fwrite(b.data(), 1, b.size(), f);
+        fclose(f);
+    }
+    rc = run_cmd(base + "-t 16 -y 1 -x 8 -o " + dir, &out, &err);
+    check(rc == 1 && f_lines(err) == 1 && err.find("same batch shape") != std::string::npos,
+          "a version-1 state file (no saved flags) with -t 16 where it had 32: exit %d, refused: %s", rc, f_first_line(err).c_str());
+    rc = run_cmd(base + "-y 1 -x 8 -o " + dir, &out, &err);
+    check(rc == 0 && ckpt_steps(dir.c_str()).back() == 8, "... and with -t 32 it resumes (exit %d)%s", rc, err.c_str());
 }
 
 // ----------------------------------------------------------------------------
@@ -208,6 +228,12 @@ static void test_run_folders() {
         return slurp_bytes(o + "/model_00000004.bin") == model && slurp_bytes(o + "/log.csv") == log && !model.empty() &&
                ckpt_steps(o.c_str()).empty();
     };
+    // a copy a user kept under another name that the glob state_*.bin matches too is no checkpoint
+    std::string renamed = d + "/renamed";
+    mkdir(renamed.c_str(), 0755);
+    f_sh("cp " + d + "/a/model_00000004.bin " + renamed + "/ && cp " + d + "/a/state_00000004.bin " + renamed + "/state_00000004.old.bin");
+    check(f_exists(renamed + "/state_00000004.old.bin") && ckpt_steps(renamed.c_str()).empty(),
+          "state_00000004.old.bin beside model_00000004.bin: no checkpoint listed (%zu)", ckpt_steps(renamed.c_str()).size());
     rc = run_cmd(base + "-y 1 -x 2 -o " + o, &out, &err);  // (the flags bound the run a tp without this check starts)
     check(rc == 1 && f_lines(err) == 1 && err.find("model_00000004.bin but no state file") != std::string::npos &&
           err.find("-e " + o + "/model_00000004.bin") != std::string::npos && err.find("--fresh 1") != std::string::npos && untouched(),
@@ -423,8 +449,9 @@ static void test_words() {
         GPTConfig gc = make_config(1, 1, 16, 50257, 64);
         model_write((d + "/g.bin").c_str(), &gc, init_weights(&gc, 5).data());
         for (int field = 2; field <= 3; field++)
-            for (uint32_t bad : {0x7fffffffu, 0xffffffffu, 50258u, 0u}) {
+            for (uint32_t bad : {0x7fffffffu, 0xffffffffu, 50258u, 50257u, 0u}) {
                 if (field == 3 && (bad == 0u || bad == 0xffffffffu)) continue;  // valid: id 0, and -1 (none)
+                if (field == 2 && bad == 50257u) continue;                        // the true count (as an id: one past the last)
                 std::string broken = bytes;
                 uint32_t hv[4] = {20240328, 2, 50257, 50256};
                 hv[field] = bad;

@@ -124,6 +124,39 @@ static void test_pool() {
                  "CPU seconds taken by a rank of 4 threads in the 50 ms after a job (its 3 workers' spins, then sleep)");
         check_le(used, 0.02, "CPU seconds taken by a rank of 4 threads in 0.2 s of idleness (its 3 workers asleep)");
     }
+    // A thread held up in its chunk (descheduled: another program on its core) holds up nobody else: a job is
+    // CPU_POOL_CHUNKS chunks a thread, and the others take the rest. A rank of 2 threads, 1600 indices: the
+    // worker's first chunk sleeps 100 ms, the rank thread runs every other chunk meanwhile, 1500 indices (with
+    // a chunk a thread, half of them would wait for the sleeper). The rank thread waits in its first index
+    // until the worker holds a chunk, so the worker surely takes one.
+    {
+        const long n = 1600;
+        long owner_ran = 0;
+        double waited = 0;
+        std::thread rank([&]() {
+            cpu_pool_start(2);
+            const std::thread::id owner = std::this_thread::get_id();
+            std::atomic<bool> worker_in{false};
+            bool first = true;
+            cpu_for(n, [&](long) {
+                if (std::this_thread::get_id() != owner) {
+                    if (!worker_in.exchange(true)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                    return;
+                }
+                owner_ran++;
+                if (first) {
+                    first = false;
+                    auto t0 = std::chrono::steady_clock::now();
+                    while (!worker_in.load() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+                        std::this_thread::sleep_for(std::chrono::microseconds(100));
+                    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                }
+            });
+        });
+        rank.join();
+        check(owner_ran == n - n / (2 * CPU_POOL_CHUNKS), "a worker held up 100 ms in its chunk: the rank thread ran %ld of %ld indices "
+              "meanwhile, all but that chunk's %ld (it waited %.3f s for the worker to take one)", owner_ran, n, n / (2 * CPU_POOL_CHUNKS), waited);
+    }
     // the ops: bit-identical at 1, 2, 3 and 5 threads
     std::vector<float> one = perf_ops_at(1);
     for (int nt : {2, 3, 5}) {

@@ -295,10 +295,25 @@ static void test_pp_cli() {
             pp_off += fabs(mbytes - pp_bytes / 1e6) > 0.005;
         }
         auto pp_rows = read_csv(pd + "/log.csv");
-        for (size_t i = 1; i < pp_rows.size(); i++) pp_off += pp_rows[i].size() != 15 || atof(pp_rows[i][14].c_str()) != pp_bytes;
+        // (and its time: pp_ms, stage 0's wait for stage 1, which 4 micro-batches make more than 0; dp_ms 0, one replica)
+        for (size_t i = 1; i < pp_rows.size(); i++)
+            pp_off += pp_rows[i].size() != 15 || atof(pp_rows[i][14].c_str()) != pp_bytes || atof(pp_rows[i][13].c_str()) <= 0 ||
+                      atof(pp_rows[i][11].c_str()) != 0;
+        // the stage table's "sent MB/step", its last column: stage 0 those bytes forward, stage 1 the gradient
+        // of the same values back, fp32 in either dtype
+        const double back_bytes = 4.0 * 4 * (4 * 64 / 2) * 128;
+        size_t table = out7.find("sent MB/step");
+        for (int st = 0; st < 2; st++) {
+            size_t row = table == std::string::npos ? table : out7.find("\n  " + std::to_string(st) + " ", table);
+            std::string line = row == std::string::npos ? "" : out7.substr(row + 1, out7.find('\n', row + 1) - row - 1);
+            size_t last = line.find_last_of(' ');
+            double sent = last == std::string::npos ? -1 : atof(line.c_str() + last + 1);
+            pp_off += fabs(sent - (st == 0 ? pp_bytes : back_bytes) / 1e6) > 0.005;
+        }
         check(rc7 == 0 && pp_lines == 3 && pp_rows.size() == 4 && pp_off == 0,
               "--tp 2 --sp 1 --pp 2 --dtype %s, 4 micro-batches of 4 x 64 at C 128: stage 0 sends %.0f bytes a step, on %d step "
-              "lines and %zu rows of log.csv: %d disagree", dtype, pp_bytes, pp_lines, pp_rows.size() ? pp_rows.size() - 1 : 0, pp_off);
+              "lines and %zu rows of log.csv, and the stage table says so (stage 1 sends back %.0f): %d disagree", dtype, pp_bytes,
+              pp_lines, pp_rows.size() ? pp_rows.size() - 1 : 0, back_bytes, pp_off);
     }
     // the sample after a --pp run comes from the gathered weights: the same text as -x 0 on its checkpoint
     std::string sd = tmpdir() + "/ppsample", out4, out5, out6;

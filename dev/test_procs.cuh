@@ -364,6 +364,32 @@ static void test_mpi() {
     // a process that dies or stops issuing collectives
     expect_job_ends(SIGKILL, {"for the other processes", "exited on signal 9"});  // tp's timeout, or mpirun saw it first
     expect_job_ends(SIGSTOP, {"for the other processes"});
+    // SIGTERM sent to the processes by someone else than mpirun (a batch system, kill in a shell) asks for a
+    // stop as Ctrl-C does: every process stops after the same step, saves, and the job exits 0. (From mpirun,
+    // their parent, it means the job is being ended: the peer's-death test in `messages` has that.)
+    {
+        std::string sd = d + "/term", so = d + "/term.txt";
+        pid_t job = fork();
+        if (job == 0) {
+            std::string cmd = "exec " + mpirun(2) + " " + tp_bin() + " " + rbase + "-x 1000000 -o " + sd + " >" + so + " 2>" + so + ".err </dev/null";
+            execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+            _exit(127);
+        }
+        bool started = wait_for_text(so, "step    5/", 60);
+        std::vector<char> o = slurp_bytes(so);
+        int p0 = grid_pid(std::string(o.begin(), o.end()), 0), p1 = grid_pid(std::string(o.begin(), o.end()), 1);
+        if (started && p0 > 0 && p1 > 0) {
+            kill(p0, SIGTERM);
+            kill(p1, SIGTERM);
+        }
+        int status = wait_exit(job, 60);
+        o = slurp_bytes(so);
+        std::string out(o.begin(), o.end());
+        check(started && p0 > 0 && p1 > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 && !ckpt_steps(sd.c_str()).empty() &&
+                  out.find("stopping after this step, then saving") != std::string::npos,
+              "SIGTERM to both processes of a job (not from mpirun): exit %d, saved step %d: %s", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+              ckpt_steps(sd.c_str()).empty() ? -1 : ckpt_steps(sd.c_str()).back(), first_line_with(out, "stopping").c_str());
+    }
     // processes that disagree on their collectives: -z 0 in one, -z 1 in the other (an MPMD job)
     std::string err;
     std::string cmd = mpirun(1) + " " + tp_bin() + " " + rbase + "-z 0 : -np 1 " + tp_bin() + " " + rbase + "-z 1 --timeout 20 >/dev/null 2>" + d + "/mm.txt";

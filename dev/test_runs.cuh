@@ -331,6 +331,23 @@ static void test_logs() {
                   k.args, got.size(), got.empty() ? 0.0 : got[0], said, step1, step2);
         }
     }
+    // The DP group's startup line: the MB a rank sends over its replicas, as a ring of D sends them, against
+    // what the step lines measured ("| dp 0.4 ms, 0.07 MB"), with D replicas of P ranks where P != D
+    for (const char* args : {"--tp 1 --dp 2 -b 2", "--tp 1 --dp 2 -b 2 -z 1", "--tp 1 --dp 2 -b 2 -z 1 --dtype bf16", "--tp 2 --dp 1 -b 4"}) {
+        std::string out;
+        int rc = run_cmd(std::string("-e L2C64H4 -t 32 -x 2 -v 0 -g 0 --threads 1 ") + args, &out, nullptr);
+        size_t at = out.find("communication over each DP group"), s = at == std::string::npos ? at : out.find("sends ", at);
+        float said = s == std::string::npos ? 0 : strtof(out.c_str() + s + 6, nullptr);
+        std::vector<float> dp;  // each step line's "dp X ms, Y MB": Y
+        for (size_t e = out.find("| dp "); e != std::string::npos; e = out.find("| dp ", e + 1)) {
+            float ms, mb;
+            if (sscanf(out.c_str() + e, "| dp %f ms, %f MB", &ms, &mb) == 2) dp.push_back(mb);
+        }
+        bool one_replica = strstr(args, "--dp 1") != nullptr;  // no DP group: no line, no dp on the steps
+        bool ok = one_replica ? at == std::string::npos && dp.empty() : dp.size() == 2 && said > 0 && said == dp[0] && said == dp[1];
+        check(rc == 0 && ok, "%s: the DP line says a rank sends %.2f MB a step, the step lines measured %s", args, said,
+              dp.size() == 2 ? format("%.2f and %.2f", dp[0], dp[1]).c_str() : format("%zu dp fields", dp.size()).c_str());
+    }
     std::string out;
     int rc = run_cmd("-e L2C64H4 -b 4 -t 32 --sweep 1 --sweep-steps 3 --threads 1 -o " + d + "sweep", &out, nullptr);
     auto rows = read_csv(d + "sweep/sweep.csv");
@@ -537,6 +554,23 @@ static void test_memory() {
         bool line = err.rfind("error: this run needs about ", 0) == 0 && err.find("GB is free") != std::string::npos &&
                     err.find("lower -b or -t") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1;
         check_le(rc == 1 && line ? sec : INFINITY, 5.0, "./tp %s: refused with one line (%.60s...), seconds", args, err.c_str());
+    }
+    // the table's columns: the run's settings, TP alone (no SP, -r or ZeRO-1) and TP=1, each shown once
+    struct Columns { const char* args; std::vector<std::string> want; };
+    const Columns columns[] = {{"--tp 2", {"TP=2", "TP=1"}}, {"--tp 2 --sp 1 -r 1", {"TP=2 SP -r 1", "TP=2", "TP=1"}},
+                               {"--tp 2 --dp 2 -z 1", {"TP=2 ZeRO-1", "TP=2", "TP=1"}}, {"--tp 1 --dp 2 -z 1", {"TP=1 ZeRO-1", "TP=1"}},
+                               {"--tp 1 --dp 2", {"TP=1"}}};
+    for (const Columns& c : columns) {
+        int rc = run_cmd(std::string("-e L1C32H2 -b 2 -t 32 -x 1 -v 0 -g 0 --threads 1 ") + c.args, &out, &err);
+        std::string head = first_line_with(out, "memory per rank (MB)");
+        std::vector<std::string> got;  // names right-aligned in 12 characters, two spaces at least between them
+        for (size_t at = head.find("(MB)") == std::string::npos ? head.size() : head.find("(MB)") + 4; at < head.size();) {
+            size_t from = head.find_first_not_of(' ', at), to = from == std::string::npos ? from : head.find("  ", from);
+            if (from == std::string::npos) break;
+            got.push_back(head.substr(from, to == std::string::npos ? to : to - from));
+            at = to == std::string::npos ? head.size() : to;
+        }
+        check(rc == 0 && got == c.want, "%s: the memory table's columns: %s", c.args, head.c_str());
     }
     if (getenv("TP_BIN")) {  // the sanitizers' shadow memory is not what the estimate is about
         printf("  skip the estimate against a measured run: a sanitizer build\n");
