@@ -89,10 +89,10 @@ static bool printed_rate_agrees(double tps, double tokens, double ms, double ms_
 }
 
 // starts ./tp in the background with stdout and stderr in files; returns its pid
-static pid_t spawn_tp(const std::string& args, const std::string& out) {
+static pid_t spawn_tp(const std::string& args, const std::string& out, const std::string& launcher = "") {
     pid_t pid = fork();
     if (pid == 0) {
-        std::string cmd = "exec " + tp_bin() + " " + args + " >" + out + " 2>" + out + ".err </dev/null";
+        std::string cmd = "exec " + (launcher.empty() ? "" : launcher + " ") + tp_bin() + " " + args + " >" + out + " 2>" + out + ".err </dev/null";
         execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
         _exit(127);
     }

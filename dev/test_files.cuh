@@ -302,14 +302,6 @@ static void test_run_folders() {
 // honest messages
 
 #ifdef TP_MPI
-// process p's pid from the grid line "process p (host, pid N)"
-static int f_grid_pid(const std::string& out, int p) {
-    size_t at = out.find("process " + std::to_string(p) + " (");
-    if (at == std::string::npos) return -1;
-    at = out.find("pid ", at);
-    return at == std::string::npos ? -1 : atoi(out.c_str() + at + 4);
-}
-
 // A job of two processes saving every 3 steps into -o; process 1 gets sig after a checkpoint. The survivor
 // must say what happened and which checkpoint is the last good one, and promise no save.
 static void expect_peer_death(int sig, const char* expect) {
@@ -317,15 +309,9 @@ static void expect_peer_death(int sig, const char* expect) {
     f_sh("rm -rf " + d);
     mkdir(d.c_str(), 0755);
     std::string out = d + "/out.txt";
-    pid_t job = fork();
-    if (job == 0) {
-        std::string cmd = "exec timeout 120 mpirun -np 2 --oversubscribe " + tp_bin() + " -e L2C64H4 -b 2 -t 32 -x 1000000 -v 0 -g 0 "
-                          "--threads 1 --timeout 3 -n 3 -o " + d + "/run >" + out + " 2>" + out + ".err </dev/null";
-        execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
-        _exit(127);
-    }
+    pid_t job = spawn_tp("-e L2C64H4 -b 2 -t 32 -x 1000000 -v 0 -g 0 --threads 1 --timeout 3 -n 3 -o " + d + "/run", out, mpirun(2));
     bool started = wait_for_text(out, "saved checkpoint", 60) && wait_for_text(out, "step    5/", 60);
-    int victim = f_grid_pid(f_text(out), 1);
+    int victim = grid_pid(f_text(out), 1);
     if (started && victim > 0) kill(victim, sig);
     bool ended = wait_exit(job, 30) != -1;
     if (victim > 0) kill(victim, SIGKILL);

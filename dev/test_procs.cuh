@@ -149,13 +149,7 @@ static void expect_job_ends(int sig, std::vector<const char*> expect, const char
     unlink(out.c_str());  // (an earlier job's output would name its process 1)
     unlink((out + ".err").c_str());
     double timeout = 3;
-    pid_t job = fork();
-    if (job == 0) {
-        std::string cmd = "exec " + mpirun(2) + " " + tp_bin() + " -e L2C64H4 -b 2 -t 32 -x 1000000 -v 0 -g 0 --threads 1 --timeout 3 " +
-                          args + " >" + out + " 2>" + out + ".err </dev/null";
-        execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
-        _exit(127);
-    }
+    pid_t job = spawn_tp("-e L2C64H4 -b 2 -t 32 -x 1000000 -v 0 -g 0 --threads 1 --timeout 3 " + args, out, mpirun(2));
     bool started = wait_for_text(out, "step    5/", 60);
     std::vector<char> o = slurp_bytes(out);
     int victim = grid_pid(std::string(o.begin(), o.end()), 1);
@@ -369,12 +363,7 @@ static void test_mpi() {
     // their parent, it means the job is being ended: the peer's-death test in `messages` has that.)
     {
         std::string sd = d + "/term", so = d + "/term.txt";
-        pid_t job = fork();
-        if (job == 0) {
-            std::string cmd = "exec " + mpirun(2) + " " + tp_bin() + " " + rbase + "-x 1000000 -o " + sd + " >" + so + " 2>" + so + ".err </dev/null";
-            execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
-            _exit(127);
-        }
+        pid_t job = spawn_tp(rbase + "-x 1000000 -o " + sd, so, mpirun(2));
         bool started = wait_for_text(so, "step    5/", 60);
         std::vector<char> o = slurp_bytes(so);
         int p0 = grid_pid(std::string(o.begin(), o.end()), 0), p1 = grid_pid(std::string(o.begin(), o.end()), 1);
